@@ -1,0 +1,194 @@
+"""The ``distfact`` command line: ingest, info, fit, demo.
+
+Bad input exits with status 2 and a message naming the problem and where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+
+EXIT_BAD_INPUT = 2
+
+
+def _add_scheduler_options(p):
+    g = p.add_argument_group("where to run (default: in this process, nothing to start)")
+    g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
+    g.add_argument("--local-cluster", metavar="N", type=int, help="start a LocalCluster of N worker processes")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="distfact", description="Group-aware matrix factorisation on Dask.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ingest", help="write a grouped matrix store from arrays, a table or a text corpus",
+                       description="Write a Zarr grouped-matrix store. SOURCE is an .npz (arrays X and "
+                                   "optionally groups; or a scipy sparse .npz with --groups-file), a .csv/.parquet "
+                                   "table with --group-column, or a .jsonl corpus.")
+    p.add_argument("source")
+    p.add_argument("dest", help="the store directory to write")
+    p.add_argument("--groups-file", help=".npy or text file with one group label per row (array sources)")
+    p.add_argument("--group-column", help="table sources: the column holding the group")
+    p.add_argument("--text-field", default="text", help="corpus sources: the field with the text")
+    p.add_argument("--group-field", default="group", help="corpus sources: the field with the group")
+    p.add_argument("--vectorizer", default="tfidf", choices=["tfidf", "count", "hashing"])
+    p.add_argument("--max-features", type=int, default=20000)
+    p.add_argument("--block-rows", type=int, help="rows per block (default: ~128 MiB blocks)")
+    p.add_argument("--overwrite", action="store_true")
+
+    p = sub.add_parser("info", help="groups, sizes, nnz and norms of a store")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("fit", help="factor a store; write H, W and metrics.json")
+    p.add_argument("store")
+    p.add_argument("--method", default="nmf", choices=["nmf"])
+    p.add_argument("--rank", "-r", type=int, required=True, help="number of components")
+    p.add_argument("--solver", default="mu", choices=["mu", "hals"])
+    p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
+    p.add_argument("--init", default="random", choices=["random", "nndsvda"])
+    p.add_argument("--max-iter", type=int, default=200)
+    p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", "-o", default="distfact-fit", help="output directory")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K iterations (0: never)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
+    p.add_argument("--no-progress", action="store_true")
+    _add_scheduler_options(p)
+
+    p = sub.add_parser("demo", help="ingest a bundled real data set, factor it, print and write a per-group report")
+    p.add_argument("--output", "-o", default="distfact-demo")
+    p.add_argument("--rank", "-r", type=int, default=10)
+    p.add_argument("--no-progress", action="store_true")
+    _add_scheduler_options(p)
+    return parser
+
+
+def _read_labels(path):
+    if path.endswith(".npy"):
+        return np.load(path, allow_pickle=False)
+    with open(path) as f:
+        return np.array([line.rstrip("\n") for line in f])
+
+
+def cmd_ingest(args):
+    from . import store
+
+    src = args.source
+    if not os.path.exists(src):
+        raise ValueError(f"source {src!r} does not exist")
+    common = {"block_rows": args.block_rows, "overwrite": args.overwrite}
+    lower = src.lower()
+    if lower.endswith((".csv", ".csv.gz", ".tsv", ".parquet", ".pq")):
+        if not args.group_column:
+            raise ValueError("a table source needs --group-column")
+        data = store.from_table(src, args.group_column, args.dest, **common)
+    elif lower.endswith(".jsonl") or os.path.isdir(src):
+        data = store.from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
+                                 vectorizer=args.vectorizer, max_features=args.max_features, **common)
+    elif lower.endswith(".npz"):
+        X, groups = _load_npz(src)
+        if args.groups_file:
+            groups = _read_labels(args.groups_file)
+        data = store.from_arrays(X, groups, args.dest, **common)
+    else:
+        raise ValueError(f"source {src!r}: unknown kind (expected .npz, .csv, .parquet or .jsonl)")
+    print(f"wrote {data!r}")
+
+
+def _load_npz(path):
+    import scipy.sparse as sp
+
+    with np.load(path, allow_pickle=False) as z:
+        keys = set(z.files)
+        if "X" in keys:
+            return z["X"], (z["groups"] if "groups" in keys else None)
+    try:
+        return sp.load_npz(path), None
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{path!r} holds neither an array 'X' nor a scipy sparse matrix") from exc
+
+
+def cmd_info(args):
+    from .store import open_store
+
+    info = open_store(args.store).info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return
+    print(f"{info['path']}: {info['shape'][0]} x {info['shape'][1]} {info['dtype']} ({info['layout']}), "
+          f"nnz {info['nnz']}, {info['n_blocks']} blocks")
+    from .metrics import format_table
+
+    print(format_table(info["groups"]))
+
+
+def _progress(args, max_iter):
+    from .engine.progress import ProgressBar
+
+    return None if args.no_progress else ProgressBar(max_iter)
+
+
+def cmd_fit(args):
+    from .engine.cluster import client_for
+    from .estimators import NMF
+    from .metrics import format_table, group_table
+    from .store import open_store
+
+    data = open_store(args.store)
+    os.makedirs(args.output, exist_ok=True)
+    bar = _progress(args, args.max_iter)
+    model = NMF(args.rank, solver=args.solver, beta_loss=args.beta_loss, init=args.init, max_iter=args.max_iter,
+                tol=args.tol, random_state=args.seed, callback=bar,
+                checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
+                checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
+    with client_for(args.scheduler, args.local_cluster) as client:
+        if client is not None:
+            print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
+        model.fit(data, client=client, W_out=os.path.join(args.output, "W"))
+    if bar is not None:
+        bar.close()
+    np.save(os.path.join(args.output, "H.npy"), model.components_)
+    metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
+               "converged": model.converged_, "reconstruction_err": model.reconstruction_err_,
+               "loss_history": model.loss_history_.tolist(), "scheduler": model.scheduler_,
+               "store": os.path.abspath(args.store), "groups": group_table(model, data)}
+    with open(os.path.join(args.output, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2, default=str)
+    print(format_table(metrics["groups"]))
+    print(f"wrote {args.output}/H.npy, {args.output}/W/ (one array per block) and {args.output}/metrics.json")
+
+
+def cmd_demo(args):
+    from .demo import run_demo
+    from .engine.cluster import client_for
+
+    bar = _progress(args, 300)
+    with client_for(args.scheduler, args.local_cluster) as client:
+        run_demo(args.output, n_components=args.rank, client=client, callback=bar,
+                 echo=lambda s: (bar.bar.write(s) if bar is not None else print(s)))
+    if bar is not None:
+        bar.close()
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "demo": cmd_demo}
+    try:
+        commands[args.command](args)
+    except ValueError as exc:
+        print(f"distfact {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

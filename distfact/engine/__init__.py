@@ -1,0 +1,12 @@
+"""The engine: driver loop, passes, fixed-order reduction, checkpoints, scheduler choice.
+
+It knows nothing of any method's mathematics (DESIGN §1, §6)."""
+
+from .checkpoint import Checkpointer, config_hash
+from .driver import BlockSeeds, FitState, IterationInfo, IterativeMethod, fit, initialise
+from .executor import DistributedExecutor, InProcessExecutor, make_executor
+from .reduce import tree_reduce
+
+__all__ = ["BlockSeeds", "Checkpointer", "DistributedExecutor", "FitState", "InProcessExecutor",
+           "IterationInfo", "IterativeMethod", "config_hash", "fit", "initialise", "make_executor",
+           "tree_reduce"]

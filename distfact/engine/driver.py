@@ -1,0 +1,136 @@
+"""The driver loop shared by every iterative method (DESIGN §1).
+
+    pass 0:   statistics of the initial local factors
+    loop:     global step on the driver (from reduced statistics)
+              one pass: local step per block + its statistics, fixed-order tree sum
+              objective from the statistics, callback, checkpoint, stopping rule
+
+A method supplies the hooks of :class:`IterativeMethod`; the loop knows nothing
+of their mathematics, and the executor decides where the passes run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+logger = logging.getLogger("distfact")
+
+
+class IterativeMethod(Protocol):
+    """What a method module provides to the engine. Global state is a small dict of arrays."""
+
+    def initial_global(self, data, rng: np.random.Generator) -> dict: ...
+
+    def initial_local(self, block, global_state: dict, seed: np.random.SeedSequence): ...
+
+    def block_stats(self, X_b, local, block, global_state: dict) -> dict: ...
+
+    def local_step(self, X_b, local, block, global_state: dict) -> tuple[object, dict]: ...
+
+    def global_step(self, global_state: dict, stats: list[dict], data) -> dict: ...
+
+    def objective(self, global_state: dict, stats: list[dict], data) -> tuple[float, np.ndarray]: ...
+
+    def converged(self, objectives: list[float], group_objectives: list[np.ndarray]) -> bool: ...
+
+
+@dataclass
+class IterationInfo:
+    """What the per-iteration callback receives."""
+
+    iteration: int
+    max_iter: int
+    objective: float
+    group_objectives: np.ndarray
+    seconds: float
+    n_passes: int
+
+
+@dataclass
+class FitState:
+    global_state: dict
+    stats: list[dict]
+    objectives: list[float] = field(default_factory=list)
+    group_objectives: list[np.ndarray] = field(default_factory=list)
+    iteration: int = 0
+    converged: bool = False
+    resumed_from: str | None = None
+
+
+class BlockSeeds:
+    """Per-block random streams from one root ``SeedSequence`` (independent of scheduling)."""
+
+    def __init__(self, random_state):
+        if isinstance(random_state, np.random.RandomState | np.random.Generator):
+            raise ValueError("random_state must be an int or None (a seed, so that blocks can derive their own)")
+        self.entropy = np.random.SeedSequence(random_state).entropy
+
+    def global_rng(self) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(0,)))
+
+    def block(self, index: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence(self.entropy, spawn_key=(1, index))
+
+
+def _initial_block(block, method, seeds_entropy, global_state):
+    seed = np.random.SeedSequence(seeds_entropy, spawn_key=(1, block.index))
+    return method.initial_local(block, global_state, seed)
+
+
+def initialise(method, data, executor, random_state, global_state: dict | None = None) -> dict:
+    """Global state (unless given) and local factors of every block, from ``random_state``."""
+    seeds = BlockSeeds(random_state)
+    if global_state is None:
+        global_state = method.initial_global(data, seeds.global_rng())
+    executor.init_local(_initial_block, method, seeds.entropy, global_state)
+    return global_state
+
+
+def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callable[[], dict],
+        callback: Callable[[IterationInfo], None] | None = None, checkpointer=None,
+        resume: bool = False) -> FitState:
+    """Run the loop from the newest checkpoint (``resume``) or else from ``start()``, which
+    initialises the executor's local factors and returns the initial global state (or the
+    pair (global state, statistics) when its last pass already produced pass 0's statistics)."""
+    state = None
+    if resume and checkpointer is not None:
+        found = checkpointer.latest()
+        if found is not None:
+            saved, path = found
+            executor.load_local(f"{path}/local")
+            state = FitState(saved["global_state"], saved["stats"], saved["objectives"],
+                             saved["group_objectives"], saved["iteration"], saved["converged"], path)
+            logger.info("resumed from %s (iteration %d)", path, state.iteration)
+    if state is None:
+        started = start()
+        if isinstance(started, tuple):  # an initialisation whose last pass already gave the statistics
+            global_state, stats = started
+        else:
+            global_state = started
+            stats = executor.run_pass(method.block_stats, global_state, update=False)
+        value, per_group = method.objective(global_state, stats, data)
+        state = FitState(global_state, stats, [value], [per_group])
+        logger.info("pass 0: objective %.6g", value)
+    while state.iteration < max_iter and not state.converged:
+        started = time.perf_counter()
+        state.global_state = method.global_step(state.global_state, state.stats, data)
+        state.stats = executor.run_pass(method.local_step, state.global_state, update=True)
+        value, per_group = method.objective(state.global_state, state.stats, data)
+        state.objectives.append(value)
+        state.group_objectives.append(per_group)
+        state.iteration += 1
+        state.converged = method.converged(state.objectives, state.group_objectives)
+        seconds = time.perf_counter() - started
+        logger.info("iteration %d: objective %.6g (%.3f s)", state.iteration, value, seconds)
+        if callback is not None:
+            callback(IterationInfo(state.iteration, max_iter, value, per_group, seconds, executor.n_passes))
+        if checkpointer is not None and (checkpointer.due(state.iteration) or state.converged):
+            checkpointer.save(state.iteration, {
+                "global_state": state.global_state, "stats": state.stats, "objectives": state.objectives,
+                "group_objectives": state.group_objectives, "converged": state.converged}, executor)
+    return state

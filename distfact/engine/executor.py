@@ -1,0 +1,218 @@
+"""Where the passes run: in this process, or on a Dask distributed cluster.
+
+An executor holds, for every row block, where its X_b is and its local factor,
+and runs a *pass*: ``fn(X_b, local_b, block, *global_args)`` for every block,
+returning per-group statistics summed by the fixed-order tree of ``reduce.py``.
+It knows nothing of any method's mathematics.
+
+- :class:`InProcessExecutor` (the default: nothing to start). One block, or one
+  thread, is a plain loop with no task graph (the fast path for small data);
+  otherwise Dask's threaded scheduler runs the blocks of a pass in parallel.
+- :class:`DistributedExecutor` (``client=``): X blocks and local factors stay
+  on the workers as futures; only the reduced statistics come back.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+
+import numpy as np
+import zarr
+
+from .reduce import by_group, keyed, merge, tree_reduce
+
+
+def run_block(fn, reader, block, X_b, local, args, update):
+    """What one task does: load X_b if needed, run ``fn``, key the statistics by group."""
+    if X_b is None:
+        X_b = reader(block)
+    out = fn(X_b, local, block, *args)
+    if update:
+        new_local, stats = out
+        return new_local, keyed(block.group, stats)
+    return keyed(block.group, out)
+
+
+def save_local(directory: str, block, local) -> None:
+    """Write one block's local factor under ``directory`` (run where the factor lives)."""
+    local = np.asarray(local)
+    arr = zarr.open_array(os.path.join(directory, f"{block.index:06d}"), mode="w", shape=local.shape,
+                          dtype=local.dtype, chunks=local.shape, zarr_format=3)
+    arr[...] = local
+
+
+def load_local(directory: str, block):
+    return zarr.open_array(os.path.join(directory, f"{block.index:06d}"), mode="r")[...]
+
+
+class Executor:
+    """Common bookkeeping: pass and block-read counters."""
+
+    def __init__(self, data):
+        self.data = data
+        self.blocks = data.blocks
+        self.n_passes = 0
+        self.block_reads = np.zeros(data.n_blocks, dtype=np.int64)
+
+    def _count_pass(self):
+        self.n_passes += 1
+        self.block_reads += 1
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+
+class InProcessExecutor(Executor):
+    """Runs passes in this process: a plain loop, or Dask's threaded scheduler across blocks."""
+
+    def __init__(self, data, n_threads: int | None = None):
+        super().__init__(data)
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.reader = data.reader()
+        self.locals: list = [None] * data.n_blocks
+        self._blas = None
+
+    def describe(self) -> dict:
+        mode = "loop" if self._serial() else "dask-threads"
+        return {"scheduler": "in-process", "mode": mode, "threads": self.n_threads}
+
+    def _serial(self) -> bool:
+        return self.n_threads <= 1 or len(self.blocks) == 1
+
+    def _map(self, tasks: list):
+        if self._serial():
+            return [task() for task in tasks]
+        import dask.threaded
+        from threadpoolctl import ThreadpoolController
+
+        # Blocks already run in parallel: one BLAS thread each avoids oversubscription
+        # (and matches the workers of a distributed cluster, which run BLAS single-threaded).
+        if self._blas is None:
+            self._blas = ThreadpoolController()
+        graph = {("block", i): (task,) for i, task in enumerate(tasks)}
+        with self._blas.limit(limits=1, user_api="blas"):
+            return dask.threaded.get(graph, list(graph), num_workers=self.n_threads)
+
+    def init_local(self, fn, *args) -> None:
+        self.locals = self._map([functools.partial(fn, block, *args) for block in self.blocks])
+
+    def run_pass(self, fn, *args, update: bool) -> list[dict]:
+        data_blocks = self.data._blocks
+        tasks = [functools.partial(run_block, fn, self.reader, block,
+                                   None if data_blocks is None else data_blocks[block.index],
+                                   self.locals[block.index], args, update)
+                 for block in self.blocks]
+        results = self._map(tasks)
+        self._count_pass()
+        if update:
+            self.locals = [r[0] for r in results]
+            results = [r[1] for r in results]
+        return by_group(tree_reduce(results, merge), self.data.n_groups)
+
+    def map_blocks(self, fn, *args) -> list:
+        """``fn(X_b, local_b, block, *args)`` per block, results returned in block order (one pass)."""
+        data_blocks = self.data._blocks
+        tasks = [functools.partial(_map_one, fn, self.reader, block,
+                                   None if data_blocks is None else data_blocks[block.index],
+                                   self.locals[block.index], args)
+                 for block in self.blocks]
+        out = self._map(tasks)
+        self._count_pass()
+        return out
+
+    def local_factors(self) -> list:
+        return list(self.locals)
+
+    def save_local(self, directory: str) -> None:
+        for block, local in zip(self.blocks, self.locals):
+            save_local(directory, block, local)
+
+    def load_local(self, directory: str) -> None:
+        self.locals = [load_local(directory, block) for block in self.blocks]
+
+    def close(self) -> None:
+        pass
+
+
+class DistributedExecutor(Executor):
+    """Runs passes on a ``distributed.Client``; X blocks and local factors stay on the workers."""
+
+    def __init__(self, data, client, persist_data: bool = True):
+        super().__init__(data)
+        self.client = client
+        if data.in_memory:
+            self.reader = None
+            self.X_refs = client.scatter(list(data._blocks), hash=False)
+        else:
+            self.reader = data.reader()
+            self.X_refs = ([client.submit(self.reader, block, pure=False) for block in self.blocks]
+                           if persist_data else [None] * len(self.blocks))
+        self.locals: list = [None] * len(self.blocks)
+
+    def describe(self) -> dict:
+        info = self.client.scheduler_info()
+        return {"scheduler": info.get("address"), "mode": "distributed",
+                "workers": len(info.get("workers", {})),
+                "dashboard": getattr(self.client, "dashboard_link", None)}
+
+    def _broadcast(self, args):
+        return self.client.scatter([args], broadcast=True, hash=False)[0]
+
+    def init_local(self, fn, *args) -> None:
+        args_ref = self._broadcast(args)
+        self.locals = [self.client.submit(_apply_star, fn, block, args_ref, pure=False) for block in self.blocks]
+
+    def run_pass(self, fn, *args, update: bool) -> list[dict]:
+        submit = self.client.submit
+        args_ref = self._broadcast(args)
+        outs = [submit(run_block, fn, self.reader, block, self.X_refs[block.index],
+                       self.locals[block.index], args_ref, update, pure=False)
+                for block in self.blocks]
+        if update:
+            self.locals = [submit(operator.getitem, out, 0, pure=False) for out in outs]
+            outs = [submit(operator.getitem, out, 1, pure=False) for out in outs]
+        total = tree_reduce(outs, lambda a, b: submit(merge, a, b, pure=False)).result()
+        self._count_pass()
+        return by_group(total, self.data.n_groups)
+
+    def map_blocks(self, fn, *args) -> list:
+        args_ref = self._broadcast(args)
+        outs = [self.client.submit(_map_one, fn, self.reader, block, self.X_refs[block.index],
+                                   self.locals[block.index], args_ref, pure=False)
+                for block in self.blocks]
+        self._count_pass()
+        return self.client.gather(outs)
+
+    def local_factors(self) -> list:
+        return self.client.gather(self.locals)
+
+    def save_local(self, directory: str) -> None:
+        self.client.gather([self.client.submit(save_local, directory, block, local, pure=False)
+                            for block, local in zip(self.blocks, self.locals)])
+
+    def load_local(self, directory: str) -> None:
+        self.locals = [self.client.submit(load_local, directory, block, pure=False) for block in self.blocks]
+
+    def close(self) -> None:
+        self.client.cancel([f for f in self.X_refs + self.locals if f is not None])
+
+
+def _apply_star(fn, block, args):
+    return fn(block, *args)
+
+
+def _map_one(fn, reader, block, X_b, local, args):
+    return fn(reader(block) if X_b is None else X_b, local, block, *args)
+
+
+def make_executor(data, client=None, n_threads: int | None = None):
+    """The executor for ``client``: None -> in-process; a Client or a scheduler address -> distributed."""
+    if client is None:
+        return InProcessExecutor(data, n_threads)
+    if isinstance(client, str):
+        from distributed import Client
+
+        client = Client(client)
+    return DistributedExecutor(data, client)

@@ -1,0 +1,50 @@
+"""Fixed-order tree sum of per-group block statistics.
+
+A block's statistics are a dict ``name -> array`` for the block's group; a partial
+sum is a dict ``group index -> statistics``. The pairing depends only on the
+number of blocks, so the floating-point result is the same on any scheduler and
+any number of workers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def tree_reduce(items: list[T], combine: Callable[[T, T], T]) -> T:
+    """Combine ``items`` pairwise, (0,1), (2,3), ..., level by level, in index order."""
+    if not items:
+        raise ValueError("nothing to reduce")
+    level = list(items)
+    while len(level) > 1:
+        paired = [combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            paired.append(level[-1])
+        level = paired
+    return level[0]
+
+
+def keyed(group: int, stats: dict) -> dict:
+    """Wrap one block's statistics as a partial sum keyed by its group."""
+    return {group: stats}
+
+
+def merge(a: dict, b: dict) -> dict:
+    """Add two partial sums group by group (groups in increasing order, names as given)."""
+    out = {}
+    for g in sorted(a.keys() | b.keys()):
+        if g in a and g in b:
+            out[g] = {name: a[g][name] + b[g][name] for name in a[g]}
+        else:
+            out[g] = a[g] if g in a else b[g]
+    return out
+
+
+def by_group(total: dict, n_groups: int) -> list[dict]:
+    """The reduced partial sum as a list indexed by group."""
+    missing = [g for g in range(n_groups) if g not in total]
+    if missing:
+        raise ValueError(f"no statistics were produced for groups {missing}")
+    return [total[g] for g in range(n_groups)]

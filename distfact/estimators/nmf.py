@@ -1,0 +1,195 @@
+"""``distfact.NMF``: non-negative matrix factorisation X ~ W H on grouped data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine import fit as run_loop
+from ..engine.driver import initialise
+from ..methods.nmf import NMFMethod
+from ..methods.nmf_init import nndsvda_start
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint)
+
+INITS = ("random", "nndsvda", "custom")
+
+
+def _given_block(block, W_blocks):
+    return W_blocks[block.index]
+
+
+class NMF(FactorEstimator):
+    """Non-negative matrix factorisation X ~ W H with per-group diagnostics, on Dask.
+
+    Minimises (scikit-learn's beta-divergence convention)
+
+        1/2 ||X - W H||_F^2                                   (beta_loss='frobenius')
+        sum_ij x_ij log(x_ij / (WH)_ij) - x_ij + (WH)_ij     (beta_loss='kullback-leibler')
+
+    with W >= 0 (n_samples x r) and H >= 0 (r x n_features), by Lee & Seung's
+    multiplicative updates ('mu') or HALS ('hals', Frobenius only), H first then W
+    each iteration. Each iteration reads X once; the loss and the per-group errors
+    come from statistics gathered in that read (see ``distfact.methods.nmf``).
+
+    Parameters
+    ----------
+    n_components : int or None
+        Rank r; None means n_features.
+    solver : {'mu', 'hals'}
+    beta_loss : {'frobenius', 'kullback-leibler'}
+    init : {'random', 'nndsvda', 'custom'}
+        'random': scikit-learn's scaled |N(0, 1)| draws (per block from ``random_state``);
+        'nndsvda': NNDSVD with zeros filled by the mean of X, from a subspace-iteration
+        SVD computed in passes over X; 'custom': the W and H passed to ``fit``.
+    tol : float
+        Stop when every group's loss changes by less than ``tol`` (relative) in an iteration; 0 never stops early.
+    max_iter : int
+    random_state : int or None
+    block_rows : int or None
+        Rows per block when X is an in-memory array (default: ~128 MiB blocks).
+    checkpoint_dir : path or None
+        Write checkpoints to ``checkpoint_dir/checkpoints/iter-NNNNNN`` every ``checkpoint_every`` iterations.
+    checkpoint_every : int
+    resume : bool
+        Continue from the newest committed checkpoint in ``checkpoint_dir``, if any.
+    callback : callable or None
+        Called after every iteration with a :class:`distfact.engine.IterationInfo`.
+    n_threads : int or None
+        Threads of the in-process scheduler (default: all cores).
+
+    Attributes
+    ----------
+    components_ : ndarray (r, n_features)
+        H.
+    n_iter_ : int
+    n_passes_ : int
+        Passes over X: ``n_iter_ + 1`` with random or custom init.
+    loss_history_ : ndarray (n_iter_ + 1,)
+        The loss at initialisation and after every iteration.
+    group_loss_history_ : ndarray (n_iter_ + 1, n_groups)
+    reconstruction_err_ : float
+        sqrt(2 * loss): ||X - WH||_F for the Frobenius loss (as scikit-learn).
+    group_names_ : list of str
+    group_losses_ : ndarray (n_groups,)
+        The loss restricted to each group's rows.
+    group_errors_ : ndarray (n_groups,)
+        Relative error ||X_l - W_l H||_F / ||X_l||_F per group.
+    converged_ : bool
+    scheduler_ : dict
+        Where the fit ran.
+    """
+
+    def __init__(self, n_components=None, *, solver="mu", beta_loss="frobenius", init="random", tol=1e-4,
+                 max_iter=200, random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10,
+                 resume=False, callback=None, n_threads=None):
+        self.n_components = n_components
+        self.solver = solver
+        self.beta_loss = beta_loss
+        self.init = init
+        self.tol = tol
+        self.max_iter = max_iter
+        self.random_state = random_state
+        self.block_rows = block_rows
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.callback = callback
+        self.n_threads = n_threads
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X, y=None, groups=None, W=None, H=None, client=None, W_out=None):
+        """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with row ``groups``.
+
+        ``W_out``: a directory where the fitted W is written block by block, by the
+        process holding each block (one Zarr array per block, in the store's row order).
+        """
+        self._fit(X, groups, W, H, client, want_W=False, W_out=W_out)
+        return self
+
+    def fit_transform(self, X, y=None, groups=None, W=None, H=None, client=None):
+        """Fit and return W (n_samples x r) in X's row order. This gathers W on the driver."""
+        return self._fit(X, groups, W, H, client, want_W=True)
+
+    def _fit(self, X, groups, W, H, client, want_W, W_out=None):
+        data = self._grouped(X, groups)
+        r = check_rank(self.n_components, data.shape)
+        check_iteration_params(self.max_iter, self.tol)
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if (W is not None or H is not None) and self.init != "custom":
+            raise ValueError("W and H are used only with init='custom'")
+        method = NMFMethod(r, self.solver, self.beta_loss, float(self.tol), str(data.dtype))
+        executor = self._executor(data, client)
+        try:
+            state = run_loop(method, data, executor, max_iter=self.max_iter,
+                             start=self._start(method, data, executor, W, H), callback=self.callback,
+                             checkpointer=self._checkpointer(self._config(method, data)), resume=self.resume)
+            self._set_results(method, data, state, executor)
+            if W_out is not None:
+                executor.save_local(W_out)
+            if want_W:
+                return self._rows_in_caller_order(data, executor.local_factors())
+        finally:
+            executor.close()
+        return None
+
+    def _config(self, method, data) -> dict:
+        return {"estimator": "NMF", "method": method.__dict__, "init": self.init,
+                "random_state": self.random_state, "data": data_fingerprint(data)}
+
+    def _start(self, method, data, executor, W, H):
+        if self.init == "random":
+            return lambda: initialise(method, data, executor, self.random_state)
+        if self.init == "nndsvda":
+            return lambda: nndsvda_start(method, data, executor, self.random_state)
+        if W is None or H is None:
+            raise ValueError("init='custom' needs both W and H")
+        m, n = data.shape
+        H = check_factor(H, (method.n_components, n), "H", data.dtype)
+        W_blocks = self._blocks_from_rows(data, check_factor(W, (m, method.n_components), "W", data.dtype))
+
+        def start():
+            executor.init_local(_given_block, W_blocks)
+            return method.with_derived(H, data)
+        return start
+
+    def _set_results(self, method, data, state, executor):
+        self.components_ = state.global_state["H"]
+        self.n_components_ = method.n_components
+        self.n_features_in_ = data.shape[1]
+        self.n_iter_ = state.iteration
+        self.n_passes_ = executor.n_passes
+        self.converged_ = state.converged
+        self.loss_history_ = np.asarray(state.objectives)
+        self.group_loss_history_ = np.vstack(state.group_objectives)
+        self.group_names_ = data.group_names
+        self.group_losses_ = state.group_objectives[-1]
+        self.reconstruction_err_ = float(np.sqrt(2.0 * max(state.objectives[-1], 0.0)))
+        sq = method.squared_errors(state.global_state, state.stats, data)
+        self.group_errors_ = np.sqrt(sq / np.maximum(data.group_sq_norms, np.finfo(np.float64).tiny))
+        self.scheduler_ = executor.describe()
+        self._method = method
+
+    # ------------------------------------------------------------ transform
+    def transform(self, X, groups=None, client=None, max_iter=None):
+        """W for new X with H = components_ fixed (one read of X; rows solved independently)."""
+        self._check_fitted()
+        data = self._grouped(X, groups)
+        if data.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        executor = self._executor(data, client)
+        try:
+            scale = self._method.init_scale(data)
+            blocks = executor.map_blocks(self._method.solve_local, self.components_.astype(data.dtype, copy=False),
+                                         scale, max_iter or self.max_iter, self.tol)
+        finally:
+            executor.close()
+        return self._rows_in_caller_order(data, blocks)
+
+    def inverse_transform(self, W):
+        """W H."""
+        self._check_fitted()
+        return np.asarray(W) @ self.components_
+
+    def _check_fitted(self):
+        if not hasattr(self, "components_"):
+            raise ValueError("this NMF is not fitted yet; call fit first")

@@ -1,0 +1,1 @@
+"""Per-block numeric kernels (numpy, scipy, numba). No Dask here."""

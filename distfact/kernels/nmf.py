@@ -1,0 +1,162 @@
+"""NMF updates on one row block (Lee & Seung MU, HALS, KL MU); pure numeric, no Dask.
+
+Shapes: X_b (rows x n, dense or CSR), W_b (rows x r), H (r x n). Each local
+step updates W_b for a fixed H and returns, for the updated W_b, the block's
+statistics for the next global step. Denominators are floored at the dtype's
+machine epsilon (``floor_eps``).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from .products import (block_times_ht, floor_eps, gram, sparse_wt_times_block, tiles, wh_at_nonzeros,
+                       wt_times_block)
+
+
+# --------------------------------------------------------------------- Frobenius
+def mu_h_update(H, WtX, WtW):
+    """Lee-Seung H update: H <- H * (W^T X) / (W^T W H)."""
+    return H * WtX / np.maximum(WtW @ H, floor_eps(H.dtype))
+
+
+def mu_w_update(W, XHt, HHt):
+    """Lee-Seung W update: W <- W * (X H^T) / (W H H^T)."""
+    return W * XHt / np.maximum(W @ HHt, floor_eps(W.dtype))
+
+
+@numba.njit(nogil=True, cache=True)
+def hals_sweep(F, FtX, G):
+    """One HALS sweep, in place, over the columns of F (rows x r) for ||X - F M||:
+
+    ``F[:, k] <- max(0, F[:, k] + (FtX[:, k] - F G[:, k]) / G[k, k])`` for k = 0..r-1,
+    each column using the columns already updated (Gauss-Seidel); G = M M^T,
+    FtX = X M^T. A column whose G[k, k] is 0 is left as it is.
+    """
+    m, r = F.shape
+    for i in range(m):
+        for k in range(r):
+            gkk = G[k, k]
+            if gkk <= 0.0:
+                continue
+            acc = FtX[i, k]
+            for q in range(r):
+                acc -= F[i, q] * G[q, k]
+            value = F[i, k] + acc / gkk
+            F[i, k] = value if value > 0.0 else 0.0
+
+
+def hals_h_update(H, WtX, WtW):
+    """HALS sweep over the rows of H given W^T X and W^T W (the global step)."""
+    Ht = np.ascontiguousarray(H.T)
+    hals_sweep(Ht, np.ascontiguousarray(WtX.T), np.ascontiguousarray(WtW))
+    return np.ascontiguousarray(Ht.T)
+
+
+def frobenius_local(X, W, H, HHt, solver: str):
+    """Local step for ||X - WH||_F^2: update W_b by MU or HALS, return (W_b, W_b^T X_b, W_b^T W_b).
+
+    Large dense blocks are processed in cache tiles so each tile of X is read from
+    memory once for both products; CSR blocks in one sweep of their entries per product.
+    """
+    if sp.issparse(X):
+        W_new = w_update(W, block_times_ht(X, H), HHt, solver)
+        return W_new, sparse_wt_times_block(W_new, X), gram(W_new)
+    row_tiles = list(tiles(X))
+    if len(row_tiles) == 1:
+        W_new = w_update(W, X @ H.T, HHt, solver)
+        return W_new, W_new.T @ X, gram(W_new)
+    W_new = np.empty_like(W)
+    WtX = np.zeros_like(H)
+    Ht = np.ascontiguousarray(H.T)
+    for t in row_tiles:
+        X_t = X[t]
+        W_new[t] = w_update(W[t], X_t @ Ht, HHt, solver)
+        WtX += W_new[t].T @ X_t
+    return W_new, WtX, gram(W_new)
+
+
+def w_update(W, XHt, HHt, solver):
+    """W's update for the Frobenius loss from X H^T and H H^T (a new array)."""
+    if solver == "mu":
+        return mu_w_update(W, XHt, HHt)
+    W = np.array(W, copy=True)
+    hals_sweep(W, np.ascontiguousarray(XHt), np.ascontiguousarray(HHt))
+    return W
+
+
+def frobenius_stats(X, W):
+    """Statistics of a block for given W_b (pass 0): (W_b^T X_b, W_b^T W_b)."""
+    WtX = sparse_wt_times_block(W, X) if sp.issparse(X) else wt_times_block(W, X)
+    return WtX, gram(W)
+
+
+def frobenius_solve_w(X, W, H, solver: str, n_iter: int, tol: float):
+    """W_b for fixed H (transform): X_b H^T is formed once, then W iterates without X."""
+    XHt = np.ascontiguousarray(block_times_ht(X, H))
+    HHt = np.ascontiguousarray(H @ H.T)
+    for _ in range(n_iter):
+        previous = W
+        W = w_update(W, XHt, HHt, solver)
+        if np.linalg.norm(W - previous) <= tol * max(np.linalg.norm(W), floor_eps(W.dtype)):
+            break
+    return W
+
+
+# --------------------------------------------------------- Kullback-Leibler
+def kl_ratio(X, W, H):
+    """R = X / (W H) where X is non-zero (R has X's sparsity), with W H floored at eps.
+
+    Returns (R, WH at X's non-zeros) — the latter for the objective.
+    """
+    eps = floor_eps(W.dtype)
+    if sp.issparse(X):
+        wh = np.maximum(wh_at_nonzeros(X, W, H), eps)
+        R = sp.csr_matrix((X.data / wh, X.indices, X.indptr), shape=X.shape)
+        return R, wh
+    WH = np.maximum(W @ H, eps)
+    return X / WH, WH
+
+
+def kl_h_update(H, WtR, W_colsum):
+    """KL MU for H: H <- H * (W^T (X / WH)) / (W^T 1)."""
+    return H * WtR / np.maximum(W_colsum, floor_eps(H.dtype))[:, None]
+
+
+def kl_w_update(X, W, H):
+    """KL MU for W: W <- W * ((X / WH) H^T) / (1 H^T)."""
+    R, _ = kl_ratio(X, W, H)
+    return W * block_times_ht(R, H) / np.maximum(H.sum(axis=1), floor_eps(W.dtype))[None, :]
+
+
+def kl_stats(X, W, H):
+    """Block statistics for KL given (W_b, H): W^T (X / WH), column sums of W, and
+    sum over X's non-zeros of x log(x / wh) (the data-dependent part of D_KL)."""
+    R, wh = kl_ratio(X, W, H)
+    WtR = sparse_wt_times_block(W, R) if sp.issparse(R) else W.T @ R
+    if sp.issparse(X):
+        x = X.data
+    else:
+        nz = X > 0
+        x, wh = X[nz], wh[nz]
+    xlogx = np.dot(x, np.log(x / wh))
+    return WtR, W.sum(axis=0), np.asarray(xlogx, dtype=W.dtype)
+
+
+def kl_local(X, W, H):
+    """Local step for D_KL(X || WH): W_b by MU, then its statistics for the same H."""
+    W_new = kl_w_update(X, W, H)
+    return (W_new, *kl_stats(X, W_new, H))
+
+
+def kl_solve_w(X, W, H, n_iter: int, tol: float):
+    """W_b for fixed H under D_KL (transform)."""
+    W = np.array(W, copy=True)
+    for _ in range(n_iter):
+        previous = W
+        W = kl_w_update(X, W, H)
+        if np.linalg.norm(W - previous) <= tol * max(np.linalg.norm(W), floor_eps(W.dtype)):
+            break
+    return W

@@ -1,0 +1,90 @@
+"""Products of a block X_b (dense ndarray or CSR) with small dense factors.
+
+Pure numeric code: no Dask. Every function keeps the dtype of its inputs.
+The CSR kernels are compiled with numba (``nogil``, so blocks run in parallel
+threads) and read each stored entry once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+# Rows per cache tile on the dense path: X_tile stays in cache between the two
+# products of a local step (X_t H^T, then W_t^T X_t), so X streams from memory once.
+# Blocks smaller than TILE_MIN_BYTES fit in cache anyway and are done in one go.
+DENSE_TILE_ROWS = 64
+TILE_MIN_BYTES = 4 * 2**20
+
+
+@functools.lru_cache(maxsize=None)
+def floor_eps(dtype) -> float:
+    """The floor applied to every denominator (and to WH in the KL ratio)."""
+    return float(np.finfo(dtype).eps)
+
+
+def block_times_ht(X, H: np.ndarray) -> np.ndarray:
+    """X_b H^T (rows x r)."""
+    return np.asarray(X @ H.T)
+
+
+def wt_times_block(W: np.ndarray, X) -> np.ndarray:
+    """W_b^T X_b (r x n), without densifying a sparse X_b."""
+    if sp.issparse(X):
+        return np.ascontiguousarray((X.T @ W).T)
+    return W.T @ X
+
+
+def gram(W: np.ndarray) -> np.ndarray:
+    """W^T W (r x r)."""
+    return W.T @ W
+
+
+@numba.njit(nogil=True, cache=True)
+def _csr_rowdot(indptr, indices, W, Ht):
+    """(W H)_ij at the stored entries of a CSR pattern (Ht is H^T, n x r)."""
+    out = np.empty(indices.shape[0], dtype=W.dtype)
+    r = W.shape[1]
+    for i in range(indptr.shape[0] - 1):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            acc = 0.0
+            for k in range(r):
+                acc += W[i, k] * Ht[j, k]
+            out[p] = acc
+    return out
+
+
+def wh_at_nonzeros(X: sp.csr_matrix, W: np.ndarray, H: np.ndarray) -> np.ndarray:
+    """(W H) at X's stored entries, in X.data's order: O(nnz r), never the dense product."""
+    return _csr_rowdot(X.indptr, X.indices, W, np.ascontiguousarray(H.T))
+
+
+@numba.njit(nogil=True, cache=True)
+def _csr_scatter_wt(indptr, indices, data, W, n_cols):
+    """(W^T X)^T for CSR X: accumulate x_ij W_i into row j (n x r), one sweep over nnz."""
+    r = W.shape[1]
+    out = np.zeros((n_cols, r), dtype=W.dtype)
+    for i in range(indptr.shape[0] - 1):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            x = data[p]
+            for k in range(r):
+                out[j, k] += x * W[i, k]
+    return out
+
+
+def sparse_wt_times_block(W: np.ndarray, X: sp.csr_matrix) -> np.ndarray:
+    """W^T X for CSR X in one sweep of its entries (no transposed copy of X)."""
+    return np.ascontiguousarray(_csr_scatter_wt(X.indptr, X.indices, X.data, W, X.shape[1]).T)
+
+
+def tiles(X):
+    """Row slices of a dense block: cache-sized tiles for large blocks, the whole block otherwise."""
+    n_rows = X.shape[0]
+    size = DENSE_TILE_ROWS if X.nbytes >= TILE_MIN_BYTES else n_rows
+    for start in range(0, n_rows, size):
+        yield slice(start, min(start + size, n_rows))

@@ -1,0 +1,1 @@
+"""One module per method: local step, statistics, global step, objective, stopping rule."""

@@ -1,0 +1,10 @@
+"""Grouped matrices on Zarr: format, ingest and validation."""
+
+from .grouped import BlockReader, GroupedMatrix, StoreWriter, open_store
+from .format import Block
+from .ingest import from_arrays
+from .tables import from_table
+from .corpus import from_corpus
+
+__all__ = ["Block", "BlockReader", "GroupedMatrix", "StoreWriter", "from_arrays", "open_store"]
+__all__ += ["from_table", "from_corpus"]

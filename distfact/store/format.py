@@ -1,0 +1,115 @@
+"""The on-disk format of a grouped matrix (documented in ``docs/format.md``).
+
+A store is a Zarr v3 group whose attribute ``"distfact"`` holds the JSON metadata
+below; the attribute is written last, so a store without it is not a store.
+Each row block is a Zarr sub-group ``blocks/<key>`` holding either one dense array
+``X`` (rows x n) or the three CSR arrays ``data``, ``indices``, ``indptr``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+FORMAT_NAME = "distfact.grouped-matrix"
+FORMAT_VERSION = 1
+LAYOUTS = ("dense", "csr")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One row block: rows ``[row_start, row_stop)`` of the stored order, all in one group."""
+
+    index: int
+    key: str
+    group: int
+    row_start: int
+    row_stop: int
+    nnz: int
+
+    @property
+    def n_rows(self) -> int:
+        return self.row_stop - self.row_start
+
+
+@dataclass
+class GroupStats:
+    """Per-group constants gathered while ingesting (one streaming pass)."""
+
+    name: str
+    row_start: int
+    row_stop: int
+    sq_norm: float  # ||X_l||_F^2
+    total: float  # sum of X_l's entries
+    nnz: int
+
+
+@dataclass
+class Metadata:
+    shape: tuple[int, int]
+    dtype: str
+    layout: str
+    groups: list[GroupStats]
+    blocks: list[Block]
+    has_feature_names: bool = False
+    source: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "layout": self.layout,
+            "groups": [asdict(g) for g in self.groups],
+            "blocks": [asdict(b) for b in self.blocks],
+            "has_feature_names": self.has_feature_names,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict, where: str) -> "Metadata":
+        if doc.get("format") != FORMAT_NAME:
+            raise ValueError(f"{where}: not a distfact store (format {doc.get('format')!r})")
+        version = doc.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"{where}: store format version {version!r} is not supported "
+                f"(this distfact reads version {FORMAT_VERSION})"
+            )
+        try:
+            meta = cls(
+                shape=(int(doc["shape"][0]), int(doc["shape"][1])),
+                dtype=str(np.dtype(doc["dtype"])),
+                layout=doc["layout"],
+                groups=[GroupStats(**g) for g in doc["groups"]],
+                blocks=[Block(**b) for b in doc["blocks"]],
+                has_feature_names=bool(doc.get("has_feature_names", False)),
+                source=dict(doc.get("source", {})),
+            )
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"{where}: corrupt store metadata ({exc!r})") from exc
+        meta.check(where)
+        return meta
+
+    def check(self, where: str) -> None:
+        """Internal consistency: blocks tile the rows group by group, in order."""
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"{where}: unknown layout {self.layout!r}")
+        row = 0
+        for g_idx, g in enumerate(self.groups):
+            if g.row_start != row or g.row_stop <= g.row_start:
+                raise ValueError(f"{where}: corrupt metadata: group {g.name!r} rows {g.row_start}:{g.row_stop}")
+            row = g.row_stop
+        if row != self.shape[0]:
+            raise ValueError(f"{where}: corrupt metadata: groups cover {row} rows, shape says {self.shape[0]}")
+        row = 0
+        for i, b in enumerate(self.blocks):
+            g = self.groups[b.group] if 0 <= b.group < len(self.groups) else None
+            if (b.index != i or b.row_start != row or g is None
+                    or not g.row_start <= b.row_start < b.row_stop <= g.row_stop):
+                raise ValueError(f"{where}: corrupt metadata: block {i} (rows {b.row_start}:{b.row_stop})")
+            row = b.row_stop
+        if row != self.shape[0]:
+            raise ValueError(f"{where}: corrupt metadata: blocks cover {row} rows, shape says {self.shape[0]}")

@@ -1,0 +1,122 @@
+"""Ingest in-memory arrays (numpy, scipy.sparse, dask, pandas) into a grouped matrix."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from .grouped import DEFAULT_BLOCK_BYTES, GroupedMatrix, StoreWriter
+from .validate import check_groups, group_lookup, working_dtype
+
+
+def group_codes(groups, n_rows: int, group_names=None, where: str = "groups"):
+    """Map labels to group indices. Returns ``(codes, names)``.
+
+    Without ``group_names`` the groups are the sorted distinct labels; with it, the
+    labels must all be listed there and every listed group must have rows.
+    """
+    if groups is None:
+        return np.zeros(n_rows, dtype=np.intp), ["all"]
+    labels = check_groups(groups, n_rows, where)
+    if group_names is None:
+        uniq, codes = np.unique(labels, return_inverse=True)
+        return codes.astype(np.intp), [str(u) for u in uniq]
+    lookup = group_lookup(group_names)
+    names = list(lookup)
+    str_labels = labels.astype(str)
+    codes = np.array([lookup.get(v, -1) for v in str_labels], dtype=np.intp)
+    if (codes < 0).any():
+        row = int(np.flatnonzero(codes < 0)[0])
+        raise ValueError(f"{where}[{row}] = {str(str_labels[row])!r} is not one of group_names {names}")
+    counts = np.bincount(codes, minlength=len(names))
+    if (counts == 0).any():
+        raise ValueError(f"group {names[int(np.flatnonzero(counts == 0)[0])]!r} is empty: it has no rows")
+    return codes, names
+
+
+def rows_per_block(n_cols: int, itemsize: int, nnz_per_row: float | None, block_rows, block_bytes) -> int:
+    if block_rows is not None:
+        if int(block_rows) < 1:
+            raise ValueError(f"block_rows must be a positive integer, got {block_rows!r}")
+        return int(block_rows)
+    row_bytes = n_cols * itemsize if nnz_per_row is None else nnz_per_row * (itemsize + 4) + 8
+    return max(1, int(block_bytes // max(row_bytes, 1)))
+
+
+def split_rows(rows: np.ndarray, block_rows: int) -> list[np.ndarray]:
+    """Split one group's rows into nearly equal blocks of at most ``block_rows`` rows."""
+    n_parts = -(-len(rows) // block_rows)
+    return np.array_split(rows, n_parts)
+
+
+def _take_rows(X, rows: np.ndarray):
+    contiguous = rows[-1] - rows[0] + 1 == len(rows) and (np.diff(rows) == 1).all()
+    index = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
+    part = X[index]
+    if hasattr(part, "compute"):  # a dask array: materialise this block only
+        part = part.compute()
+    if hasattr(part, "to_scipy_sparse"):  # pydata sparse chunk
+        part = part.to_scipy_sparse()
+    return part
+
+
+def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=None, layout=None,
+                block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, overwrite=False) -> GroupedMatrix:
+    """Build a grouped matrix from X (numpy, scipy.sparse, dask array or DataFrame) and row labels.
+
+    Parameters
+    ----------
+    X : array-like of shape (m, n), non-negative
+    groups : array-like of shape (m,), optional
+        One label per row; ``None`` puts all rows in one group ``"all"``.
+    path : str or os.PathLike, optional
+        Where to write the Zarr store; ``None`` keeps the blocks in memory.
+    group_names : list of str, optional
+        The groups and their order; every label must be among them and none may be empty.
+    feature_names : list of str, optional
+        One name per column (taken from a DataFrame's columns by default).
+    layout : {"dense", "csr"}, optional
+        Defaults to "csr" for sparse input and "dense" otherwise.
+    block_rows, block_bytes : int, optional
+        Rows per block, or the target size of a block in bytes (default 128 MiB).
+    overwrite : bool
+        Replace an existing store at ``path``.
+
+    Rows are stored group by group (stable within a group); values are validated
+    block by block and a failure leaves nothing at ``path``.
+    """
+    if isinstance(X, GroupedMatrix):
+        raise ValueError("X is already a GroupedMatrix; pass it to the estimator directly")
+    if hasattr(X, "columns") and hasattr(X, "dtypes"):  # a pandas DataFrame
+        from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+        bad = [c for c, t in X.dtypes.items() if not (is_numeric_dtype(t) or is_bool_dtype(t))]
+        if bad:
+            raise ValueError(f"column {bad[0]!r} is not numeric (dtype {X.dtypes[bad[0]]})")
+        if feature_names is None:
+            feature_names = [str(c) for c in X.columns]
+        X = X.to_numpy()
+    if not (sp.issparse(X) or hasattr(X, "compute")):
+        X = np.asarray(X)
+    if len(X.shape) != 2:
+        raise ValueError(f"X must be 2-D (samples x features), got shape {X.shape}")
+    m, n = X.shape
+    if m == 0 or n == 0:
+        raise ValueError(f"X is empty (shape {X.shape})")
+    dtype = working_dtype(X.dtype)
+    sparse_input = sp.issparse(X) or type(getattr(X, "_meta", None)).__module__.startswith("sparse")
+    layout = layout or ("csr" if sparse_input else "dense")
+    if layout not in ("dense", "csr"):
+        raise ValueError(f"layout must be 'dense' or 'csr', got {layout!r}")
+    if sp.issparse(X):
+        X = X.tocsr()
+    codes, names = group_codes(groups, m, group_names)
+    nnz_per_row = X.nnz / m if sp.issparse(X) else (n if layout == "csr" else None)
+    per_block = rows_per_block(n, dtype.itemsize, nnz_per_row, block_rows, block_bytes)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    with StoreWriter(path, n, dtype, layout, overwrite=overwrite) as writer:
+        for g, name in enumerate(names):
+            for rows in split_rows(order[bounds[g]:bounds[g + 1]], per_block):
+                writer.add_block(name, _take_rows(X, rows), rows)
+        return writer.commit(names, feature_names, source={"kind": "arrays"})

@@ -1,0 +1,76 @@
+"""Checks applied to every block while it is ingested.
+
+Each check raises ``ValueError`` with a message naming the problem and where it is:
+the group, the row in the caller's order and, where it helps, the column.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("float64"))
+
+
+def working_dtype(dtype, where: str = "X") -> np.dtype:
+    """float32/float64 are kept as given; integers and bools become float64; anything else is refused."""
+    dtype = np.dtype(dtype)
+    if dtype in SUPPORTED_DTYPES:
+        return dtype
+    if dtype.kind in "iub" or dtype == np.float16:
+        return np.dtype("float64")
+    raise ValueError(f"{where} has dtype {dtype}, which is not numeric; expected real numbers")
+
+
+def check_block_values(block, group_name: str, source_rows: np.ndarray, where: str = "X") -> None:
+    """Refuse NaN, infinite and negative entries; name the first offending entry.
+
+    ``source_rows[i]`` is the caller's row number of the block's i-th row.
+    """
+    values = block.data if sp.issparse(block) else block
+    bad_nan = np.isnan(values)
+    bad_inf = np.isinf(values)
+    bad_neg = values < 0
+    for mask, what in ((bad_nan, "NaN"), (bad_inf, "an infinite value"), (bad_neg, "a negative value")):
+        if not mask.any():
+            continue
+        flat = int(np.flatnonzero(mask.ravel())[0])
+        if sp.issparse(block):
+            row = int(np.searchsorted(block.indptr, flat, side="right") - 1)
+            col = int(block.indices[flat])
+            value = block.data[flat]
+        else:
+            row, col = divmod(flat, block.shape[1])
+            value = block[row, col]
+        raise ValueError(
+            f"{where} has {what} ({float(value)!r}) at row {int(source_rows[row])}, column {col} "
+            f"(group {group_name!r}); distfact factors non-negative finite data"
+        )
+
+
+def check_groups(groups, n_rows: int, where: str = "groups") -> np.ndarray:
+    """Labels must be one per row of X."""
+    labels = np.asarray(groups)
+    if labels.ndim != 1:
+        raise ValueError(f"{where} must be a 1-D vector of labels, got shape {labels.shape}")
+    if labels.shape[0] != n_rows:
+        raise ValueError(f"{where} has {labels.shape[0]} labels but X has {n_rows} rows")
+    import pandas as pd
+
+    missing = pd.isna(labels)
+    if missing.any():
+        row = int(np.flatnonzero(missing)[0])
+        raise ValueError(f"{where} has a missing label ({labels[row]!r}) at row {row}")
+    if labels.dtype == object:  # mixed types would not sort; labels are names
+        labels = labels.astype(str)
+    return labels
+
+
+def group_lookup(group_names) -> dict[str, int] | None:
+    """``name -> index`` for an explicit list of group names (None stays None); refuses repeats."""
+    if group_names is None:
+        return None
+    names = [str(g) for g in group_names]
+    if len(set(names)) != len(names):
+        raise ValueError(f"group_names has repeated names: {names}")
+    return {name: i for i, name in enumerate(names)}

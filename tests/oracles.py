@@ -1,0 +1,52 @@
+"""Direct numpy transcriptions of the papers' updates, written independently of distfact's kernels.
+
+Each loop runs global-then-local (H first, then W), as the engine does, on a dense copy of X.
+"""
+
+import numpy as np
+
+
+def lee_seung_frobenius(X, W, H, n_iter):
+    eps = np.finfo(X.dtype).eps
+    W, H = W.copy(), H.copy()
+    for _ in range(n_iter):
+        H = H * (W.T @ X) / np.maximum(W.T @ W @ H, eps)
+        W = W * (X @ H.T) / np.maximum(W @ (H @ H.T), eps)
+    return W, H
+
+
+def lee_seung_kl(X, W, H, n_iter):
+    eps = np.finfo(X.dtype).eps
+    W, H = W.copy(), H.copy()
+    for _ in range(n_iter):
+        R = X / np.maximum(W @ H, eps)
+        H = H * (W.T @ R) / np.maximum(W.sum(axis=0), eps)[:, None]
+        R = X / np.maximum(W @ H, eps)
+        W = W * (R @ H.T) / np.maximum(H.sum(axis=1), eps)[None, :]
+    return W, H
+
+
+def hals(X, W, H, n_iter):
+    """Cichocki's HALS: rows of H one by one, then columns of W one by one."""
+    W, H = W.copy(), H.copy()
+    r = W.shape[1]
+    for _ in range(n_iter):
+        A, B = W.T @ W, W.T @ X
+        for k in range(r):
+            if A[k, k] > 0:
+                H[k] = np.maximum(0.0, H[k] + (B[k] - A[k] @ H) / A[k, k])
+        C, D = H @ H.T, X @ H.T
+        for k in range(r):
+            if C[k, k] > 0:
+                W[:, k] = np.maximum(0.0, W[:, k] + (D[:, k] - W @ C[:, k]) / C[k, k])
+    return W, H
+
+
+def frobenius_half(X, W, H):
+    return 0.5 * np.linalg.norm(X - W @ H) ** 2
+
+
+def kl_divergence(X, W, H):
+    WH = np.maximum(W @ H, np.finfo(X.dtype).eps)
+    nz = X > 0
+    return float(np.sum(X[nz] * np.log(X[nz] / WH[nz])) - X.sum() + (W @ H).sum())

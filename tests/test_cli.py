@@ -1,0 +1,88 @@
+"""The distfact command line, run as a user would (a real process)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import grouped_data
+
+
+def run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "distfact.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def npz_source(tmp_path):
+    X, groups = grouped_data(m=80, n=12)
+    path = tmp_path / "data.npz"
+    np.savez(path, X=X, groups=groups)
+    return path, X, groups
+
+
+def test_ingest_info_fit(npz_source, tmp_path):
+    path, X, groups = npz_source
+    out = run("ingest", path, tmp_path / "x.zarr", "--block-rows", "10", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    info = run("info", tmp_path / "x.zarr", "--json", cwd=tmp_path)
+    doc = json.loads(info.stdout)
+    assert doc["shape"] == [80, 12] and [g["rows"] for g in doc["groups"]] == [
+        int((groups == name).sum()) for name in ("g0", "g1", "g2")]
+    fit = run("fit", tmp_path / "x.zarr", "--rank", "3", "--max-iter", "20", "--tol", "0", "--no-progress",
+              "--output", tmp_path / "fit", cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["n_iter"] == 20 and metrics["n_passes"] == 21
+    H = np.load(tmp_path / "fit" / "H.npy")
+    assert H.shape == (3, 12)
+    assert sorted(os.listdir(tmp_path / "fit" / "W"))[:1] == ["000000"]
+
+
+def test_fit_on_a_local_cluster_matches_in_process(npz_source, tmp_path):
+    path, _, _ = npz_source
+    assert run("ingest", path, tmp_path / "x.zarr", "--block-rows", "10", cwd=tmp_path).returncode == 0
+    common = ["--rank", "3", "--max-iter", "10", "--tol", "0", "--no-progress"]
+    a = run("fit", tmp_path / "x.zarr", *common, "--output", tmp_path / "a", cwd=tmp_path)
+    b = run("fit", tmp_path / "x.zarr", *common, "--output", tmp_path / "b", "--local-cluster", "2", cwd=tmp_path)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert "dashboard" in b.stderr
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["scheduler"]["workers"] == 2
+    np.testing.assert_array_equal(np.load(tmp_path / "a" / "H.npy"), np.load(tmp_path / "b" / "H.npy"))
+
+
+def test_bad_input_exits_2_with_a_message(npz_source, tmp_path):
+    path, X, groups = npz_source
+    missing = run("fit", tmp_path / "nowhere.zarr", "--rank", "2", cwd=tmp_path)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    X[5, 3] = -2.0
+    np.savez(tmp_path / "neg.npz", X=X, groups=groups)
+    neg = run("ingest", tmp_path / "neg.npz", tmp_path / "neg.zarr", cwd=tmp_path)
+    assert neg.returncode == 2 and "negative value (-2.0) at row 5, column 3" in neg.stderr
+    assert not (tmp_path / "neg.zarr").exists()
+    assert run("ingest", path, tmp_path / "x.zarr", cwd=tmp_path).returncode == 0
+    rank = run("fit", tmp_path / "x.zarr", "--rank", "50", cwd=tmp_path)
+    assert rank.returncode == 2 and "n_components=50 is larger" in rank.stderr
+    usage = run("fit", tmp_path / "x.zarr", cwd=tmp_path)
+    assert usage.returncode == 2 and "--rank" in usage.stderr
+
+
+def test_every_command_has_help(tmp_path):
+    for command in ("ingest", "info", "fit", "demo"):
+        out = run(command, "--help", cwd=tmp_path)
+        assert out.returncode == 0 and "usage: distfact" in out.stdout
+
+
+def test_demo_writes_a_report(tmp_path):
+    out = run("demo", "--output", tmp_path / "demo", "--no-progress", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "digit 0" in out.stdout and "relative_error" in out.stdout
+    report = tmp_path / "demo" / "report"
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert [g["group"] for g in metrics["groups"]] == [f"digit {d}" for d in range(10)]
+    assert all(0 < g["relative_error"] < 1 for g in metrics["groups"])
+    page = (report / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "digit 9" in page

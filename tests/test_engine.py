@@ -1,0 +1,120 @@
+"""The engine: fixed-order reduction, pass counting, determinism across schedulers, checkpoints."""
+
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import distfact
+from conftest import grouped_data
+from distfact.engine import tree_reduce
+from distfact.engine.reduce import merge
+
+
+def test_tree_reduce_pairs_in_a_fixed_order():
+    assert tree_reduce(list("abcde"), lambda x, y: f"({x}{y})") == "(((ab)(cd))e)"
+    assert tree_reduce(["x"], lambda x, y: x + y) == "x"
+    with pytest.raises(ValueError, match="nothing to reduce"):
+        tree_reduce([], lambda x, y: x)
+
+
+def test_merge_keeps_groups_apart():
+    a = {0: {"s": np.array([1.0])}}
+    b = {0: {"s": np.array([2.0])}, 1: {"s": np.array([5.0])}}
+    out = merge(a, b)
+    assert list(out) == [0, 1] and out[0]["s"][0] == 3.0 and out[1]["s"][0] == 5.0
+
+
+def test_each_block_is_read_once_per_pass(tmp_path):
+    X, groups = grouped_data(m=90, n=10)
+    store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=10)
+    reads = []
+    reader = store.reader()
+    store.reader = lambda: (lambda block: reads.append(block.index) or reader(block))
+    model = distfact.NMF(3, random_state=0, max_iter=6, tol=0, n_threads=2).fit(store)
+    assert model.n_passes_ == 7
+    assert sorted(reads) == sorted(list(range(store.n_blocks)) * 7)
+
+
+def _fit_all(X, groups, client, tmp_path=None):
+    out = {}
+    for solver, loss in (("mu", "frobenius"), ("hals", "frobenius"), ("mu", "kullback-leibler")):
+        model = distfact.NMF(4, solver=solver, beta_loss=loss, random_state=11, max_iter=15, tol=0, n_threads=2)
+        W = model.fit_transform(X, groups=groups, client=client)
+        out[solver, loss] = (W, model.components_, model.loss_history_)
+    return out
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("kind", ["dense", "sparse", "store"])
+def test_bitwise_identical_on_threads_and_on_a_local_cluster(kind, local_cluster_client, tmp_path):
+    X, groups = grouped_data(m=400, n=60, density=0.2 if kind == "sparse" else None, seed=21)
+    if kind == "sparse":
+        X = sp.csr_matrix(X)
+    if kind == "store":  # X on Zarr: the workers read their blocks from disk
+        X, groups = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=37), None
+    else:
+        X = distfact.from_arrays(X, groups, block_rows=37)
+        groups = None
+    threads = _fit_all(X, groups, None)
+    cluster = _fit_all(X, groups, local_cluster_client)
+    for key in threads:
+        for ours, theirs in zip(threads[key], cluster[key]):
+            assert np.array_equal(ours, theirs), key
+
+
+def _interrupt_at(iteration):
+    def callback(info):
+        if info.iteration == iteration:
+            raise KeyboardInterrupt("simulated crash")
+    return callback
+
+
+@pytest.mark.parametrize("solver,loss", [("mu", "frobenius"), ("hals", "frobenius"), ("mu", "kullback-leibler")])
+def test_resume_gives_the_uninterrupted_result(solver, loss, tmp_path):
+    X, groups = grouped_data(m=150, n=20, seed=22)
+    kwargs = dict(solver=solver, beta_loss=loss, random_state=5, max_iter=20, tol=0, block_rows=16)
+    reference = distfact.NMF(4, **kwargs)
+    W_ref = reference.fit_transform(X, groups=groups)
+
+    run_dir = tmp_path / "run"
+    crashing = distfact.NMF(4, checkpoint_dir=run_dir, checkpoint_every=5, callback=_interrupt_at(13), **kwargs)
+    with pytest.raises(KeyboardInterrupt):
+        crashing.fit(X, groups=groups)
+    committed = sorted(os.listdir(run_dir / "checkpoints"))
+    assert committed == ["iter-000005", "iter-000010"]
+
+    resumed = distfact.NMF(4, checkpoint_dir=run_dir, checkpoint_every=5, resume=True, **kwargs)
+    W = resumed.fit_transform(X, groups=groups)
+    assert np.array_equal(W, W_ref)
+    assert np.array_equal(resumed.components_, reference.components_)
+    assert np.array_equal(resumed.loss_history_, reference.loss_history_)
+    assert resumed.n_iter_ == 20
+    assert resumed.n_passes_ == 10  # iterations 11..20 only
+
+
+def test_uncommitted_checkpoint_is_ignored_and_foreign_one_refused(tmp_path):
+    X, groups = grouped_data(m=60, n=10, seed=23)
+    run_dir = tmp_path / "run"
+    distfact.NMF(3, random_state=0, max_iter=4, tol=0, checkpoint_dir=run_dir, checkpoint_every=2).fit(X, groups=groups)
+    os.remove(run_dir / "checkpoints" / "iter-000004" / "COMMITTED")  # as if the save had died half-way
+    resumed = distfact.NMF(3, random_state=0, max_iter=4, tol=0, checkpoint_dir=run_dir, checkpoint_every=2,
+                           resume=True).fit(X, groups=groups)
+    assert resumed.n_passes_ == 2  # from iteration 2
+    with pytest.raises(ValueError, match="another configuration"):
+        distfact.NMF(3, random_state=1, max_iter=4, checkpoint_dir=run_dir, resume=True).fit(X, groups=groups)
+
+
+@pytest.mark.cluster
+def test_resume_on_a_cluster_from_a_threaded_checkpoint(local_cluster_client, tmp_path):
+    X, groups = grouped_data(m=200, n=20, seed=24)
+    data = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=30)
+    kwargs = dict(random_state=5, max_iter=12, tol=0, n_threads=2)
+    W_ref = distfact.NMF(3, **kwargs).fit_transform(data)
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        distfact.NMF(3, checkpoint_dir=run_dir, checkpoint_every=4, callback=_interrupt_at(6), **kwargs).fit(data)
+    W = distfact.NMF(3, checkpoint_dir=run_dir, checkpoint_every=4, resume=True, **kwargs).fit_transform(
+        data, client=local_cluster_client)
+    assert np.array_equal(W, W_ref)

@@ -1,0 +1,183 @@
+"""distfact.NMF against independent numpy transcriptions of the updates."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import distfact
+from conftest import grouped_data
+from oracles import frobenius_half, hals, kl_divergence, lee_seung_frobenius, lee_seung_kl
+
+ORACLES = {("mu", "frobenius"): lee_seung_frobenius, ("hals", "frobenius"): hals,
+           ("mu", "kullback-leibler"): lee_seung_kl}
+CASES = sorted(ORACLES)
+
+
+def start_point(X, r, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.random((X.shape[0], r)) + 0.1, rng.random((r, X.shape[1])) + 0.1
+
+
+def relative_diff(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("solver,loss", CASES)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_iterates_equal_numpy_transcription(solver, loss, sparse):
+    X, groups = grouped_data(m=90, n=25, density=0.4, seed=3)
+    W0, H0 = start_point(X, 4)
+    model = distfact.NMF(4, solver=solver, beta_loss=loss, init="custom", max_iter=30, tol=0, block_rows=13)
+    W = model.fit_transform(sp.csr_matrix(X) if sparse else X, groups=groups, W=W0, H=H0)
+    W_ref, H_ref = ORACLES[solver, loss](X, W0, H0, 30)
+    assert model.n_iter_ == 30
+    assert relative_diff(model.components_, H_ref) < 1e-10
+    assert relative_diff(W, W_ref) < 1e-10
+
+
+@pytest.mark.parametrize("solver,loss", CASES)
+def test_random_init_then_oracle(solver, loss):
+    """The random start (per-block seeds) read back with max_iter=0, then iterated by the oracle."""
+    X, groups = grouped_data(m=70, n=20, seed=4)
+    kwargs = dict(solver=solver, beta_loss=loss, random_state=7, tol=0, block_rows=11)
+    start = distfact.NMF(5, max_iter=0, **kwargs)
+    W0 = start.fit_transform(X, groups=groups)
+    H0 = start.components_
+    assert start.n_passes_ == 1
+    model = distfact.NMF(5, max_iter=12, **kwargs)
+    W = model.fit_transform(X, groups=groups)
+    W_ref, H_ref = ORACLES[solver, loss](X, W0, H0, 12)
+    assert relative_diff(model.components_, H_ref) < 1e-10
+    assert relative_diff(W, W_ref) < 1e-10
+
+
+@pytest.mark.parametrize("solver,loss", CASES)
+def test_one_block_and_many_blocks_agree(solver, loss):
+    X, groups = grouped_data(m=100, n=15, seed=5)
+    W0, H0 = start_point(X, 3)
+    fits = []
+    for block_rows in (1000, 7):
+        model = distfact.NMF(3, solver=solver, beta_loss=loss, init="custom", max_iter=25, tol=0,
+                             block_rows=block_rows)
+        fits.append((model.fit_transform(X, groups=groups, W=W0, H=H0), model.components_))
+    assert relative_diff(fits[1][0], fits[0][0]) < 1e-10
+    assert relative_diff(fits[1][1], fits[0][1]) < 1e-10
+
+
+@pytest.mark.parametrize("solver,loss", CASES)
+def test_sparse_and_dense_give_the_same_result(solver, loss):
+    X, groups = grouped_data(m=80, n=20, density=0.3, seed=6)
+    kwargs = dict(solver=solver, beta_loss=loss, random_state=0, max_iter=20, tol=0, block_rows=9)
+    dense = distfact.NMF(4, **kwargs)
+    W_dense = dense.fit_transform(X, groups=groups)
+    sparse = distfact.NMF(4, **kwargs)
+    W_sparse = sparse.fit_transform(sp.csr_matrix(X), groups=groups)
+    assert relative_diff(sparse.components_, dense.components_) < 1e-10
+    assert relative_diff(W_sparse, W_dense) < 1e-10
+    np.testing.assert_allclose(sparse.loss_history_, dense.loss_history_, rtol=1e-9)
+
+
+@pytest.mark.parametrize("solver,loss", CASES)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_losses_and_group_errors_equal_direct_recomputation(solver, loss, sparse):
+    X, groups = grouped_data(m=110, n=18, density=0.5, seed=8)
+    model = distfact.NMF(4, solver=solver, beta_loss=loss, random_state=2, max_iter=15, tol=0, block_rows=10)
+    W = model.fit_transform(sp.csr_matrix(X) if sparse else X, groups=groups)
+    H = model.components_
+    names = sorted(set(groups))
+    assert model.group_names_ == names
+    direct_loss = frobenius_half if loss == "frobenius" else kl_divergence
+    for g, name in enumerate(names):
+        rows = groups == name
+        rel = np.linalg.norm(X[rows] - W[rows] @ H) / np.linalg.norm(X[rows])
+        assert model.group_errors_[g] == pytest.approx(rel, rel=1e-9)
+        assert model.group_losses_[g] == pytest.approx(direct_loss(X[rows], W[rows], H), rel=1e-9)
+    assert model.loss_history_[-1] == pytest.approx(direct_loss(X, W, H), rel=1e-9)
+    assert model.reconstruction_err_ == pytest.approx(np.sqrt(2 * model.loss_history_[-1]))
+
+
+@pytest.mark.parametrize("solver", ["mu", "hals"])
+def test_one_read_of_X_per_iteration(solver):
+    X, groups = grouped_data(m=60, n=12, seed=9)
+    for max_iter, tol in ((17, 0.0), (500, 1e-3)):
+        model = distfact.NMF(3, solver=solver, random_state=0, max_iter=max_iter, tol=tol, block_rows=8).fit(
+            X, groups=groups)
+        assert model.n_passes_ == model.n_iter_ + 1
+    assert model.converged_ and model.n_iter_ < 500  # the tol run stopped early
+
+
+def test_monotone_objective_for_mu():
+    """Lee & Seung's MU never increases its objective (a property, not a copy of the code)."""
+    X, groups = grouped_data(m=80, n=20, seed=10)
+    for loss in ("frobenius", "kullback-leibler"):
+        model = distfact.NMF(4, beta_loss=loss, random_state=0, max_iter=60, tol=0).fit(X, groups=groups)
+        assert np.all(np.diff(model.loss_history_) <= 1e-9 * model.loss_history_[0])
+
+
+def test_dtype_is_kept():
+    X, groups = grouped_data(m=40, n=10, dtype=np.float32)
+    model = distfact.NMF(3, random_state=0, max_iter=10).fit(X, groups=groups)
+    assert model.components_.dtype == np.float32
+    assert model.fit_transform(X, groups=groups).dtype == np.float32
+
+
+def test_same_seed_same_result_other_seed_other_result(dense_data):
+    X, groups = dense_data
+    a = distfact.NMF(4, random_state=3, max_iter=10, block_rows=20).fit(X, groups=groups).components_
+    b = distfact.NMF(4, random_state=3, max_iter=10, block_rows=20).fit(X, groups=groups).components_
+    c = distfact.NMF(4, random_state=4, max_iter=10, block_rows=20).fit(X, groups=groups).components_
+    assert np.array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_transform_hals_meets_the_kkt_conditions():
+    X, groups = grouped_data(m=50, n=16, seed=11)
+    model = distfact.NMF(3, solver="hals", random_state=0, max_iter=200, tol=1e-8).fit(X, groups=groups)
+    H = model.components_
+    W = model.transform(X, max_iter=2000)
+    # KKT of min_W ||X - WH|| over W >= 0: gradient (W H - X) H^T >= 0, and = 0 where W > 0.
+    grad = (W @ H - X) @ H.T
+    scale = np.abs(X @ H.T).max()
+    assert grad.min() > -1e-6 * scale
+    assert np.abs(grad[W > 1e-8]).max() < 1e-6 * scale
+    np.testing.assert_allclose(model.inverse_transform(W), W @ H)
+
+
+@pytest.mark.parametrize("loss", ["frobenius", "kullback-leibler"])
+def test_transform_mu_equals_fixed_H_iterations(loss):
+    X, groups = grouped_data(m=50, n=16, seed=11)
+    model = distfact.NMF(3, beta_loss=loss, random_state=0, max_iter=40, tol=0).fit(X, groups=groups)
+    H = model.components_
+    W = model.transform(X, max_iter=25)
+    eps = np.finfo(X.dtype).eps
+    W_ref = np.full((X.shape[0], 3), np.sqrt(X.mean() / 3))
+    for _ in range(25):
+        if loss == "frobenius":
+            W_ref = W_ref * (X @ H.T) / np.maximum(W_ref @ (H @ H.T), eps)
+        else:
+            W_ref = W_ref * ((X / np.maximum(W_ref @ H, eps)) @ H.T) / np.maximum(H.sum(axis=1), eps)
+    assert relative_diff(W, W_ref) < 1e-10
+
+
+def test_nndsvda_init_is_close_to_scikit_learn():
+    from sklearn.decomposition._nmf import _initialize_nmf
+
+    X, groups = grouped_data(m=150, n=30, seed=12)
+    W_sk, H_sk = _initialize_nmf(X, 6, init="nndsvda", random_state=0)
+    model = distfact.NMF(6, init="nndsvda", max_iter=0, random_state=0, block_rows=40)
+    W = model.fit_transform(X, groups=groups)
+    ours = frobenius_half(X, W, model.components_)
+    assert ours == pytest.approx(model.loss_history_[0], rel=1e-9)
+    assert ours == pytest.approx(frobenius_half(X, W_sk, H_sk), rel=0.1)
+    assert (W >= 0).all() and (model.components_ >= 0).all()
+
+
+def test_matches_scikit_learn_final_error():
+    """Same problem, same kind of solver: the final errors are close (not the same iterates:
+    scikit-learn updates W first)."""
+    from sklearn.decomposition import NMF as SkNMF
+
+    X, groups = grouped_data(m=200, n=40, seed=13)
+    ours = distfact.NMF(5, solver="hals", init="nndsvda", max_iter=300, tol=1e-6, random_state=0).fit(X)
+    theirs = SkNMF(5, solver="cd", init="nndsvda", max_iter=300, tol=1e-6, random_state=0).fit(X)
+    assert ours.reconstruction_err_ == pytest.approx(theirs.reconstruction_err_, rel=0.02)

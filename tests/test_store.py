@@ -1,0 +1,233 @@
+"""The grouped-matrix store: round trips, metadata, and refusal of bad input with nothing written."""
+
+import json
+import os
+import shutil
+
+import dask.array as da
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import distfact
+from conftest import grouped_data
+
+
+def nothing_written(path):
+    parent, name = os.path.split(str(path))
+    leftovers = [n for n in os.listdir(parent) if n.startswith(f".{name}.partial")] if os.path.isdir(parent) else []
+    return not os.path.exists(path) and not leftovers
+
+
+def dense_of(block):
+    return block.toarray() if sp.issparse(block) else block
+
+
+def check_round_trip(store, X, groups):
+    """Every block lies in one group; rows, per-group constants and column sums match X."""
+    X = X.toarray() if sp.issparse(X) else np.asarray(X)
+    order = store.row_index()
+    assert sorted(order) == list(range(X.shape[0]))
+    names = store.group_names
+    assert names == sorted(set(map(str, groups)))
+    for b in store.blocks:
+        rows = order[b.row_start:b.row_stop]
+        assert {str(groups[i]) for i in rows} == {names[b.group]}
+        np.testing.assert_array_equal(dense_of(store.load_block(b.index)), X[rows])
+    for g, name in enumerate(names):
+        Xg = X[np.asarray(groups).astype(str) == name]
+        meta = store.meta.groups[g]
+        assert meta.row_stop - meta.row_start == Xg.shape[0]
+        assert meta.sq_norm == pytest.approx(float((Xg ** 2).sum()), rel=1e-12)
+        assert meta.total == pytest.approx(float(Xg.sum()), rel=1e-12)
+        assert meta.nnz == np.count_nonzero(Xg)
+    np.testing.assert_allclose(store.column_sums, X.sum(axis=0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "csr", "dask"])
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_from_arrays_round_trip(kind, on_disk, tmp_path):
+    X, groups = grouped_data(m=75, n=9, density=0.4)
+    given_X = {"numpy": X, "csr": sp.csr_matrix(X), "dask": da.from_array(X, chunks=(20, 9))}[kind]
+    path = tmp_path / "x.zarr" if on_disk else None
+    store = distfact.from_arrays(given_X, groups, path, block_rows=8)
+    assert store.layout == ("csr" if kind == "csr" else "dense")
+    assert store.in_memory == (not on_disk)
+    check_round_trip(store, X, groups)
+    if on_disk:
+        again = distfact.open(path)
+        check_round_trip(again, X, groups)
+        assert again.info()["groups"][0]["rows"] == int((groups == "g0").sum())
+
+
+def test_to_dask_gives_numpy_or_sparse_chunks(tmp_path):
+    X, groups = grouped_data(m=40, n=6, density=0.5)
+    dense = distfact.from_arrays(X, groups, tmp_path / "d.zarr", block_rows=7)
+    sparse = distfact.from_arrays(sp.csr_matrix(X), groups, tmp_path / "s.zarr", block_rows=7)
+    order = dense.row_index()
+    np.testing.assert_array_equal(dense.to_dask().compute(), X[order])
+    chunk = sparse.to_dask().blocks[0].compute()
+    assert type(chunk).__module__.startswith("sparse")
+    np.testing.assert_array_equal(sparse.to_dask().compute().todense(), X[order])
+    assert dense.to_dask().chunks[0] == tuple(b.n_rows for b in dense.blocks)
+
+
+def test_feature_names_and_dataframe_columns(tmp_path):
+    X, groups = grouped_data(m=20, n=3)
+    frame = pd.DataFrame(X, columns=["a", "b", "c"])
+    store = distfact.from_arrays(frame, groups, tmp_path / "f.zarr")
+    assert list(distfact.open(tmp_path / "f.zarr").feature_names) == ["a", "b", "c"]
+    assert store.dtype == np.float64
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 6), n_groups=st.integers(1, 5), block_rows=st.integers(1, 12),
+       seed=st.integers(0, 2**16))
+def test_blocks_tile_rows_group_by_group(m, n, n_groups, block_rows, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.random((m, n))
+    groups = rng.integers(0, n_groups, size=m)
+    store = distfact.from_arrays(X, groups, block_rows=block_rows)
+    assert all(b.n_rows <= block_rows for b in store.blocks)
+    check_round_trip(store, X, groups)
+
+
+# ------------------------------------------------------------------ bad input
+BAD_VALUES = [(-0.5, "negative value"), (np.nan, "NaN"), (np.inf, "infinite value")]
+
+
+@pytest.mark.parametrize("value,what", BAD_VALUES)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_bad_values_name_group_row_and_column_and_write_nothing(value, what, sparse, tmp_path):
+    X, groups = grouped_data(m=50, n=5)
+    X[37, 2] = value
+    path = tmp_path / "bad.zarr"
+    with pytest.raises(ValueError, match=rf"{what} .* at row 37, column 2 \(group '{groups[37]}'\)"):
+        distfact.from_arrays(sp.csr_matrix(X) if sparse else X, groups, path, block_rows=6)
+    assert nothing_written(path)
+
+
+def test_bad_value_in_a_later_block_leaves_no_partial_store(tmp_path):
+    X, groups = grouped_data(m=200, n=4)
+    last_group_row = int(np.flatnonzero(groups == "g2")[-1])
+    X[last_group_row, 0] = -1.0  # found only after earlier blocks were written
+    path = tmp_path / "bad.zarr"
+    with pytest.raises(ValueError, match=f"row {last_group_row}"):
+        distfact.from_arrays(X, groups, path, block_rows=5)
+    assert nothing_written(path)
+
+
+def test_failed_overwrite_keeps_the_old_store(tmp_path):
+    X, groups = grouped_data(m=30, n=4)
+    path = tmp_path / "x.zarr"
+    distfact.from_arrays(X, groups, path)
+    bad = X.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        distfact.from_arrays(bad, groups, path, overwrite=True)
+    check_round_trip(distfact.open(path), X, groups)
+    with pytest.raises(ValueError, match="already exists"):
+        distfact.from_arrays(X, groups, path)
+
+
+def test_label_vector_of_the_wrong_length(tmp_path):
+    X, groups = grouped_data(m=30, n=4)
+    path = tmp_path / "x.zarr"
+    with pytest.raises(ValueError, match="groups has 29 labels but X has 30 rows"):
+        distfact.from_arrays(X, groups[:-1], path)
+    assert nothing_written(path)
+
+
+def test_empty_group(tmp_path):
+    X, groups = grouped_data(m=30, n=4, n_groups=2)
+    path = tmp_path / "x.zarr"
+    with pytest.raises(ValueError, match="group 'g9' is empty"):
+        distfact.from_arrays(X, groups, path, group_names=["g0", "g1", "g9"])
+    assert nothing_written(path)
+    with pytest.raises(ValueError, match=r"groups\[\d+\] = 'g1' is not one of group_names"):
+        distfact.from_arrays(X, groups, path, group_names=["g0"])
+    assert nothing_written(path)
+
+
+def test_non_numeric_input(tmp_path):
+    path = tmp_path / "x.zarr"
+    with pytest.raises(ValueError, match="not numeric"):
+        distfact.from_arrays(np.array([["a", "b"], ["c", "d"]], dtype=object), None, path)
+    frame = pd.DataFrame({"x": [1.0, 2.0], "city": ["Oslo", "Lima"]})
+    with pytest.raises(ValueError, match="column 'city' is not numeric"):
+        distfact.from_arrays(frame, None, path)
+    assert nothing_written(path)
+
+
+def test_rank_larger_than_the_data():
+    X, groups = grouped_data(m=12, n=5)
+    with pytest.raises(ValueError, match=r"n_components=6 is larger than min\(n_samples, n_features\) = min\(12, 5\) = 5"):
+        distfact.NMF(6).fit(X, groups=groups)
+
+
+def test_missing_store(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        distfact.open(tmp_path / "nowhere.zarr")
+    with pytest.raises(ValueError, match="does not exist"):
+        distfact.NMF(2).fit(str(tmp_path / "nowhere.zarr"))
+
+
+def test_corrupt_stores(tmp_path):
+    X, groups = grouped_data(m=30, n=4)
+    path = tmp_path / "x.zarr"
+    distfact.from_arrays(X, groups, path, block_rows=5)
+
+    broken = tmp_path / "no-block.zarr"
+    shutil.copytree(path, broken)
+    shutil.rmtree(broken / "blocks" / "000002")
+    with pytest.raises(ValueError, match=r"corrupt: block \d+ \(key '000002'\) is missing"):
+        distfact.open(broken)
+
+    garbled = tmp_path / "garbled.zarr"
+    shutil.copytree(path, garbled)
+    (garbled / "zarr.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="not a readable Zarr group"):
+        distfact.open(garbled)
+
+    unfinished = tmp_path / "unfinished.zarr"
+    shutil.copytree(path, unfinished)
+    doc = json.loads((unfinished / "zarr.json").read_text())
+    doc["attributes"].pop("distfact")
+    (unfinished / "zarr.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="no distfact metadata"):
+        distfact.open(unfinished)
+
+    tampered = tmp_path / "tampered.zarr"
+    shutil.copytree(path, tampered)
+    doc = json.loads((tampered / "zarr.json").read_text())
+    doc["attributes"]["distfact"]["blocks"][1]["row_start"] += 1
+    (tampered / "zarr.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"corrupt metadata: block 1"):
+        distfact.open(tampered)
+
+
+def test_missing_labels_are_named():
+    X, _ = grouped_data(m=4, n=2)
+    with pytest.raises(ValueError, match="missing label .* at row 1"):
+        distfact.from_arrays(X, pd.Series(["a", np.nan, "b", "a"]).to_numpy())
+    with pytest.raises(ValueError, match="missing label .* at row 2"):
+        distfact.from_arrays(X, np.array([0.0, 1.0, np.nan, 1.0]))
+
+
+def test_overwrite_replaces_only_a_store(tmp_path):
+    X, groups = grouped_data(m=10, n=2)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not a distfact store; not replacing it"):
+        distfact.from_arrays(X, groups, tmp_path / "notes", overwrite=True)
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_sparse_input_can_be_stored_dense(tmp_path):
+    X, groups = grouped_data(m=20, n=4, density=0.5)
+    store = distfact.from_arrays(sp.csr_matrix(X), groups, tmp_path / "x.zarr", layout="dense", block_rows=6)
+    assert store.layout == "dense"
+    check_round_trip(store, X, groups)
