@@ -72,28 +72,34 @@ class InProcessExecutor(Executor):
         self.n_threads = n_threads or os.cpu_count() or 1
         self.reader = data.reader()
         self.locals: list = [None] * data.n_blocks
-        self._blas = None
+        self._blas_limit = None
+        if not self._serial():
+            from threadpoolctl import ThreadpoolController
+
+            # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
+            # the driver's small products between passes must not leave BLAS threads spinning
+            # on the cores the blocks need. (Workers of a distributed cluster run BLAS single-threaded too.)
+            self._blas_limit = ThreadpoolController().limit(limits=1, user_api="blas")
 
     def describe(self) -> dict:
         mode = "loop" if self._serial() else "dask-threads"
         return {"scheduler": "in-process", "mode": mode, "threads": self.n_threads}
 
     def _serial(self) -> bool:
-        return self.n_threads <= 1 or len(self.blocks) == 1
+        """Blocks run one after the other when there is nothing to overlap: one thread or
+        one block, or dense blocks already in memory, whose BLAS products use every core
+        (on 2 cores, one 2-thread product beats two 1-thread ones). Blocks read from disk,
+        or CSR blocks (single-threaded kernels), run in parallel threads."""
+        return (self.n_threads <= 1 or len(self.blocks) == 1
+                or (self.data.in_memory and not self.data.is_sparse))
 
     def _map(self, tasks: list):
         if self._serial():
             return [task() for task in tasks]
         import dask.threaded
-        from threadpoolctl import ThreadpoolController
 
-        # Blocks already run in parallel: one BLAS thread each avoids oversubscription
-        # (and matches the workers of a distributed cluster, which run BLAS single-threaded).
-        if self._blas is None:
-            self._blas = ThreadpoolController()
         graph = {("block", i): (task,) for i, task in enumerate(tasks)}
-        with self._blas.limit(limits=1, user_api="blas"):
-            return dask.threaded.get(graph, list(graph), num_workers=self.n_threads)
+        return dask.threaded.get(graph, list(graph), num_workers=self.n_threads)
 
     def init_local(self, fn, *args) -> None:
         self.locals = self._map([functools.partial(fn, block, *args) for block in self.blocks])
@@ -133,7 +139,9 @@ class InProcessExecutor(Executor):
         self.locals = [load_local(directory, block) for block in self.blocks]
 
     def close(self) -> None:
-        pass
+        if self._blas_limit is not None:
+            self._blas_limit.restore_original_limits()
+            self._blas_limit = None
 
 
 class DistributedExecutor(Executor):

@@ -50,7 +50,8 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
     """Base of distfact's estimators (fit on grouped data, run by the engine)."""
 
     def _grouped(self, X, groups):
-        return as_grouped(X, groups, block_rows=getattr(self, "block_rows", None))
+        return as_grouped(X, groups, block_rows=getattr(self, "block_rows", None),
+                          n_threads=getattr(self, "n_threads", None))
 
     def _executor(self, data, client):
         return make_executor(data, client, getattr(self, "n_threads", None))

@@ -12,8 +12,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from .products import (block_times_ht, floor_eps, gram, sparse_wt_times_block, tiles, wh_at_nonzeros,
-                       wt_times_block)
+from .products import block_times_ht, floor_eps, gram, sparse_wt_times_block, wh_at_nonzeros, wt_times_block
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -55,27 +54,59 @@ def hals_h_update(H, WtX, WtW):
     return np.ascontiguousarray(Ht.T)
 
 
+@numba.njit(nogil=True, cache=True)
+def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
+    """Fused CSR local step, one row at a time while its entries are in cache: gather
+    x_i H^T, update row i of W (MU from the precomputed W H H^T, or a HALS sweep over
+    its r entries), scatter x_ij w_i into (W^T X)^T. Returns (W_new, (W^T X)^T)."""
+    m, r = W.shape
+    W_new = np.empty_like(W)
+    WtX_T = np.zeros((Ht.shape[0], r), dtype=W.dtype)
+    xh = np.empty(r, dtype=W.dtype)
+    for i in range(m):
+        xh[:] = 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            x = data[p]
+            j = indices[p]
+            for k in range(r):
+                xh[k] += x * Ht[j, k]
+        w = W_new[i]
+        w[:] = W[i]
+        if use_mu:
+            for k in range(r):
+                w[k] *= xh[k] / max(WHHt[i, k], eps)
+        else:
+            for k in range(r):
+                gkk = HHt[k, k]
+                if gkk <= 0.0:
+                    continue
+                acc = xh[k]
+                for q in range(r):
+                    acc -= w[q] * HHt[q, k]
+                value = w[k] + acc / gkk
+                w[k] = value if value > 0.0 else 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            x = data[p]
+            j = indices[p]
+            for k in range(r):
+                WtX_T[j, k] += x * w[k]
+    return W_new, WtX_T
+
+
 def frobenius_local(X, W, H, HHt, solver: str):
     """Local step for ||X - WH||_F^2: update W_b by MU or HALS, return (W_b, W_b^T X_b, W_b^T W_b).
 
-    Large dense blocks are processed in cache tiles so each tile of X is read from
-    memory once for both products; CSR blocks in one sweep of their entries per product.
+    Dense blocks: two BLAS products (X_b H^T before the update, W_b^T X_b after).
+    CSR blocks: one fused sweep of the stored entries (``_csr_frobenius_local``).
     """
     if sp.issparse(X):
-        W_new = w_update(W, block_times_ht(X, H), HHt, solver)
-        return W_new, sparse_wt_times_block(W_new, X), gram(W_new)
-    row_tiles = list(tiles(X))
-    if len(row_tiles) == 1:
-        W_new = w_update(W, X @ H.T, HHt, solver)
-        return W_new, W_new.T @ X, gram(W_new)
-    W_new = np.empty_like(W)
-    WtX = np.zeros_like(H)
-    Ht = np.ascontiguousarray(H.T)
-    for t in row_tiles:
-        X_t = X[t]
-        W_new[t] = w_update(W[t], X_t @ Ht, HHt, solver)
-        WtX += W_new[t].T @ X_t
-    return W_new, WtX, gram(W_new)
+        W = np.ascontiguousarray(W)
+        WHHt = W @ HHt if solver == "mu" else W[:0]
+        W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.data, W, np.ascontiguousarray(H.T),
+                                            np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype))
+        return W_new, np.ascontiguousarray(WtX_T.T), gram(W_new)
+    W_new = w_update(W, X @ H.T, HHt, solver)
+    return W_new, W_new.T @ X, gram(W_new)
 
 
 def w_update(W, XHt, HHt, solver):

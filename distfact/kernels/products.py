@@ -13,13 +13,6 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-# Rows per cache tile on the dense path: X_tile stays in cache between the two
-# products of a local step (X_t H^T, then W_t^T X_t), so X streams from memory once.
-# Blocks smaller than TILE_MIN_BYTES fit in cache anyway and are done in one go.
-DENSE_TILE_ROWS = 64
-TILE_MIN_BYTES = 4 * 2**20
-
-
 @functools.lru_cache(maxsize=None)
 def floor_eps(dtype) -> float:
     """The floor applied to every denominator (and to WH in the KL ratio)."""
@@ -80,11 +73,3 @@ def _csr_scatter_wt(indptr, indices, data, W, n_cols):
 def sparse_wt_times_block(W: np.ndarray, X: sp.csr_matrix) -> np.ndarray:
     """W^T X for CSR X in one sweep of its entries (no transposed copy of X)."""
     return np.ascontiguousarray(_csr_scatter_wt(X.indptr, X.indices, X.data, W, X.shape[1]).T)
-
-
-def tiles(X):
-    """Row slices of a dense block: cache-sized tiles for large blocks, the whole block otherwise."""
-    n_rows = X.shape[0]
-    size = DENSE_TILE_ROWS if X.nbytes >= TILE_MIN_BYTES else n_rows
-    for start in range(0, n_rows, size):
-        yield slice(start, min(start + size, n_rows))

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+import scipy.sparse as sp
+
 from .grouped import GroupedMatrix
 from .ingest import from_arrays
 
+# Arrays already in memory are cut into about as many blocks as there are threads: each
+# block costs an r x n statistics array per pass, and there is no I/O to overlap.
+MIN_IN_MEMORY_BLOCK_BYTES = 2**20
 
-def as_grouped(X, groups=None, *, block_rows=None, where: str = "X") -> GroupedMatrix:
+
+def in_memory_block_bytes(X, n_threads: int | None) -> int:
+    nbytes = X.nnz * (X.dtype.itemsize + 4) if sp.issparse(X) else np.prod(X.shape) * np.dtype(X.dtype).itemsize
+    return max(int(-(-nbytes // (n_threads or os.cpu_count() or 1))), MIN_IN_MEMORY_BLOCK_BYTES)
+
+
+def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = "X") -> GroupedMatrix:
     """A GroupedMatrix for ``X``: stores are opened, arrays are blocked in memory.
 
     A dask array is materialised block by block into memory; for data larger than
@@ -22,4 +34,6 @@ def as_grouped(X, groups=None, *, block_rows=None, where: str = "X") -> GroupedM
         if groups is not None:
             raise ValueError(f"{where} is a store path, whose groups are stored with it; do not pass groups=")
         return GroupedMatrix.open(X)
-    return from_arrays(X, groups, None, block_rows=block_rows)
+    if not (sp.issparse(X) or hasattr(X, "shape")):
+        X = np.asarray(X)
+    return from_arrays(X, groups, None, block_rows=block_rows, block_bytes=in_memory_block_bytes(X, n_threads))

@@ -1,0 +1,203 @@
+"""distfact NMF against scikit-learn's NMF, measured in one run on this machine.
+
+    python benchmarks/bench_nmf.py            # the full set (about 10 minutes on 2 cores)
+    python benchmarks/bench_nmf.py --quick    # small sizes, to check the script
+
+Cases (the targets of issue 2):
+  dense   20000 x 2000 float64, rank 20
+  sparse  100000 x 20000, 0.5% non-zeros, TF-IDF-like (Zipf column popularity, l2-normalised rows)
+For each: per-iteration time of MU (distfact vs scikit-learn 'mu'; target ratio <= 0.5), and the time
+distfact HALS takes to reach the final error of scikit-learn 'cd' (target: <= the time 'cd' takes).
+  small   400 x 100, rank 5, 2000 MU iterations: distfact fit vs a direct numpy loop of the same
+          updates (target ratio <= 2).
+Per-iteration times are (T(n2) - T(n1)) / (n2 - n1) for fits of n1 and n2 iterations with tol=0, so
+initialisation and input conversion cancel out. Results go to benchmarks/results/nmf.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+
+warnings.filterwarnings("ignore", module="sklearn")
+
+
+def machine() -> dict:
+    import dask
+    import numba
+    import sklearn
+    from threadpoolctl import threadpool_info
+
+    cpu = "unknown"
+    if os.path.exists("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('num_threads')} threads)"
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version(),
+            "numpy": np.__version__, "scipy": sp.__version__ if hasattr(sp, "__version__") else None,
+            "scikit-learn": sklearn.__version__, "dask": dask.__version__, "numba": numba.__version__,
+            "blas": blas}
+
+
+def dense_case(m, n, r, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((m, r)) @ rng.random((r, n)) + 0.1 * rng.random((m, n))
+
+
+def sparse_case(m, n, density, seed=0):
+    """TF-IDF-like: Zipf-popular columns, log-scaled counts, l2-normalised rows, ``density`` non-zeros.
+
+    Each row draws k columns with replacement; k is set so that the expected number of
+    *distinct* columns per row is density * n."""
+    rng = np.random.default_rng(seed)
+    popularity = 1.0 / np.arange(1, n + 1) ** 1.1
+    popularity /= popularity.sum()
+    want = density * n
+    lo, hi = want, 50 * want
+    for _ in range(60):  # bisection on E[distinct] = sum_j 1 - (1 - p_j)^k
+        k = (lo + hi) / 2
+        lo, hi = (k, hi) if np.sum(1 - (1 - popularity) ** k) < want else (lo, k)
+    draws = int(round(k))
+    cols = rng.choice(n, size=m * draws, p=popularity)
+    rows = np.repeat(np.arange(m), draws)
+    X = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(m, n))
+    X.sum_duplicates()  # data = term counts
+    X.data = 1 + np.log(X.data)
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    return sp.csr_matrix(sp.diags(1 / np.maximum(norms, 1e-12)) @ X)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def per_iteration(make_fit, n1, n2):
+    t1, _ = timed(lambda: make_fit(n1))
+    t2, _ = timed(lambda: make_fit(n2))
+    return (t2 - t1) / (n2 - n1)
+
+
+def mu_ratio(X, r, n1, n2, repeats):
+    """Per-iteration MU time of both libraries, measured alternately ``repeats`` times (this
+    machine is a shared VM: single measurements move by +-30%); medians and the median ratio."""
+    import distfact
+    from sklearn.decomposition import NMF as SkNMF
+
+    sk, ours = [], []
+    for _ in range(repeats):
+        sk.append(per_iteration(lambda k: SkNMF(r, solver="mu", init="random", max_iter=k, tol=0,
+                                                random_state=0).fit(X), n1, n2))
+        ours.append(per_iteration(lambda k: distfact.NMF(r, solver="mu", init="random", max_iter=k, tol=0,
+                                                         random_state=0).fit(X), n1, n2))
+    ratios = np.array(ours) / np.array(sk)
+    return {"sklearn_mu_s_per_iter": float(np.median(sk)), "distfact_mu_s_per_iter": float(np.median(ours)),
+            "ratio": float(np.median(ratios)), "ratios": ratios.round(3).tolist(), "target": 0.5}
+
+
+def hals_vs_cd(X, r, max_iter):
+    import distfact
+    from sklearn.decomposition import NMF as SkNMF
+
+    t_cd, cd = timed(lambda: SkNMF(r, solver="cd", init="nndsvda", max_iter=max_iter, random_state=0).fit(X))
+    target = cd.reconstruction_err_
+    trace = []
+    start = time.perf_counter()
+
+    def record(info):
+        trace.append((time.perf_counter() - start, float(np.sqrt(2 * info.objective))))
+
+    model = distfact.NMF(r, solver="hals", init="nndsvda", max_iter=4 * max_iter, tol=0, random_state=0,
+                         callback=record)
+
+    class Reached(Exception):
+        pass
+
+    def stop_when_reached(info):
+        record(info)
+        if trace[-1][1] <= target:
+            raise Reached
+
+    model.callback = stop_when_reached
+    try:
+        model.fit(X)
+        reached = None
+    except Reached:
+        reached = trace[-1][0]
+    return {"sklearn_cd_seconds": t_cd, "sklearn_cd_iterations": int(cd.n_iter_), "sklearn_cd_error": target,
+            "distfact_hals_seconds_to_reach": reached, "distfact_hals_iterations": len(trace),
+            "distfact_hals_best_error": min(e for _, e in trace),
+            "ratio": None if reached is None else reached / t_cd, "target": 1.0}
+
+
+def small_case(n_iter):
+    import distfact
+
+    rng = np.random.default_rng(0)
+    X = rng.random((400, 100))
+    r = 5
+    eps = np.finfo(X.dtype).eps
+
+    def numpy_loop():
+        W, H = rng.random((400, r)), rng.random((r, 100))
+        for _ in range(n_iter):
+            H = H * (W.T @ X) / np.maximum(W.T @ W @ H, eps)
+            W = W * (X @ H.T) / np.maximum(W @ (H @ H.T), eps)
+
+    numpy_loop()
+    distfact.NMF(r, max_iter=10, tol=0).fit(X)  # compile and warm up
+    t_np, t_df = [], []
+    for _ in range(5):  # alternate, keep the best of each (noise only ever adds time)
+        t_np.append(timed(numpy_loop)[0])
+        t_df.append(timed(lambda: distfact.NMF(r, max_iter=n_iter, tol=0, random_state=0).fit(X))[0])
+    t_np, t_df = min(t_np), min(t_df)
+    return {"numpy_loop_s": t_np, "distfact_fit_s": t_df, "ratio": t_df / t_np, "target": 2.0}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, to check the script")
+    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "nmf.json"))
+    args = parser.parse_args()
+    if args.quick:
+        dense_shape, sparse_shape, iters, cd_iter, small_iter, repeats = (2000, 200), (5000, 2000), (3, 8), 30, 200, 1
+    else:
+        dense_shape, sparse_shape, iters, cd_iter, small_iter, repeats = ((20000, 2000), (100000, 20000), (10, 30),
+                                                                          200, 2000, 3)
+    results = {"machine": machine(), "quick": args.quick}
+    print(json.dumps(results["machine"], indent=1))
+
+    results["small"] = small_case(small_iter)
+    print("small", json.dumps(results["small"]))
+
+    X = dense_case(*dense_shape, 20)
+    results["dense"] = {"shape": list(X.shape), "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats),
+                        "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
+    print("dense", json.dumps(results["dense"]))
+    del X
+
+    X = sparse_case(*sparse_shape, 0.005)
+    results["sparse"] = {"shape": list(X.shape), "nnz": int(X.nnz), "density": X.nnz / np.prod(X.shape), "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats),
+                         "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
+    print("sparse", json.dumps(results["sparse"]))
+
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
