@@ -118,3 +118,39 @@ def test_resume_on_a_cluster_from_a_threaded_checkpoint(local_cluster_client, tm
     W = distfact.NMF(3, checkpoint_dir=run_dir, checkpoint_every=4, resume=True, **kwargs).fit_transform(
         data, client=local_cluster_client)
     assert np.array_equal(W, W_ref)
+
+
+@pytest.mark.parametrize("sparse_input", [False, True])
+def test_local_factors_spilled_to_zarr_give_the_same_result(sparse_input, tmp_path):
+    """Out of core: X streamed from the store, W over a (tiny) budget lives in Zarr beside X."""
+    X, groups = grouped_data(m=120, n=15, density=0.4 if sparse_input else None, seed=31)
+    store = distfact.from_arrays(sp.csr_matrix(X) if sparse_input else X, groups, tmp_path / "x.zarr",
+                                 block_rows=17)
+    kwargs = dict(solver="hals", random_state=3, max_iter=8, tol=0, n_threads=2)
+    in_memory = distfact.NMF(4, **kwargs)
+    W_mem = in_memory.fit_transform(store)
+    seen = []
+
+    def look(info):
+        spill_dirs = [n for n in os.listdir(tmp_path) if ".locals-" in n]
+        seen.append((spill_dirs, sorted(os.listdir(tmp_path / spill_dirs[0]))))
+
+    spilled = distfact.NMF(4, local_memory_budget=100, callback=look, **kwargs)
+    W_spill = spilled.fit_transform(store)
+    # the spill directory sat beside X during the fit, with its two generations of W blocks
+    assert all(dirs == seen[0][0] and len(dirs) == 1 and gens == ["gen0", "gen1"] for dirs, gens in seen)
+    assert not [n for n in os.listdir(tmp_path) if ".locals-" in n]  # and is gone afterwards
+    assert np.array_equal(W_spill, W_mem)
+    assert np.array_equal(spilled.components_, in_memory.components_)
+    assert spilled.n_passes_ == in_memory.n_passes_ == 9
+
+
+@pytest.mark.cluster
+def test_spilled_local_factors_on_a_cluster(local_cluster_client, tmp_path):
+    X, groups = grouped_data(m=150, n=12, seed=32)
+    store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=20)
+    kwargs = dict(random_state=4, max_iter=6, tol=0, n_threads=2)
+    W_ref = distfact.NMF(3, **kwargs).fit_transform(store)
+    W = distfact.NMF(3, local_memory_budget=100, **kwargs).fit_transform(store, client=local_cluster_client)
+    assert np.array_equal(W, W_ref)
+    assert not [n for n in os.listdir(tmp_path) if ".locals-" in n]

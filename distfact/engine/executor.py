@@ -17,20 +17,26 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import shutil
+from dataclasses import dataclass
 
 import numpy as np
 import zarr
 
+from ..store.format import Block
 from .reduce import by_group, keyed, merge, tree_reduce
 
 
-def run_block(fn, reader, block, X_b, local, args, update):
-    """What one task does: load X_b if needed, run ``fn``, key the statistics by group."""
+def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0):
+    """What one task does: load X_b (and a spilled local factor) if needed, run ``fn``,
+    spill the new local factor if asked, key the statistics by group."""
     if X_b is None:
         X_b = reader(block)
-    out = fn(X_b, local, block, *args)
+    out = fn(X_b, materialise(local), block, *args)
     if update:
         new_local, stats = out
+        if spill is not None:
+            new_local = spill.store(block, new_local, generation)
         return new_local, keyed(block.group, stats)
     return keyed(block.group, out)
 
@@ -47,18 +53,67 @@ def load_local(directory: str, block):
     return zarr.open_array(os.path.join(directory, f"{block.index:06d}"), mode="r")[...]
 
 
-class Executor:
-    """Common bookkeeping: pass and block-read counters."""
+@dataclass(frozen=True)
+class SpilledLocal:
+    """A block's local factor kept in Zarr rather than in memory (out-of-core mode)."""
 
-    def __init__(self, data):
+    directory: str
+    block: Block
+
+    def load(self):
+        return load_local(self.directory, self.block)
+
+
+@dataclass(frozen=True)
+class LocalSpill:
+    """Where local factors go when they exceed the memory budget: ``directory/gen0`` and
+    ``gen1``, alternately, so a pass never overwrites the factors it reads (a task that
+    Dask re-runs still finds its input)."""
+
+    directory: str
+
+    def store(self, block, local, generation: int) -> SpilledLocal:
+        where = os.path.join(self.directory, f"gen{generation % 2}")
+        save_local(where, block, local)
+        return SpilledLocal(where, block)
+
+
+def materialise(local):
+    return local.load() if isinstance(local, SpilledLocal) else local
+
+
+def _init_one(fn, block, args, spill):
+    local = fn(block, *args)
+    return local if spill is None else spill.store(block, local, 0)
+
+
+def _restore_one(directory, block, spill):
+    local = load_local(directory, block)
+    return local if spill is None else spill.store(block, local, 0)
+
+
+def _checkpoint_one(directory, block, local):
+    save_local(directory, block, materialise(local))
+
+
+class Executor:
+    """Common bookkeeping: pass and block-read counters, the spill directory of local factors."""
+
+    def __init__(self, data, spill_dir: str | None = None):
         self.data = data
         self.blocks = data.blocks
         self.n_passes = 0
         self.block_reads = np.zeros(data.n_blocks, dtype=np.int64)
+        self.spill = None if spill_dir is None else LocalSpill(os.fspath(spill_dir))
+        self.generation = 0
 
     def _count_pass(self):
         self.n_passes += 1
         self.block_reads += 1
+
+    def _remove_spill(self):
+        if self.spill is not None:
+            shutil.rmtree(self.spill.directory, ignore_errors=True)
 
     def describe(self) -> dict:
         raise NotImplementedError
@@ -67,8 +122,8 @@ class Executor:
 class InProcessExecutor(Executor):
     """Runs passes in this process: a plain loop, or Dask's threaded scheduler across blocks."""
 
-    def __init__(self, data, n_threads: int | None = None):
-        super().__init__(data)
+    def __init__(self, data, n_threads: int | None = None, spill_dir: str | None = None):
+        super().__init__(data, spill_dir)
         self.n_threads = n_threads or os.cpu_count() or 1
         self.reader = data.reader()
         self.locals: list = [None] * data.n_blocks
@@ -102,13 +157,14 @@ class InProcessExecutor(Executor):
         return dask.threaded.get(graph, list(graph), num_workers=self.n_threads)
 
     def init_local(self, fn, *args) -> None:
-        self.locals = self._map([functools.partial(fn, block, *args) for block in self.blocks])
+        self.locals = self._map([functools.partial(_init_one, fn, block, args, self.spill) for block in self.blocks])
 
     def run_pass(self, fn, *args, update: bool) -> list[dict]:
         data_blocks = self.data._blocks
+        self.generation += update
         tasks = [functools.partial(run_block, fn, self.reader, block,
                                    None if data_blocks is None else data_blocks[block.index],
-                                   self.locals[block.index], args, update)
+                                   self.locals[block.index], args, update, self.spill, self.generation)
                  for block in self.blocks]
         results = self._map(tasks)
         self._count_pass()
@@ -129,16 +185,18 @@ class InProcessExecutor(Executor):
         return out
 
     def local_factors(self) -> list:
-        return list(self.locals)
+        return [materialise(local) for local in self.locals]
 
     def save_local(self, directory: str) -> None:
-        for block, local in zip(self.blocks, self.locals):
-            save_local(directory, block, local)
+        self._map([functools.partial(_checkpoint_one, directory, block, local)
+                   for block, local in zip(self.blocks, self.locals)])
 
     def load_local(self, directory: str) -> None:
-        self.locals = [load_local(directory, block) for block in self.blocks]
+        self.locals = self._map([functools.partial(_restore_one, directory, block, self.spill)
+                                 for block in self.blocks])
 
     def close(self) -> None:
+        self._remove_spill()
         if self._blas_limit is not None:
             self._blas_limit.restore_original_limits()
             self._blas_limit = None
@@ -147,8 +205,8 @@ class InProcessExecutor(Executor):
 class DistributedExecutor(Executor):
     """Runs passes on a ``distributed.Client``; X blocks and local factors stay on the workers."""
 
-    def __init__(self, data, client, persist_data: bool = True):
-        super().__init__(data)
+    def __init__(self, data, client, persist_data: bool = True, spill_dir: str | None = None):
+        super().__init__(data, spill_dir)
         self.client = client
         if data.in_memory:
             self.reader = None
@@ -170,13 +228,15 @@ class DistributedExecutor(Executor):
 
     def init_local(self, fn, *args) -> None:
         args_ref = self._broadcast(args)
-        self.locals = [self.client.submit(_apply_star, fn, block, args_ref, pure=False) for block in self.blocks]
+        self.locals = [self.client.submit(_init_one, fn, block, args_ref, self.spill, pure=False)
+                       for block in self.blocks]
 
     def run_pass(self, fn, *args, update: bool) -> list[dict]:
         submit = self.client.submit
         args_ref = self._broadcast(args)
+        self.generation += update
         outs = [submit(run_block, fn, self.reader, block, self.X_refs[block.index],
-                       self.locals[block.index], args_ref, update, pure=False)
+                       self.locals[block.index], args_ref, update, self.spill, self.generation, pure=False)
                 for block in self.blocks]
         if update:
             self.locals = [submit(operator.getitem, out, 0, pure=False) for out in outs]
@@ -194,33 +254,37 @@ class DistributedExecutor(Executor):
         return self.client.gather(outs)
 
     def local_factors(self) -> list:
-        return self.client.gather(self.locals)
+        return [materialise(local) for local in self.client.gather(self.locals)]
 
     def save_local(self, directory: str) -> None:
-        self.client.gather([self.client.submit(save_local, directory, block, local, pure=False)
+        self.client.gather([self.client.submit(_checkpoint_one, directory, block, local, pure=False)
                             for block, local in zip(self.blocks, self.locals)])
 
     def load_local(self, directory: str) -> None:
-        self.locals = [self.client.submit(load_local, directory, block, pure=False) for block in self.blocks]
+        self.locals = [self.client.submit(_restore_one, directory, block, self.spill, pure=False)
+                       for block in self.blocks]
 
     def close(self) -> None:
         self.client.cancel([f for f in self.X_refs + self.locals if f is not None])
-
-
-def _apply_star(fn, block, args):
-    return fn(block, *args)
+        self._remove_spill()
 
 
 def _map_one(fn, reader, block, X_b, local, args):
-    return fn(reader(block) if X_b is None else X_b, local, block, *args)
+    return fn(reader(block) if X_b is None else X_b, materialise(local), block, *args)
 
 
-def make_executor(data, client=None, n_threads: int | None = None):
-    """The executor for ``client``: None -> in-process; a Client or a scheduler address -> distributed."""
+def make_executor(data, client=None, n_threads: int | None = None, spill_dir: str | None = None):
+    """The executor for ``client``: None -> in-process; a Client or a scheduler address -> distributed.
+
+    ``spill_dir``: keep the local factors in Zarr there instead of in memory (out-of-core)."""
     if client is None:
-        return InProcessExecutor(data, n_threads)
+        return InProcessExecutor(data, n_threads, spill_dir)
     if isinstance(client, str):
         from distributed import Client
 
         client = Client(client)
-    return DistributedExecutor(data, client)
+    workers = client.scheduler_info().get("workers", {}).values()
+    cluster_memory = sum(w.get("memory_limit") or 0 for w in workers)
+    # X stays in worker memory when it takes at most half of it; otherwise every pass streams it from the store.
+    persist = data.in_memory or not cluster_memory or data.nbytes <= cluster_memory // 2
+    return DistributedExecutor(data, client, persist_data=persist, spill_dir=spill_dir)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numbers
+import os
+import tempfile
+import uuid
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
@@ -53,8 +56,17 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
         return as_grouped(X, groups, block_rows=getattr(self, "block_rows", None),
                           n_threads=getattr(self, "n_threads", None))
 
-    def _executor(self, data, client):
-        return make_executor(data, client, getattr(self, "n_threads", None))
+    def _executor(self, data, client, rank: int = 0):
+        """The executor; local factors (rows x ``rank``) spill to Zarr beside X when they
+        exceed ``local_memory_budget`` (default: a quarter of this machine's memory)."""
+        budget = getattr(self, "local_memory_budget", None)
+        if budget is None:
+            budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+        spill_dir = None
+        if data.shape[0] * rank * data.dtype.itemsize > budget:
+            spill_dir = (f"{data.path}.locals-{uuid.uuid4().hex[:8]}" if data.path
+                         else tempfile.mkdtemp(prefix="distfact-locals-"))
+        return make_executor(data, client, getattr(self, "n_threads", None), spill_dir)
 
     def _checkpointer(self, config: dict):
         if getattr(self, "checkpoint_dir", None) is None:

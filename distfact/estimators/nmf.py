@@ -55,6 +55,10 @@ class NMF(FactorEstimator):
         Called after every iteration with a :class:`distfact.engine.IterationInfo`.
     n_threads : int or None
         Threads of the in-process scheduler (default: all cores).
+    local_memory_budget : int or None
+        Bytes W may take in memory; above it W's blocks live in Zarr beside X (or in a
+        temporary directory for in-memory X) and are streamed like X. Default: a quarter
+        of this machine's memory.
 
     Attributes
     ----------
@@ -80,7 +84,7 @@ class NMF(FactorEstimator):
 
     def __init__(self, n_components=None, *, solver="mu", beta_loss="frobenius", init="random", tol=1e-4,
                  max_iter=200, random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10,
-                 resume=False, callback=None, n_threads=None):
+                 resume=False, callback=None, n_threads=None, local_memory_budget=None):
         self.n_components = n_components
         self.solver = solver
         self.beta_loss = beta_loss
@@ -94,6 +98,7 @@ class NMF(FactorEstimator):
         self.resume = resume
         self.callback = callback
         self.n_threads = n_threads
+        self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
     def fit(self, X, y=None, groups=None, W=None, H=None, client=None, W_out=None):
@@ -118,7 +123,7 @@ class NMF(FactorEstimator):
         if (W is not None or H is not None) and self.init != "custom":
             raise ValueError("W and H are used only with init='custom'")
         method = NMFMethod(r, self.solver, self.beta_loss, float(self.tol), str(data.dtype))
-        executor = self._executor(data, client)
+        executor = self._executor(data, client, r)
         try:
             state = run_loop(method, data, executor, max_iter=self.max_iter,
                              start=self._start(method, data, executor, W, H), callback=self.callback,

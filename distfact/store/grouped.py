@@ -147,6 +147,13 @@ class GroupedMatrix:
         return np.array([g.nnz for g in self.meta.groups])
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of X in memory (values, plus indices and row pointers for CSR)."""
+        if self.is_sparse:
+            return self.nnz * (self.dtype.itemsize + 4) + 4 * (self.shape[0] + self.n_blocks)
+        return self.shape[0] * self.shape[1] * self.dtype.itemsize
+
+    @property
     def nnz(self) -> int:
         return int(self.group_nnz.sum())
 
