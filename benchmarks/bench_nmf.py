@@ -32,6 +32,7 @@ warnings.filterwarnings("ignore", module="sklearn")
 def machine() -> dict:
     import dask
     import numba
+    import scipy
     import sklearn
     from threadpoolctl import threadpool_info
 
@@ -45,7 +46,7 @@ def machine() -> dict:
     blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('num_threads')} threads)"
             for i in threadpool_info() if i.get("user_api") == "blas"]
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version(),
-            "numpy": np.__version__, "scipy": sp.__version__ if hasattr(sp, "__version__") else None,
+            "numpy": np.__version__, "scipy": scipy.__version__,
             "scikit-learn": sklearn.__version__, "dask": dask.__version__, "numba": numba.__version__,
             "blas": blas}
 

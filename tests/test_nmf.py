@@ -181,3 +181,29 @@ def test_matches_scikit_learn_final_error():
     ours = distfact.NMF(5, solver="hals", init="nndsvda", max_iter=300, tol=1e-6, random_state=0).fit(X)
     theirs = SkNMF(5, solver="cd", init="nndsvda", max_iter=300, tol=1e-6, random_state=0).fit(X)
     assert ours.reconstruction_err_ == pytest.approx(theirs.reconstruction_err_, rel=0.02)
+
+
+def test_every_input_kind_gives_the_same_fit(tmp_path):
+    """numpy, scipy.sparse, dask array, GroupedMatrix and store path: one result."""
+    import dask.array as da
+
+    X, groups = grouped_data(m=60, n=10, seed=14)
+    store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=60)
+    kwargs = dict(random_state=0, max_iter=15, tol=0, block_rows=60)
+    reference = distfact.NMF(3, **kwargs).fit(X, groups=groups).components_
+    for given, g in ((sp.csr_matrix(X), groups), (da.from_array(X, chunks=(25, 10)), groups),
+                     (store, None), (str(tmp_path / "x.zarr"), None)):
+        np.testing.assert_allclose(distfact.NMF(3, **kwargs).fit(given, groups=g).components_, reference,
+                                   rtol=1e-10)
+    with pytest.raises(ValueError, match="carries its groups"):
+        distfact.NMF(3).fit(store, groups=groups)
+
+
+def test_convergence_warning_when_max_iter_cuts_the_fit_short():
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, groups = grouped_data(m=40, n=10, seed=15)
+    with pytest.warns(ConvergenceWarning, match="max_iter=3"):
+        distfact.NMF(3, random_state=0, max_iter=3, tol=1e-4).fit(X, groups=groups)
+    model = distfact.NMF(3, random_state=0, max_iter=2000, tol=1e-3).fit(X, groups=groups)
+    assert model.converged_ and model.n_iter_ < 2000

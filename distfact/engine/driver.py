@@ -73,20 +73,19 @@ class BlockSeeds:
     def global_rng(self) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(0,)))
 
-    def block(self, index: int) -> np.random.SeedSequence:
-        return np.random.SeedSequence(self.entropy, spawn_key=(1, index))
+    @staticmethod
+    def block(entropy, index: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence(entropy, spawn_key=(1, index))
 
 
-def _initial_block(block, method, seeds_entropy, global_state):
-    seed = np.random.SeedSequence(seeds_entropy, spawn_key=(1, block.index))
-    return method.initial_local(block, global_state, seed)
+def _initial_block(block, method, entropy, global_state):
+    return method.initial_local(block, global_state, BlockSeeds.block(entropy, block.index))
 
 
-def initialise(method, data, executor, random_state, global_state: dict | None = None) -> dict:
-    """Global state (unless given) and local factors of every block, from ``random_state``."""
+def initialise(method, data, executor, random_state) -> dict:
+    """Global state and local factors of every block, from ``random_state``."""
     seeds = BlockSeeds(random_state)
-    if global_state is None:
-        global_state = method.initial_global(data, seeds.global_rng())
+    global_state = method.initial_global(data, seeds.global_rng())
     executor.init_local(_initial_block, method, seeds.entropy, global_state)
     return global_state
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
@@ -129,6 +132,9 @@ class NMF(FactorEstimator):
                              start=self._start(method, data, executor, W, H), callback=self.callback,
                              checkpointer=self._checkpointer(self._config(method, data)), resume=self.resume)
             self._set_results(method, data, state, executor)
+            if not state.converged and self.tol > 0 and self.max_iter > 0 and state.iteration >= self.max_iter:
+                warnings.warn(f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by "
+                              f"less than tol={self.tol}; increase max_iter", ConvergenceWarning, stacklevel=3)
             if W_out is not None:
                 executor.save_local(W_out)
             if want_W:

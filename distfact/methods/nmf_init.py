@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.driver import BlockSeeds
+
 N_POWER_PASSES = 4
 OVERSAMPLING = 10
 
@@ -55,7 +57,7 @@ def top_right_singular(data, executor, r: int, rng) -> tuple[np.ndarray, np.ndar
 
 def nndsvda_start(method, data, executor, random_state):
     """Initialise the executor's W blocks and return (global state, pass-0 statistics)."""
-    rng = np.random.default_rng(np.random.SeedSequence(random_state, spawn_key=(0,)))
+    rng = BlockSeeds(random_state).global_rng()
     r = method.n_components
     V, s = top_right_singular(data, executor, r, rng)
     norms = executor.run_pass(_part_norms, V, s, update=False)
