@@ -48,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="factor a store; write H, W and metrics.json")
     p.add_argument("store")
-    p.add_argument("--method", default="nmf", choices=["nmf"])
+    p.add_argument("--method", default="nmf", choices=["nmf", "fairer-nmf"],
+                   help="nmf, or fairer-nmf (min-max relative group loss, MU scheme; uses --solver mu only)")
+    p.add_argument("--n-estimates", type=int, default=5, help="fairer-nmf: NMF runs per group for E_l")
     p.add_argument("--rank", "-r", type=int, required=True, help="number of components")
     p.add_argument("--solver", default="mu", choices=["mu", "hals"])
     p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
@@ -137,32 +139,47 @@ def _progress(args, max_iter):
 
 def cmd_fit(args):
     from .engine.cluster import client_for
-    from .estimators import NMF
+    from .estimators import NMF, FairerNMF
     from .metrics import format_table, group_table
     from .store import open_store
 
     data = open_store(args.store)
     os.makedirs(args.output, exist_ok=True)
     bar = _progress(args, args.max_iter)
-    model = NMF(args.rank, solver=args.solver, beta_loss=args.beta_loss, init=args.init, max_iter=args.max_iter,
-                tol=args.tol, random_state=args.seed, callback=bar,
-                checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
-                checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
+    if args.method == "fairer-nmf":
+        if args.checkpoint_every or args.resume:
+            raise ValueError("--checkpoint-every/--resume are not available for fairer-nmf yet")
+        model = FairerNMF(args.rank, n_estimates=args.n_estimates, max_iter=args.max_iter, tol=args.tol,
+                          random_state=args.seed, callback=bar)
+    else:
+        model = NMF(args.rank, solver=args.solver, beta_loss=args.beta_loss, init=args.init,
+                    max_iter=args.max_iter, tol=args.tol, random_state=args.seed, callback=bar,
+                    checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
+                    checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
     with client_for(args.scheduler, args.local_cluster) as client:
         if client is not None:
             print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
-        model.fit(data, client=client, W_out=os.path.join(args.output, "W"))
+        if args.method == "fairer-nmf":
+            W = model.fit_transform(data, client=client)
+        else:
+            model.fit(data, client=client, W_out=os.path.join(args.output, "W"))
     if bar is not None:
         bar.close()
     np.save(os.path.join(args.output, "H.npy"), model.components_)
     metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
-               "converged": model.converged_, "reconstruction_err": model.reconstruction_err_,
-               "loss_history": model.loss_history_.tolist(), "scheduler": model.scheduler_,
-               "store": os.path.abspath(args.store), "groups": group_table(model, data)}
+               "converged": model.converged_, "loss_history": model.loss_history_.tolist(),
+               "scheduler": model.scheduler_, "store": os.path.abspath(args.store),
+               "groups": group_table(model, data)}
+    if args.method == "fairer-nmf":
+        np.save(os.path.join(args.output, "W.npy"), W)
+        metrics.update(E=model.E_.tolist(), c=model.c_.tolist(), max_group_loss=float(model.group_losses_.max()))
+    else:
+        metrics["reconstruction_err"] = model.reconstruction_err_
     with open(os.path.join(args.output, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2, default=str)
     print(format_table(metrics["groups"]))
-    print(f"wrote {args.output}/H.npy, {args.output}/W/ (one array per block) and {args.output}/metrics.json")
+    W_where = "W.npy" if args.method == "fairer-nmf" else "W/ (one array per block)"
+    print(f"wrote {args.output}/H.npy, {args.output}/{W_where} and {args.output}/metrics.json")
 
 
 def cmd_demo(args):

@@ -11,18 +11,11 @@ import os
 
 import numpy as np
 
+from .datasets import load_digits_grouped
 from .estimators import NMF
 from .metrics import format_table, group_table
 from .report import write_report
 from .store import from_arrays
-
-
-def load_digits_grouped():
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    names = [f"pixel_{i}_{j}" for i in range(8) for j in range(8)]
-    return digits.data, np.array([f"digit {d}" for d in digits.target]), names
 
 
 def run_demo(output="distfact-demo", n_components=10, max_iter=300, random_state=0, client=None,

@@ -50,3 +50,20 @@ def kl_divergence(X, W, H):
     WH = np.maximum(W @ H, np.finfo(X.dtype).eps)
     nz = X > 0
     return float(np.sum(X[nz] * np.log(X[nz] / WH[nz])) - X.sum() + (W @ H).sum())
+
+
+def fairer_mu(groups_X, groups_W, H, E, n_iter):
+    """Algorithm 3 of fairer-nmf.txt, line by line, on explicit per-group blocks (c_update='decaying')."""
+    eps = np.finfo(H.dtype).eps
+    norms = [np.linalg.norm(X) for X in groups_X]
+    W = [w.copy() for w in groups_W]
+    H = H.copy()
+    c = np.zeros(len(groups_X))
+    for _ in range(n_iter):
+        losses = [(np.linalg.norm(X - w @ H) - e) / nrm for X, w, e, nrm in zip(groups_X, W, E, norms)]
+        c[int(np.argmax(losses))] += 1.0                                                    # lines 7-8
+        X_t = np.vstack([ci * X / nrm for ci, X, nrm in zip(c, groups_X, norms)])          # line 9
+        W_t = np.vstack([ci * w / nrm for ci, w, nrm in zip(c, W, norms)])
+        H = H * (W_t.T @ X_t) / np.maximum(W_t.T @ W_t @ H, eps)                           # line 10
+        W = [w * (X @ H.T) / np.maximum(w @ H @ H.T, eps) for X, w in zip(groups_X, W)]    # line 11
+    return W, H, c

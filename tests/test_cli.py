@@ -86,3 +86,14 @@ def test_demo_writes_a_report(tmp_path):
     assert all(0 < g["relative_error"] < 1 for g in metrics["groups"])
     page = (report / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "digit 9" in page
+
+
+def test_fit_fairer_nmf(npz_source, tmp_path):
+    path, X, groups = npz_source
+    assert run("ingest", path, tmp_path / "x.zarr", cwd=tmp_path).returncode == 0
+    out = run("fit", tmp_path / "x.zarr", "--method", "fairer-nmf", "--rank", "2", "--max-iter", "30",
+              "--no-progress", "--output", tmp_path / "fair", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads((tmp_path / "fair" / "metrics.json").read_text())
+    assert len(metrics["E"]) == 3 and metrics["max_group_loss"] == max(g["loss"] for g in metrics["groups"])
+    assert np.load(tmp_path / "fair" / "W.npy").shape == (80, 2)

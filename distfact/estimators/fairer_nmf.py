@@ -1,0 +1,166 @@
+"""``distfact.FairerNMF``: NMF minimising the worst group's relative reconstruction loss."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+
+from ..engine import fit as run_loop
+from ..engine.driver import initialise
+from ..methods.fairer_nmf import FairerMU, GroupErrorEstimate
+from .base import FactorEstimator, check_iteration_params, check_rank
+
+SOLVERS = ("mu",)
+
+
+class FairerNMF(FactorEstimator):
+    """Fairer-NMF (fairer-nmf.txt): min over W, H >= 0 of max_l (||X_l - W_l H||_F - E_l) / ||X_l||_F.
+
+    E_l, the error a rank-r NMF of group l alone attains, is estimated first (Algorithm 1: the mean
+    Frobenius error of ``n_estimates`` independent MU runs per group, all run in the same passes
+    over X). Then the MU scheme (Algorithm 3) reweights the groups each iteration towards the
+    worst one. See ``distfact.methods.fairer_nmf`` for the updates and equation numbers.
+
+    Parameters
+    ----------
+    n_components : int
+    solver : {'mu'}
+        The alternating-minimisation scheme (Algorithm 2) is not available yet.
+    n_estimates : int
+        T in Algorithm 1.
+    c_update : {'decaying', 'fixed', 'largest'}
+        'decaying': c <- c + e_l* (the paper's rule); 'fixed': c <- (1 - c_step) c + c_step e_l*;
+        'largest': c <- e_l* (all weight on the current worst group).
+    c_step : float
+        Step of the 'fixed' rule.
+    tol : float
+        Eq. (10): stop when every group's error changes by less than ``tol`` relative to it.
+    max_iter : int
+    estimate_max_iter, estimate_tol : int, float
+        Iterations and tolerance of the NMF runs of Algorithm 1.
+    random_state : int or None
+    block_rows, n_threads, local_memory_budget, callback : as in :class:`distfact.NMF`.
+
+    Attributes
+    ----------
+    components_ : ndarray (r, n_features)
+    E_ : ndarray (n_groups,)
+        Estimated attainable error per group (Algorithm 1).
+    E_runs_ : ndarray (n_groups, n_estimates)
+        The errors of the individual runs.
+    E_converged_ : ndarray of bool (n_groups,)
+        Whether every run of a group met ``estimate_tol`` within ``estimate_max_iter``.
+    group_names_ : list of str
+    group_errors_ : ndarray (n_groups,)
+        ||X_l - W_l H||_F / ||X_l||_F.
+    group_losses_ : ndarray (n_groups,)
+        (||X_l - W_l H||_F - E_l) / ||X_l||_F (Definition 4.1).
+    loss_history_ : ndarray (n_iter_ + 1, n_groups)
+        Relative loss per group at initialisation and after every iteration.
+    c_ : ndarray (n_groups,)
+        The final group weights.
+    n_iter_, n_passes_, converged_, scheduler_
+        ``n_passes_`` counts the passes of Algorithm 1 too.
+    """
+
+    def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-4,
+                 max_iter=200, estimate_max_iter=200, estimate_tol=1e-4, random_state=None, block_rows=None,
+                 n_threads=None, local_memory_budget=None, callback=None):
+        self.n_components = n_components
+        self.solver = solver
+        self.n_estimates = n_estimates
+        self.c_update = c_update
+        self.c_step = c_step
+        self.tol = tol
+        self.max_iter = max_iter
+        self.estimate_max_iter = estimate_max_iter
+        self.estimate_tol = estimate_tol
+        self.random_state = random_state
+        self.block_rows = block_rows
+        self.n_threads = n_threads
+        self.local_memory_budget = local_memory_budget
+        self.callback = callback
+
+    def fit(self, X, y=None, groups=None, client=None):
+        """Fit on X with row ``groups`` (or a GroupedMatrix / store path carrying them)."""
+        self._fit(X, groups, client, want_W=False)
+        return self
+
+    def fit_transform(self, X, y=None, groups=None, client=None):
+        """Fit and return W in X's row order (gathered on the driver)."""
+        return self._fit(X, groups, client, want_W=True)
+
+    def _check(self, X, groups):
+        if groups is None and not hasattr(X, "group_names") and not isinstance(X, (str, bytes)) \
+                and not hasattr(X, "__fspath__"):
+            raise ValueError("Fairer-NMF needs groups: pass groups= (one label per row of X), "
+                             "or a GroupedMatrix / store that carries them")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS} (the AM scheme is not available yet), "
+                             f"got {self.solver!r}")
+        if not isinstance(self.n_estimates, (int, np.integer)) or self.n_estimates < 1:
+            raise ValueError(f"n_estimates must be a positive integer, got {self.n_estimates!r}")
+        check_iteration_params(self.max_iter, self.tol)
+        check_iteration_params(self.estimate_max_iter, self.estimate_tol)
+        data = self._grouped(X, groups)
+        r = check_rank(self.n_components, data.shape)
+        small = [(name, size) for name, size in zip(data.group_names, data.group_sizes) if size < r]
+        if small:
+            raise ValueError(f"group {small[0][0]!r} has {small[0][1]} rows, fewer than n_components={r}: "
+                             "its rank-r error E_l is not defined")
+        return data, r
+
+    def _fit(self, X, groups, client, want_W):
+        data, r = self._check(X, groups)
+        dtype = str(data.dtype)
+        executor = self._executor(data, client, r * self.n_estimates)
+        try:
+            estimate = GroupErrorEstimate(r, int(self.n_estimates), float(self.estimate_tol), dtype)
+            seed = None if self.random_state is None else [self.random_state, 1]
+            state = run_loop(estimate, data, executor, max_iter=self.estimate_max_iter,
+                             start=lambda: initialise(estimate, data, executor, seed))
+            runs = estimate.errors(state.global_state, state.stats, data)
+            self.E_runs_, self.E_ = runs, runs.mean(axis=1)
+            self.E_converged_ = self._runs_converged(state, data.n_groups)
+            if not self.E_converged_.all():
+                late = [n for n, ok in zip(data.group_names, self.E_converged_) if not ok]
+                warnings.warn(f"the NMF runs estimating E_l (Algorithm 1) of groups {late} did not converge "
+                              f"within estimate_max_iter={self.estimate_max_iter} (estimate_tol="
+                              f"{self.estimate_tol}); their E_ may be too large", ConvergenceWarning, stacklevel=3)
+            method = FairerMU(r, tuple(self.E_), self.c_update, float(self.c_step), float(self.tol), dtype)
+            seed = None if self.random_state is None else [self.random_state, 2]
+            state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
+                             start=lambda: initialise(method, data, executor, seed))
+            self._set_results(method, data, state, executor)
+            if want_W:
+                return self._rows_in_caller_order(data, executor.local_factors())
+        finally:
+            executor.close()
+        return None
+
+    def _runs_converged(self, state, n_groups) -> np.ndarray:
+        """Per group: all its runs' losses changed by less than estimate_tol in the last iteration."""
+        if state.converged:
+            return np.ones(n_groups, dtype=bool)
+        if len(state.group_objectives) < 2:
+            return np.zeros(n_groups, dtype=bool)
+        previous, current = (np.reshape(v, (n_groups, -1)) for v in state.group_objectives[-2:])
+        change = np.abs(previous - current) / np.maximum(previous, np.finfo(np.float64).tiny)
+        return (change < self.estimate_tol).all(axis=1)
+
+    def _set_results(self, method, data, state, executor):
+        norms = np.sqrt(data.group_sq_norms)
+        errors = np.vstack(state.group_objectives)
+        self.components_ = state.global_state["H"]
+        self.c_ = state.global_state["c"]
+        self.group_names_ = data.group_names
+        self.group_errors_ = errors[-1] / norms
+        self.group_losses_ = (errors[-1] - self.E_) / norms
+        self.loss_history_ = (errors - self.E_) / norms
+        self.n_iter_ = state.iteration
+        self.n_passes_ = executor.n_passes
+        self.converged_ = state.converged
+        self.n_features_in_ = data.shape[1]
+        self.scheduler_ = executor.describe()

@@ -1,0 +1,169 @@
+"""Fairer-NMF (Needell et al., "Fairer non-negative matrix factorization", fairer-nmf.txt).
+
+Objective (eq. 5 / 7): minimise over W >= 0, H >= 0 the worst group's relative reconstruction loss
+
+    max_l  (||X_l - W_l H||_F - E_l) / ||X_l||_F          (Definition 4.1)
+
+where E_l is the error a rank-r NMF of group l alone attains (Remark 4.2).
+
+E_l (Algorithm 1), :class:`GroupErrorEstimate`: T independent rank-r NMFs of every group, all L x T
+factorisations advanced in the same passes over X (a block of group l carries the T local factors
+of its rows); E_l = mean_t ||X_l - W_l^(t) H_l^(t)||_F.
+
+MU scheme (Algorithm 3), :class:`FairerMU`, from per-group statistics W_l^T X_l, W_l^T W_l:
+    line 7   l* = argmax_l (||X_l - W_l H|| - E_l) / ||X_l||   (errors from the statistics)
+    line 8   c <- c + e_l*   ('decaying'; 'largest': c <- e_l*; 'fixed': c <- (1 - a) c + a e_l*)
+    line 9   X~, W~ scale group l by c_l / ||X_l||, so that
+    line 10  H <- H * (sum_l w_l W_l^T X_l) / (sum_l w_l W_l^T W_l H),   w_l = (c_l / ||X_l||)^2
+    line 11  W_l <- W_l * (X_l H^T) / (W_l H H^T)                        (local, per block)
+Stopping rule (eq. 10): max_l | e_l^(k) - e_l^(k-1) | / e_l^(k) < tol, e_l = ||X_l - W_l H||_F.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernels import nmf as k
+from .stopping import groups_relative_change_below
+
+C_UPDATES = ("decaying", "fixed", "largest")
+
+
+def group_errors(sq_norms, WtX, WtW, H, HHt) -> np.ndarray:
+    """||X_l - W_l H||_F from statistics (clipped at 0 against round-off)."""
+    sq = sq_norms - 2.0 * np.vdot(WtX, H) + np.vdot(WtW, HHt)
+    return np.sqrt(max(float(sq), 0.0))
+
+
+@dataclass(frozen=True)
+class GroupErrorEstimate:
+    """Algorithm 1 for every group at once: local factor of a block = its T rows-by-r W's."""
+
+    n_components: int
+    n_estimates: int
+    tol: float = 1e-4
+    dtype: str = "float64"
+
+    def initial_global(self, data, rng):
+        L, T, r, n = data.n_groups, self.n_estimates, self.n_components, data.shape[1]
+        scales = self.group_scales(data)
+        H = np.abs(rng.standard_normal((L, T, r, n))) * scales[:, None, None, None]
+        H = H.astype(self.dtype)
+        return {"H": H, "HHt": H @ np.swapaxes(H, -1, -2), "scale": scales}
+
+    def group_scales(self, data) -> np.ndarray:
+        """sqrt(mean(X_l) / r) per group: scikit-learn's random-init scale, group by group."""
+        return np.sqrt(data.group_totals / (data.group_sizes * data.shape[1]) / self.n_components)
+
+    def initial_local(self, block, G, seed):
+        rng = np.random.default_rng(seed)
+        W = np.abs(rng.standard_normal((self.n_estimates, block.n_rows, self.n_components)))
+        return (W * G["scale"][block.group]).astype(self.dtype)
+
+    def block_stats(self, X_b, W_b, block, G):
+        pairs = [k.frobenius_stats(X_b, W) for W in W_b]
+        return {"WtX": np.stack([p[0] for p in pairs]), "WtW": np.stack([p[1] for p in pairs])}
+
+    def local_step(self, X_b, W_b, block, G):
+        g = block.group
+        out = [k.frobenius_local(X_b, W_b[t], G["H"][g, t], G["HHt"][g, t], "mu") for t in range(self.n_estimates)]
+        W_new = np.stack([o[0] for o in out])
+        return W_new, {"WtX": np.stack([o[1] for o in out]), "WtW": np.stack([o[2] for o in out])}
+
+    def global_step(self, G, stats, data):
+        H = np.stack([np.stack([k.mu_h_update(G["H"][g, t], s["WtX"][t], s["WtW"][t])
+                                for t in range(self.n_estimates)]) for g, s in enumerate(stats)])
+        return {"H": H, "HHt": H @ np.swapaxes(H, -1, -2), "scale": G["scale"]}
+
+    def errors(self, G, stats, data) -> np.ndarray:
+        """||X_l - W_l^(t) H_l^(t)||_F, shape (L, T)."""
+        return np.array([[group_errors(sq, s["WtX"][t], s["WtW"][t], G["H"][g, t], G["HHt"][g, t])
+                          for t in range(self.n_estimates)]
+                         for g, (s, sq) in enumerate(zip(stats, data.group_sq_norms))])
+
+    def objective(self, G, stats, data):
+        """Half squared errors of every (group, run), flattened; the total is their sum."""
+        halves = 0.5 * self.errors(G, stats, data).ravel() ** 2
+        return float(halves.sum()), halves
+
+    def converged(self, objectives, group_objectives):
+        return groups_relative_change_below(group_objectives, self.tol)
+
+
+@dataclass(frozen=True)
+class FairerMU:
+    """Algorithm 3. Global state: H, H H^T, c; E_l and ||X_l|| are constants of the fit."""
+
+    n_components: int
+    E: tuple
+    c_update: str = "decaying"
+    c_step: float = 0.5
+    tol: float = 1e-4
+    dtype: str = "float64"
+
+    def __post_init__(self):
+        if self.c_update not in C_UPDATES:
+            raise ValueError(f"c_update must be one of {C_UPDATES}, got {self.c_update!r}")
+        if not 0 < self.c_step <= 1:
+            raise ValueError(f"c_step must be in (0, 1], got {self.c_step!r}")
+
+    def initial_global(self, data, rng):
+        scale = float(np.sqrt(data.group_totals.sum() / np.prod(data.shape) / self.n_components))
+        H = (scale * np.abs(rng.standard_normal((self.n_components, data.shape[1])))).astype(self.dtype)
+        return {"H": H, "HHt": H @ H.T, "scale": scale, "c": np.zeros(data.n_groups)}
+
+    def initial_local(self, block, G, seed):
+        rng = np.random.default_rng(seed)
+        return (G["scale"] * np.abs(rng.standard_normal((block.n_rows, self.n_components)))).astype(self.dtype)
+
+    def block_stats(self, X_b, W_b, block, G):
+        WtX, WtW = k.frobenius_stats(X_b, W_b)
+        return {"WtX": WtX, "WtW": WtW}
+
+    def local_step(self, X_b, W_b, block, G):
+        """Line 11: plain MU for W_l given H^(k); statistics of the new W_l."""
+        W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], "mu")
+        return W_new, {"WtX": WtX, "WtW": WtW}
+
+    def errors(self, G, stats, data) -> np.ndarray:
+        return np.array([group_errors(sq, s["WtX"], s["WtW"], G["H"], G["HHt"])
+                         for s, sq in zip(stats, data.group_sq_norms)])
+
+    def losses(self, G, stats, data) -> np.ndarray:
+        """Relative reconstruction loss per group (Definition 4.1)."""
+        return (self.errors(G, stats, data) - np.asarray(self.E)) / np.sqrt(data.group_sq_norms)
+
+    def next_c(self, c, worst: int) -> np.ndarray:
+        """Line 8 and its variants."""
+        e = np.zeros_like(c)
+        e[worst] = 1.0
+        if self.c_update == "decaying":
+            return c + e
+        if self.c_update == "largest":
+            return e
+        return (1.0 - self.c_step) * c + self.c_step * e
+
+    def global_step(self, G, stats, data):
+        """Lines 7-10 from the statistics of W^(k-1), H^(k-1)."""
+        c = self.next_c(G["c"], int(np.argmax(self.losses(G, stats, data))))
+        weights = (c ** 2 / data.group_sq_norms).astype(self.dtype)
+        WtX = sum(w * s["WtX"] for w, s in zip(weights, stats))
+        WtW = sum(w * s["WtW"] for w, s in zip(weights, stats))
+        H = k.mu_h_update(G["H"], WtX, WtW)
+        return {"H": H, "HHt": H @ H.T, "scale": G["scale"], "c": c}
+
+    def objective(self, G, stats, data):
+        """f = max_l relative loss (eq. 7); the per-group vector is the errors e_l (for eq. 10)."""
+        errors = self.errors(G, stats, data)
+        losses = (errors - np.asarray(self.E)) / np.sqrt(data.group_sq_norms)
+        return float(losses.max()), errors
+
+    def converged(self, objectives, group_objectives):
+        """Eq. (10): relative change of every group's error below tol."""
+        if self.tol <= 0 or len(group_objectives) < 2:
+            return False
+        previous, current = group_objectives[-2], group_objectives[-1]
+        change = np.abs(current - previous) / np.maximum(current, np.finfo(np.float64).tiny)
+        return bool(np.all(change < self.tol))
