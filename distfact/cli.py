@@ -86,12 +86,15 @@ def cmd_ingest(args):
     if not os.path.exists(src):
         raise ValueError(f"source {src!r} does not exist")
     common = {"block_rows": args.block_rows, "overwrite": args.overwrite}
+    from .store.corpus import JSONL_SUFFIXES
+    from .store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
+
     lower = src.lower()
-    if lower.endswith((".csv", ".csv.gz", ".tsv", ".parquet", ".pq")):
+    if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
         if not args.group_column:
             raise ValueError("a table source needs --group-column")
         data = store.from_table(src, args.group_column, args.dest, **common)
-    elif lower.endswith(".jsonl") or os.path.isdir(src):
+    elif lower.endswith(JSONL_SUFFIXES) or os.path.isdir(src):
         data = store.from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
                                  vectorizer=args.vectorizer, max_features=args.max_features, **common)
     elif lower.endswith(".npz"):
@@ -100,7 +103,8 @@ def cmd_ingest(args):
             groups = _read_labels(args.groups_file)
         data = store.from_arrays(X, groups, args.dest, **common)
     else:
-        raise ValueError(f"source {src!r}: unknown kind (expected .npz, .csv, .parquet or .jsonl)")
+        raise ValueError(f"source {src!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
+                         f"{', '.join(PARQUET_SUFFIXES)}) or a corpus ({', '.join(JSONL_SUFFIXES)}))")
     print(f"wrote {data!r}")
 
 
@@ -144,7 +148,6 @@ def cmd_fit(args):
     from .store import open_store
 
     data = open_store(args.store)
-    os.makedirs(args.output, exist_ok=True)
     bar = _progress(args, args.max_iter)
     if args.method == "fairer-nmf":
         if args.checkpoint_every or args.resume:
@@ -165,7 +168,10 @@ def cmd_fit(args):
             model.fit(data, client=client, W_out=os.path.join(args.output, "W"))
     if bar is not None:
         bar.close()
+    # Files appear only after a successful fit; metrics.json is written last and marks the output complete.
+    os.makedirs(args.output, exist_ok=True)
     np.save(os.path.join(args.output, "H.npy"), model.components_)
+    np.save(os.path.join(args.output, "rows.npy"), data.row_index())  # W's stored row -> input row
     metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
                "converged": model.converged_, "loss_history": model.loss_history_.tolist(),
                "scheduler": model.scheduler_, "store": os.path.abspath(args.store),

@@ -40,6 +40,7 @@ def test_ingest_info_fit(npz_source, tmp_path):
     H = np.load(tmp_path / "fit" / "H.npy")
     assert H.shape == (3, 12)
     assert sorted(os.listdir(tmp_path / "fit" / "W"))[:1] == ["000000"]
+    assert sorted(np.load(tmp_path / "fit" / "rows.npy")) == list(range(80))
 
 
 def test_fit_on_a_local_cluster_matches_in_process(npz_source, tmp_path):
@@ -64,8 +65,9 @@ def test_bad_input_exits_2_with_a_message(npz_source, tmp_path):
     assert neg.returncode == 2 and "negative value (-2.0) at row 5, column 3" in neg.stderr
     assert not (tmp_path / "neg.zarr").exists()
     assert run("ingest", path, tmp_path / "x.zarr", cwd=tmp_path).returncode == 0
-    rank = run("fit", tmp_path / "x.zarr", "--rank", "50", cwd=tmp_path)
+    rank = run("fit", tmp_path / "x.zarr", "--rank", "50", "--output", tmp_path / "never", cwd=tmp_path)
     assert rank.returncode == 2 and "n_components=50 is larger" in rank.stderr
+    assert not (tmp_path / "never").exists()
     usage = run("fit", tmp_path / "x.zarr", cwd=tmp_path)
     assert usage.returncode == 2 and "--rank" in usage.stderr
 

@@ -91,7 +91,7 @@ def test_resume_gives_the_uninterrupted_result(solver, loss, tmp_path):
     assert np.array_equal(resumed.components_, reference.components_)
     assert np.array_equal(resumed.loss_history_, reference.loss_history_)
     assert resumed.n_iter_ == 20
-    assert resumed.n_passes_ == 10  # iterations 11..20 only
+    assert resumed.n_passes_ == 21  # the count is checkpointed: n_iter_ + 1 as for an uninterrupted run
 
 
 def test_uncommitted_checkpoint_is_ignored_and_foreign_one_refused(tmp_path):
@@ -101,7 +101,7 @@ def test_uncommitted_checkpoint_is_ignored_and_foreign_one_refused(tmp_path):
     os.remove(run_dir / "checkpoints" / "iter-000004" / "COMMITTED")  # as if the save had died half-way
     resumed = distfact.NMF(3, random_state=0, max_iter=4, tol=0, checkpoint_dir=run_dir, checkpoint_every=2,
                            resume=True).fit(X, groups=groups)
-    assert resumed.n_passes_ == 2  # from iteration 2
+    assert resumed.n_passes_ == 5 and resumed.n_iter_ == 4  # continued from iteration 2
     with pytest.raises(ValueError, match="another configuration"):
         distfact.NMF(3, random_state=1, max_iter=4, checkpoint_dir=run_dir, resume=True).fit(X, groups=groups)
 
@@ -154,3 +154,47 @@ def test_spilled_local_factors_on_a_cluster(local_cluster_client, tmp_path):
     W = distfact.NMF(3, local_memory_budget=100, **kwargs).fit_transform(store, client=local_cluster_client)
     assert np.array_equal(W, W_ref)
     assert not [n for n in os.listdir(tmp_path) if ".locals-" in n]
+
+
+def test_a_fresh_run_refuses_a_directory_with_checkpoints(tmp_path):
+    X, groups = grouped_data(m=60, n=10, seed=25)
+    run_dir = tmp_path / "run"
+    distfact.NMF(3, random_state=0, max_iter=4, tol=0, checkpoint_dir=run_dir, checkpoint_every=2).fit(X, groups=groups)
+    with pytest.raises(ValueError, match="already holds checkpoints of an earlier run"):
+        distfact.NMF(3, random_state=1, max_iter=4, checkpoint_dir=run_dir).fit(X, groups=groups)
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["iter-000002", "iter-000004"]
+
+
+def test_blas_limit_is_restored_after_overlapping_fits():
+    from threadpoolctl import threadpool_info
+
+    from distfact.engine import InProcessExecutor
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    X, groups = grouped_data(m=60, n=10, density=0.5, seed=26)
+    data = distfact.from_arrays(sp.csr_matrix(X), groups, block_rows=10)
+    first, second = InProcessExecutor(data, n_threads=2), InProcessExecutor(data, n_threads=2)
+    assert set(blas_threads()) == {1}
+    first.close()
+    assert set(blas_threads()) == {1}  # the second executor still runs
+    second.close()
+    assert blas_threads() == before
+
+
+def test_random_start_does_not_depend_on_the_chunking():
+    X, groups = grouped_data(m=9000, n=6, seed=27)  # more rows than one random tile
+    fits = [distfact.NMF(2, random_state=3, max_iter=5, tol=0, block_rows=rows).fit_transform(X, groups=groups)
+            for rows in (100000, 1000, 77)]
+    for other in fits[1:]:
+        assert np.linalg.norm(other - fits[0]) / np.linalg.norm(fits[0]) < 1e-10
+
+
+def test_relative_store_path_is_made_absolute(tmp_path, monkeypatch):
+    X, groups = grouped_data(m=20, n=4, seed=28)
+    monkeypatch.chdir(tmp_path)
+    distfact.from_arrays(X, groups, "x.zarr")
+    store = distfact.open("x.zarr/")
+    assert store.path == str(tmp_path / "x.zarr")

@@ -207,3 +207,13 @@ def test_convergence_warning_when_max_iter_cuts_the_fit_short():
         distfact.NMF(3, random_state=0, max_iter=3, tol=1e-4).fit(X, groups=groups)
     model = distfact.NMF(3, random_state=0, max_iter=2000, tol=1e-3).fit(X, groups=groups)
     assert model.converged_ and model.n_iter_ < 2000
+
+
+def test_dataframe_input():
+    import pandas as pd
+
+    X, groups = grouped_data(m=30, n=4, seed=16)
+    frame = pd.DataFrame(X, columns=list("abcd"))
+    a = distfact.NMF(2, random_state=0, max_iter=10, tol=0).fit(frame, groups=groups).components_
+    b = distfact.NMF(2, random_state=0, max_iter=10, tol=0).fit(X, groups=groups).components_
+    np.testing.assert_allclose(a, b, rtol=1e-12)

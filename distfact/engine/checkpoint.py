@@ -27,7 +27,7 @@ class Checkpointer:
     def __init__(self, run_dir, every: int, config: dict, keep: int = 2):
         if every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {every}")
-        self.root = os.path.join(os.fspath(run_dir), "checkpoints")
+        self.root = os.path.join(os.path.abspath(os.fspath(run_dir)), "checkpoints")
         self.every = every
         self.config = config
         self.hash = config_hash(config)
@@ -50,6 +50,12 @@ class Checkpointer:
         for old in self.committed()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return path
+
+    def check_fresh_start(self) -> None:
+        """A run that does not resume must not mix its checkpoints with an earlier run's."""
+        if self.committed():
+            raise ValueError(f"{self.root!r} already holds checkpoints of an earlier run: pass resume=True "
+                             "(--resume) to continue it, or use another directory")
 
     def committed(self) -> list[str]:
         if not os.path.isdir(self.root):

@@ -26,7 +26,7 @@ class IterativeMethod(Protocol):
 
     def initial_global(self, data, rng: np.random.Generator) -> dict: ...
 
-    def initial_local(self, block, global_state: dict, seed: np.random.SeedSequence): ...
+    def initial_local(self, block, global_state: dict, rows: "RowStream"): ...
 
     def block_stats(self, X_b, local, block, global_state: dict) -> dict: ...
 
@@ -59,11 +59,29 @@ class FitState:
     group_objectives: list[np.ndarray] = field(default_factory=list)
     iteration: int = 0
     converged: bool = False
-    resumed_from: str | None = None
+
+
+class RowStream:
+    """Random draws for rows ``[start, stop)`` (stored order) that do not depend on how the rows
+    are cut into blocks: rows are drawn in fixed tiles of ``TILE`` rows, each from its own
+    ``SeedSequence(entropy, spawn_key=(1, stream, tile))``, and the block takes its slice."""
+
+    TILE = 4096
+
+    def __init__(self, entropy, start: int, stop: int):
+        self.entropy, self.start, self.stop = entropy, start, stop
+
+    def standard_normal(self, n_cols: int, stream: int = 0) -> np.ndarray:
+        first, last = self.start // self.TILE, (self.stop - 1) // self.TILE
+        tiles = [np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(1, stream, t)))
+                 .standard_normal((self.TILE, n_cols)) for t in range(first, last + 1)]
+        offset = self.start - first * self.TILE
+        return np.concatenate(tiles)[offset:offset + self.stop - self.start]
 
 
 class BlockSeeds:
-    """Per-block random streams from one root ``SeedSequence`` (independent of scheduling)."""
+    """Random streams from one root ``SeedSequence``: one for the global state, and row streams
+    for the local factors (independent of scheduling and of the chunking)."""
 
     def __init__(self, random_state):
         if isinstance(random_state, np.random.RandomState | np.random.Generator):
@@ -73,13 +91,9 @@ class BlockSeeds:
     def global_rng(self) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(0,)))
 
-    @staticmethod
-    def block(entropy, index: int) -> np.random.SeedSequence:
-        return np.random.SeedSequence(entropy, spawn_key=(1, index))
-
 
 def _initial_block(block, method, entropy, global_state):
-    return method.initial_local(block, global_state, BlockSeeds.block(entropy, block.index))
+    return method.initial_local(block, global_state, RowStream(entropy, block.row_start, block.row_stop))
 
 
 def initialise(method, data, executor, random_state) -> dict:
@@ -102,10 +116,13 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         if found is not None:
             saved, path = found
             executor.load_local(f"{path}/local")
+            executor.n_passes = saved["n_passes"]
             state = FitState(saved["global_state"], saved["stats"], saved["objectives"],
-                             saved["group_objectives"], saved["iteration"], saved["converged"], path)
+                             saved["group_objectives"], saved["iteration"], saved["converged"])
             logger.info("resumed from %s (iteration %d)", path, state.iteration)
     if state is None:
+        if checkpointer is not None:
+            checkpointer.check_fresh_start()
         started = start()
         if isinstance(started, tuple):  # an initialisation whose last pass already gave the statistics
             global_state, stats = started
@@ -131,5 +148,6 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         if checkpointer is not None and (checkpointer.due(state.iteration) or state.converged):
             checkpointer.save(state.iteration, {
                 "global_state": state.global_state, "stats": state.stats, "objectives": state.objectives,
-                "group_objectives": state.group_objectives, "converged": state.converged}, executor)
+                "group_objectives": state.group_objectives, "converged": state.converged,
+                "n_passes": executor.n_passes}, executor)
     return state

@@ -18,6 +18,7 @@ import functools
 import operator
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,20 +97,46 @@ def _checkpoint_one(directory, block, local):
     save_local(directory, block, materialise(local))
 
 
+class _SingleThreadBLAS:
+    """A process-wide 'BLAS on one thread' held while any parallel-block executor is open
+    (reference-counted: overlapping fits restore the original limits only when the last ends)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._count = 0
+        self._limiter = None
+
+    def acquire(self):
+        with self._lock:
+            if self._count == 0:
+                from threadpoolctl import ThreadpoolController
+
+                self._limiter = ThreadpoolController().limit(limits=1, user_api="blas")
+            self._count += 1
+
+    def release(self):
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                self._limiter.restore_original_limits()
+                self._limiter = None
+
+
+SINGLE_THREAD_BLAS = _SingleThreadBLAS()
+
+
 class Executor:
-    """Common bookkeeping: pass and block-read counters, the spill directory of local factors."""
+    """Common bookkeeping: the pass counter and the spill directory of local factors."""
 
     def __init__(self, data, spill_dir: str | None = None):
         self.data = data
         self.blocks = data.blocks
         self.n_passes = 0
-        self.block_reads = np.zeros(data.n_blocks, dtype=np.int64)
-        self.spill = None if spill_dir is None else LocalSpill(os.fspath(spill_dir))
+        self.spill = None if spill_dir is None else LocalSpill(os.path.abspath(os.fspath(spill_dir)))
         self.generation = 0
 
     def _count_pass(self):
         self.n_passes += 1
-        self.block_reads += 1
 
     def _remove_spill(self):
         if self.spill is not None:
@@ -127,14 +154,12 @@ class InProcessExecutor(Executor):
         self.n_threads = n_threads or os.cpu_count() or 1
         self.reader = data.reader()
         self.locals: list = [None] * data.n_blocks
-        self._blas_limit = None
-        if not self._serial():
-            from threadpoolctl import ThreadpoolController
-
+        self._holds_blas = not self._serial()
+        if self._holds_blas:
             # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
             # the driver's small products between passes must not leave BLAS threads spinning
             # on the cores the blocks need. (Workers of a distributed cluster run BLAS single-threaded too.)
-            self._blas_limit = ThreadpoolController().limit(limits=1, user_api="blas")
+            SINGLE_THREAD_BLAS.acquire()
 
     def describe(self) -> dict:
         mode = "loop" if self._serial() else "dask-threads"
@@ -197,17 +222,19 @@ class InProcessExecutor(Executor):
 
     def close(self) -> None:
         self._remove_spill()
-        if self._blas_limit is not None:
-            self._blas_limit.restore_original_limits()
-            self._blas_limit = None
+        if self._holds_blas:
+            SINGLE_THREAD_BLAS.release()
+            self._holds_blas = False
 
 
 class DistributedExecutor(Executor):
     """Runs passes on a ``distributed.Client``; X blocks and local factors stay on the workers."""
 
-    def __init__(self, data, client, persist_data: bool = True, spill_dir: str | None = None):
+    def __init__(self, data, client, persist_data: bool = True, spill_dir: str | None = None,
+                 owns_client: bool = False):
         super().__init__(data, spill_dir)
         self.client = client
+        self.owns_client = owns_client
         if data.in_memory:
             self.reader = None
             self.X_refs = client.scatter(list(data._blocks), hash=False)
@@ -265,8 +292,11 @@ class DistributedExecutor(Executor):
                        for block in self.blocks]
 
     def close(self) -> None:
-        self.client.cancel([f for f in self.X_refs + self.locals if f is not None])
+        futures = [f for f in self.X_refs + self.locals if f is not None]
+        self.client.cancel(futures)
         self._remove_spill()
+        if self.owns_client:
+            self.client.close()
 
 
 def _map_one(fn, reader, block, X_b, local, args):
@@ -279,7 +309,8 @@ def make_executor(data, client=None, n_threads: int | None = None, spill_dir: st
     ``spill_dir``: keep the local factors in Zarr there instead of in memory (out-of-core)."""
     if client is None:
         return InProcessExecutor(data, n_threads, spill_dir)
-    if isinstance(client, str):
+    owns_client = isinstance(client, str)
+    if owns_client:
         from distributed import Client
 
         client = Client(client)
@@ -287,4 +318,4 @@ def make_executor(data, client=None, n_threads: int | None = None, spill_dir: st
     cluster_memory = sum(w.get("memory_limit") or 0 for w in workers)
     # X stays in worker memory when it takes at most half of it; otherwise every pass streams it from the store.
     persist = data.in_memory or not cluster_memory or data.nbytes <= cluster_memory // 2
-    return DistributedExecutor(data, client, persist_data=persist, spill_dir=spill_dir)
+    return DistributedExecutor(data, client, persist_data=persist, spill_dir=spill_dir, owns_client=owns_client)

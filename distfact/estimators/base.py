@@ -17,7 +17,7 @@ from ..store.coerce import as_grouped
 def check_rank(n_components, shape) -> int:
     m, n = shape
     if n_components is None:
-        return n
+        return min(m, n)
     if not isinstance(n_components, numbers.Integral) or n_components < 1:
         raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
     if n_components > min(m, n):
@@ -61,10 +61,12 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
         exceed ``local_memory_budget`` (default: a quarter of this machine's memory)."""
         budget = getattr(self, "local_memory_budget", None)
         if budget is None:
-            budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+            import psutil
+
+            budget = psutil.virtual_memory().total // 4
         spill_dir = None
         if data.shape[0] * rank * data.dtype.itemsize > budget:
-            spill_dir = (f"{data.path}.locals-{uuid.uuid4().hex[:8]}" if data.path
+            spill_dir = (f"{os.path.abspath(data.path)}.locals-{uuid.uuid4().hex[:8]}" if data.path
                          else tempfile.mkdtemp(prefix="distfact-locals-"))
         return make_executor(data, client, getattr(self, "n_threads", None), spill_dir)
 

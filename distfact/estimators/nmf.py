@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -36,7 +37,7 @@ class NMF(FactorEstimator):
     Parameters
     ----------
     n_components : int or None
-        Rank r; None means n_features.
+        Rank r; None means min(n_samples, n_features).
     solver : {'mu', 'hals'}
     beta_loss : {'frobenius', 'kullback-leibler'}
     init : {'random', 'nndsvda', 'custom'}
@@ -48,12 +49,13 @@ class NMF(FactorEstimator):
     max_iter : int
     random_state : int or None
     block_rows : int or None
-        Rows per block when X is an in-memory array (default: ~128 MiB blocks).
+        Rows per block when X is an in-memory array (default: about one block per thread).
     checkpoint_dir : path or None
         Write checkpoints to ``checkpoint_dir/checkpoints/iter-NNNNNN`` every ``checkpoint_every`` iterations.
     checkpoint_every : int
     resume : bool
-        Continue from the newest committed checkpoint in ``checkpoint_dir``, if any.
+        Continue from the newest committed checkpoint in ``checkpoint_dir``, if any. Without it, a
+        ``checkpoint_dir`` that already holds checkpoints is refused.
     callback : callable or None
         Called after every iteration with a :class:`distfact.engine.IterationInfo`.
     n_threads : int or None
@@ -136,7 +138,7 @@ class NMF(FactorEstimator):
                 warnings.warn(f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by "
                               f"less than tol={self.tol}; increase max_iter", ConvergenceWarning, stacklevel=3)
             if W_out is not None:
-                executor.save_local(W_out)
+                executor.save_local(os.path.abspath(os.fspath(W_out)))
             if want_W:
                 return self._rows_in_caller_order(data, executor.local_factors())
         finally:
@@ -191,7 +193,7 @@ class NMF(FactorEstimator):
         try:
             scale = self._method.init_scale(data)
             blocks = executor.map_blocks(self._method.solve_local, self.components_.astype(data.dtype, copy=False),
-                                         scale, max_iter or self.max_iter, self.tol)
+                                         scale, self.max_iter if max_iter is None else max_iter, self.tol)
         finally:
             executor.close()
         return self._rows_in_caller_order(data, blocks)

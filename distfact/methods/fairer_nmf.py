@@ -57,9 +57,8 @@ class GroupErrorEstimate:
         """sqrt(mean(X_l) / r) per group: scikit-learn's random-init scale, group by group."""
         return np.sqrt(data.group_totals / (data.group_sizes * data.shape[1]) / self.n_components)
 
-    def initial_local(self, block, G, seed):
-        rng = np.random.default_rng(seed)
-        W = np.abs(rng.standard_normal((self.n_estimates, block.n_rows, self.n_components)))
+    def initial_local(self, block, G, rows):
+        W = np.stack([np.abs(rows.standard_normal(self.n_components, stream=t)) for t in range(self.n_estimates)])
         return (W * G["scale"][block.group]).astype(self.dtype)
 
     def block_stats(self, X_b, W_b, block, G):
@@ -114,9 +113,8 @@ class FairerMU:
         H = (scale * np.abs(rng.standard_normal((self.n_components, data.shape[1])))).astype(self.dtype)
         return {"H": H, "HHt": H @ H.T, "scale": scale, "c": np.zeros(data.n_groups)}
 
-    def initial_local(self, block, G, seed):
-        rng = np.random.default_rng(seed)
-        return (G["scale"] * np.abs(rng.standard_normal((block.n_rows, self.n_components)))).astype(self.dtype)
+    def initial_local(self, block, G, rows):
+        return (G["scale"] * np.abs(rows.standard_normal(self.n_components))).astype(self.dtype)
 
     def block_stats(self, X_b, W_b, block, G):
         WtX, WtW = k.frobenius_stats(X_b, W_b)

@@ -61,9 +61,8 @@ class NMFMethod:
         H = self.init_scale(data) * np.abs(rng.standard_normal((self.n_components, data.shape[1])))
         return self.with_derived(H.astype(self.dtype), data)
 
-    def initial_local(self, block, global_state, seed):
-        rng = np.random.default_rng(seed)
-        W = global_state["scale"] * np.abs(rng.standard_normal((block.n_rows, self.n_components)))
+    def initial_local(self, block, global_state, rows):
+        W = global_state["scale"] * np.abs(rows.standard_normal(self.n_components))
         return W.astype(self.dtype)
 
     def with_derived(self, H, data=None, scale=None):

@@ -16,7 +16,8 @@ MIN_IN_MEMORY_BLOCK_BYTES = 2**20
 
 
 def in_memory_block_bytes(X, n_threads: int | None) -> int:
-    nbytes = X.nnz * (X.dtype.itemsize + 4) if sp.issparse(X) else np.prod(X.shape) * np.dtype(X.dtype).itemsize
+    itemsize = np.dtype(getattr(X, "dtype", np.float64)).itemsize  # a DataFrame has dtypes, not a dtype
+    nbytes = X.nnz * (itemsize + 4) if sp.issparse(X) else int(np.prod(X.shape)) * itemsize
     return max(int(-(-nbytes // (n_threads or os.cpu_count() or 1))), MIN_IN_MEMORY_BLOCK_BYTES)
 
 

@@ -71,7 +71,7 @@ class GroupedMatrix:
     @classmethod
     def open(cls, path) -> "GroupedMatrix":
         """Open a store written by distfact; a missing or corrupt store raises ``ValueError``."""
-        path = os.fspath(path)
+        path = os.path.abspath(os.path.normpath(os.fspath(path)))  # workers may run elsewhere
         where = f"store {path!r}"
         if not os.path.isdir(path):
             raise ValueError(f"{where} does not exist (write one with 'distfact ingest')")
