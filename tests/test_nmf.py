@@ -217,3 +217,25 @@ def test_dataframe_input():
     a = distfact.NMF(2, random_state=0, max_iter=10, tol=0).fit(frame, groups=groups).components_
     b = distfact.NMF(2, random_state=0, max_iter=10, tol=0).fit(X, groups=groups).components_
     np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("solver,loss", CASES)
+def test_float32_errors_are_accurate_at_small_relative_error(sparse, solver, loss):
+    """float32 data fitted well (relative error ~1e-3): reported errors match a float64 recomputation."""
+    rng = np.random.default_rng(17)
+    X = (rng.random((300, 4)) @ rng.random((4, 60)) + 1e-3 * rng.random((300, 60))).astype(np.float32)
+    if sparse:
+        X[X < np.quantile(X, 0.3)] = 0
+    groups = rng.choice(["a", "b"], 300)
+    given = sp.csr_matrix(X) if sparse else X
+    model = distfact.NMF(4, solver=solver, beta_loss=loss, init="nndsvda", max_iter=300, tol=0, random_state=0)
+    W = model.fit_transform(given, groups=groups).astype(np.float64)
+    H = model.components_.astype(np.float64)
+    X64 = X.astype(np.float64)
+    for g, name in enumerate(model.group_names_):
+        rows = groups == name
+        rel = np.linalg.norm(X64[rows] - W[rows] @ H) / np.linalg.norm(X64[rows])
+        assert model.group_errors_[g] == pytest.approx(rel, rel=1e-3)
+        direct = frobenius_half if loss == "frobenius" else kl_divergence
+        assert model.group_losses_[g] == pytest.approx(direct(X64[rows], W[rows], H), rel=1e-3, abs=1e-6)

@@ -118,6 +118,18 @@ def w_update(W, XHt, HHt, solver):
     return W
 
 
+def residual_sq_norm(X, W, H) -> float:
+    """||X_b - W_b H||_F^2 accumulated in float64. For float32 data, where the statistics formula
+    ||X||^2 - 2<W^T X, H> + <W^T W, H H^T> cancels to noise once the relative error is below ~1e-3."""
+    if sp.issparse(X):
+        W64, H64 = W.astype(np.float64), H.astype(np.float64)
+        x = X.data.astype(np.float64)
+        wh = wh_at_nonzeros(sp.csr_matrix((x, X.indices, X.indptr), shape=X.shape), W64, H64)
+        return float(x @ x - 2.0 * (x @ wh) + np.vdot(W64.T @ W64, H64 @ H64.T))
+    R = X - W @ H
+    return float(np.einsum("ij,ij->", R, R, dtype=np.float64))
+
+
 def frobenius_stats(X, W):
     """Statistics of a block for given W_b (pass 0): (W_b^T X_b, W_b^T W_b)."""
     WtX = sparse_wt_times_block(W, X) if sp.issparse(X) else wt_times_block(W, X)
@@ -172,8 +184,9 @@ def kl_stats(X, W, H):
     else:
         nz = X > 0
         x, wh = X[nz], wh[nz]
-    xlogx = np.dot(x, np.log(x / wh))
-    return WtR, W.sum(axis=0), np.asarray(xlogx, dtype=W.dtype)
+    # The objective's sums are taken in float64 (they cancel against each other).
+    xlogx = np.dot(x.astype(np.float64), np.log(x / wh).astype(np.float64))
+    return WtR, W.sum(axis=0, dtype=np.float64), np.float64(xlogx)
 
 
 def kl_local(X, W, H):
