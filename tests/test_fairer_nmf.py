@@ -114,8 +114,8 @@ def test_bad_input():
     small = np.array(["tiny"] * 2 + ["big"] * 38)
     with pytest.raises(ValueError, match="group 'tiny' has 2 rows, fewer than n_components=3"):
         distfact.FairerNMF(3).fit(X, groups=small)
-    with pytest.raises(ValueError, match="AM scheme is not available yet"):
-        distfact.FairerNMF(2, solver="am").fit(X, groups=groups)
+    with pytest.raises(ValueError, match="solver must be one of"):
+        distfact.FairerNMF(2, solver="newton").fit(X, groups=groups)
     with pytest.raises(ValueError, match="c_update must be one of"):
         distfact.FairerNMF(2, c_update="sometimes").fit(X, groups=groups)
 
@@ -145,3 +145,77 @@ def test_heart_disease_fairer_than_standard_nmf():
                              / np.linalg.norm(X[groups == n]) for n, e in zip(fair.group_names_, fair.E_)])
         assert fair.group_losses_.max() <= std_loss.max() + 1e-9, r
         assert np.ptp(fair.group_losses_) <= 0.5 * np.ptp(std_loss), r
+
+
+# ------------------------------------------------------------------ AM scheme (Algorithm 2)
+def test_nnls_kernel_equals_scipy_row_by_row():
+    from scipy.optimize import nnls
+
+    from distfact.kernels.nnls import nnls_gram
+
+    rng = np.random.default_rng(46)
+    H = rng.random((5, 30))
+    X = rng.random((200, 30)) * (rng.random((200, 30)) < 0.5)
+    W = nnls_gram(H @ H.T, X @ H.T)
+    reference = np.array([nnls(H.T, x)[0] for x in X])
+    assert (reference == 0).mean() > 0.1  # the constraints are active somewhere
+    np.testing.assert_allclose(W, reference, atol=1e-10)
+
+
+def test_am_h_step_on_statistics_equals_the_socp_on_raw_matrices():
+    import cvxpy as cp
+
+    from distfact.methods.fairer_nmf import fair_h_socp
+
+    rng = np.random.default_rng(47)
+    r, n = 3, 8
+    Xs = [rng.random((m, n)) for m in (40, 25, 12)]
+    Ws = [rng.random((m, r)) for m in (40, 25, 12)]
+    Ws[2][:, 2] = Ws[2][:, 1]  # a rank-deficient W_l^T W_l (the eigen-decomposition path)
+    E = [0.5, 0.3, 0.2]
+    stats = [{"WtX": W.T @ X, "WtW": W.T @ W} for X, W in zip(Xs, Ws)]
+    sq_norms = np.array([np.linalg.norm(X) ** 2 for X in Xs])
+    H, t, solver = fair_h_socp(stats, E, sq_norms, (r, n), ("CLARABEL",))
+
+    H_raw, t_raw = cp.Variable((r, n), nonneg=True), cp.Variable()
+    cons = [cp.norm(X - W @ H_raw, "fro") <= t_raw * np.linalg.norm(X) + e for X, W, e in zip(Xs, Ws, E)]
+    cp.Problem(cp.Minimize(t_raw), cons).solve(solver="CLARABEL")
+    assert solver == "CLARABEL"
+    assert t == pytest.approx(t_raw.value, abs=1e-6)
+    worst = max((np.linalg.norm(X - W @ H) - e) / np.linalg.norm(X) for X, W, e in zip(Xs, Ws, E))
+    assert worst == pytest.approx(t_raw.value, abs=1e-6)
+
+
+def test_am_falls_back_to_the_next_conic_solver():
+    from distfact.methods.fairer_nmf import fair_h_socp
+
+    rng = np.random.default_rng(48)
+    X, W = rng.random((20, 6)), rng.random((20, 2))
+    stats = [{"WtX": W.T @ X, "WtW": W.T @ W}]
+    _, _, solver = fair_h_socp(stats, [0.1], np.array([np.linalg.norm(X) ** 2]), (2, 6), ("OSQP", "SCS"))
+    assert solver == "SCS"  # OSQP cannot take a second-order cone
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_am_objective_is_non_increasing_with_one_read_per_iteration(sparse):
+    X, groups = paper_synthetic(seed=1)
+    X = X[::5]
+    groups = groups[::5]
+    if sparse:
+        X = sp.csr_matrix(X * (X > np.quantile(X, 0.2)))
+    model = distfact.FairerNMF(4, solver="am", random_state=0, max_iter=15, tol=0, estimate_max_iter=50,
+                               estimate_tol=0).fit(X, groups=groups, )
+    f = model.loss_history_.max(axis=1)  # eq. (7) at every iteration
+    assert np.all(np.diff(f) <= 1e-6)
+    assert f[-1] < f[0]
+    assert model.n_passes_ == (50 + 1) + (15 + 1)
+    assert model.conic_solver_ == "CLARABEL"
+
+
+def test_am_without_a_conic_solver_is_a_clear_error(monkeypatch):
+    import cvxpy
+
+    X, groups = grouped_data(m=30, n=6, seed=49)
+    monkeypatch.setattr(cvxpy, "installed_solvers", lambda: ["OSQP", "SCIPY"])
+    with pytest.raises(ValueError, match="solver='am' needs a conic solver"):
+        distfact.FairerNMF(2, solver="am").fit(X, groups=groups)

@@ -9,10 +9,10 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
-from ..methods.fairer_nmf import FairerMU, GroupErrorEstimate
+from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
 from .base import FactorEstimator, check_iteration_params, check_rank
 
-SOLVERS = ("mu",)
+SOLVERS = ("mu", "am")
 
 
 class FairerNMF(FactorEstimator):
@@ -26,8 +26,12 @@ class FairerNMF(FactorEstimator):
     Parameters
     ----------
     n_components : int
-    solver : {'mu'}
-        The alternating-minimisation scheme (Algorithm 2) is not available yet.
+    solver : {'mu', 'am'}
+        'mu': the multiplicative-update scheme (Algorithm 3). 'am': alternating minimisation
+        (Algorithm 2): the H step is a second-order cone program on per-group statistics (r*n + 1
+        variables whatever the number of rows), solved by cvxpy with the first of CLARABEL, ECOS,
+        SCS that is installed (falling back to the next on failure); the W step is an exact
+        non-negative least squares per row, on the workers.
     n_estimates : int
         T in Algorithm 1.
     c_update : {'decaying', 'fixed', 'largest'}
@@ -60,7 +64,9 @@ class FairerNMF(FactorEstimator):
     loss_history_ : ndarray (n_iter_ + 1, n_groups)
         Relative loss per group at initialisation and after every iteration.
     c_ : ndarray (n_groups,)
-        The final group weights.
+        The final group weights ('mu').
+    conic_solver_ : str or None
+        The conic solver that solved the last H step ('am').
     n_iter_, n_passes_, converged_, scheduler_
         ``n_passes_`` counts the passes of Algorithm 1 too.
     """
@@ -98,8 +104,10 @@ class FairerNMF(FactorEstimator):
             raise ValueError("Fairer-NMF needs groups: pass groups= (one label per row of X), "
                              "or a GroupedMatrix / store that carries them")
         if self.solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {SOLVERS} (the AM scheme is not available yet), "
-                             f"got {self.solver!r}")
+            raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
+        if self.solver == "am" and not available_conic_solvers():
+            raise ValueError("solver='am' needs a conic solver for cvxpy (CLARABEL, ECOS or SCS); none is "
+                             "installed: pip install clarabel")
         if not isinstance(self.n_estimates, (int, np.integer)) or self.n_estimates < 1:
             raise ValueError(f"n_estimates must be a positive integer, got {self.n_estimates!r}")
         check_iteration_params(self.max_iter, self.tol)
@@ -129,7 +137,11 @@ class FairerNMF(FactorEstimator):
                 warnings.warn(f"the NMF runs estimating E_l (Algorithm 1) of groups {late} did not converge "
                               f"within estimate_max_iter={self.estimate_max_iter} (estimate_tol="
                               f"{self.estimate_tol}); their E_ may be too large", ConvergenceWarning, stacklevel=3)
-            method = FairerMU(r, tuple(self.E_), self.c_update, float(self.c_step), float(self.tol), dtype)
+            common = dict(n_components=r, E=tuple(self.E_), tol=float(self.tol), dtype=dtype)
+            if self.solver == "am":
+                method = FairerAM(**common, solvers=tuple(available_conic_solvers()))
+            else:
+                method = FairerMU(**common, c_update=self.c_update, c_step=float(self.c_step))
             seed = None if self.random_state is None else [self.random_state, 2]
             state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
                              start=lambda: initialise(method, data, executor, seed))
@@ -155,6 +167,7 @@ class FairerNMF(FactorEstimator):
         errors = np.vstack(state.group_objectives)
         self.components_ = state.global_state["H"]
         self.c_ = state.global_state["c"]
+        self.conic_solver_ = state.global_state.get("solver")
         self.group_names_ = data.group_names
         self.group_errors_ = errors[-1] / norms
         self.group_losses_ = (errors[-1] - self.E_) / norms

@@ -16,6 +16,14 @@ MU scheme (Algorithm 3), :class:`FairerMU`, from per-group statistics W_l^T X_l,
     line 9   X~, W~ scale group l by c_l / ||X_l||, so that
     line 10  H <- H * (sum_l w_l W_l^T X_l) / (sum_l w_l W_l^T W_l H),   w_l = (c_l / ||X_l||)^2
     line 11  W_l <- W_l * (X_l H^T) / (W_l H H^T)                        (local, per block)
+AM scheme (Algorithm 2), :class:`FairerAM`:
+    line 6   H = argmin_{H >= 0} max_l (||X_l - W_l H|| - E_l) / ||X_l||, the SOCP
+                 min t  s.t.  ||X_l - W_l H||_F <= t ||X_l|| + E_l  for every l,
+             written on statistics only (DESIGN §2): with W_l^T W_l = V diag(lam) V^T,
+                 ||X_l - W_l H||^2 = ||A_l H - B_l||^2 + d_l^2,  A_l = diag(lam)^(1/2) V^T,
+                 B_l = diag(lam)^(-1/2) V^T W_l^T X_l,  d_l^2 = ||X_l||^2 - ||B_l||^2 >= 0
+             (eigenvalues 0 dropped), so it has r*n + 1 variables whatever the number of rows.
+    line 7   W_l = argmin_{W >= 0} ||X_l - W H||: exact NNLS per row, local (``kernels/nnls.py``).
 Stopping rule (eq. 10): max_l | e_l^(k) - e_l^(k-1) | / e_l^(k) < tol, e_l = ||X_l - W_l H||_F.
 """
 
@@ -26,6 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels import nmf as k
+from ..kernels.nnls import nnls_gram
+from ..kernels.products import block_times_ht
 from .stopping import groups_relative_change_below
 
 C_UPDATES = ("decaying", "fixed", "largest")
@@ -92,21 +102,13 @@ class GroupErrorEstimate:
 
 
 @dataclass(frozen=True)
-class FairerMU:
-    """Algorithm 3. Global state: H, H H^T, c; E_l and ||X_l|| are constants of the fit."""
+class _FairerScheme:
+    """What both schemes share: statistics, errors, losses (Def. 4.1), objective (eq. 7), eq. (10)."""
 
     n_components: int
     E: tuple
-    c_update: str = "decaying"
-    c_step: float = 0.5
     tol: float = 1e-4
     dtype: str = "float64"
-
-    def __post_init__(self):
-        if self.c_update not in C_UPDATES:
-            raise ValueError(f"c_update must be one of {C_UPDATES}, got {self.c_update!r}")
-        if not 0 < self.c_step <= 1:
-            raise ValueError(f"c_step must be in (0, 1], got {self.c_step!r}")
 
     def initial_global(self, data, rng):
         scale = float(np.sqrt(data.group_totals.sum() / np.prod(data.shape) / self.n_components))
@@ -120,11 +122,6 @@ class FairerMU:
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         return {"WtX": WtX, "WtW": WtW}
 
-    def local_step(self, X_b, W_b, block, G):
-        """Line 11: plain MU for W_l given H^(k); statistics of the new W_l."""
-        W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], "mu")
-        return W_new, {"WtX": WtX, "WtW": WtW}
-
     def errors(self, G, stats, data) -> np.ndarray:
         return np.array([group_errors(sq, s["WtX"], s["WtW"], G["H"], G["HHt"])
                          for s, sq in zip(stats, data.group_sq_norms)])
@@ -132,6 +129,39 @@ class FairerMU:
     def losses(self, G, stats, data) -> np.ndarray:
         """Relative reconstruction loss per group (Definition 4.1)."""
         return (self.errors(G, stats, data) - np.asarray(self.E)) / np.sqrt(data.group_sq_norms)
+
+    def objective(self, G, stats, data):
+        """f = max_l relative loss (eq. 7); the per-group vector is the errors e_l (for eq. 10)."""
+        errors = self.errors(G, stats, data)
+        losses = (errors - np.asarray(self.E)) / np.sqrt(data.group_sq_norms)
+        return float(losses.max()), errors
+
+    def converged(self, objectives, group_objectives):
+        """Eq. (10): relative change of every group's error below tol."""
+        if self.tol <= 0 or len(group_objectives) < 2:
+            return False
+        previous, current = group_objectives[-2], group_objectives[-1]
+        change = np.abs(current - previous) / np.maximum(current, np.finfo(np.float64).tiny)
+        return bool(np.all(change < self.tol))
+
+
+@dataclass(frozen=True)
+class FairerMU(_FairerScheme):
+    """Algorithm 3. Global state: H, H H^T, c; E_l and ||X_l|| are constants of the fit."""
+
+    c_update: str = "decaying"
+    c_step: float = 0.5
+
+    def __post_init__(self):
+        if self.c_update not in C_UPDATES:
+            raise ValueError(f"c_update must be one of {C_UPDATES}, got {self.c_update!r}")
+        if not 0 < self.c_step <= 1:
+            raise ValueError(f"c_step must be in (0, 1], got {self.c_step!r}")
+
+    def local_step(self, X_b, W_b, block, G):
+        """Line 11: plain MU for W_l given H^(k); statistics of the new W_l."""
+        W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], "mu")
+        return W_new, {"WtX": WtX, "WtW": WtW}
 
     def next_c(self, c, worst: int) -> np.ndarray:
         """Line 8 and its variants."""
@@ -152,16 +182,66 @@ class FairerMU:
         H = k.mu_h_update(G["H"], WtX, WtW)
         return {"H": H, "HHt": H @ H.T, "scale": G["scale"], "c": c}
 
-    def objective(self, G, stats, data):
-        """f = max_l relative loss (eq. 7); the per-group vector is the errors e_l (for eq. 10)."""
-        errors = self.errors(G, stats, data)
-        losses = (errors - np.asarray(self.E)) / np.sqrt(data.group_sq_norms)
-        return float(losses.max()), errors
 
-    def converged(self, objectives, group_objectives):
-        """Eq. (10): relative change of every group's error below tol."""
-        if self.tol <= 0 or len(group_objectives) < 2:
-            return False
-        previous, current = group_objectives[-2], group_objectives[-1]
-        change = np.abs(current - previous) / np.maximum(current, np.finfo(np.float64).tiny)
-        return bool(np.all(change < self.tol))
+CONIC_SOLVERS = ("CLARABEL", "ECOS", "SCS")
+
+
+def socp_terms(WtX, WtW, sq_norm):
+    """(A_l, B_l, d_l) with ||X_l - W_l H||_F^2 = ||A_l H - B_l||_F^2 + d_l^2, from statistics only."""
+    WtX, WtW = np.asarray(WtX, dtype=np.float64), np.asarray(WtW, dtype=np.float64)
+    lam, V = np.linalg.eigh(WtW)
+    keep = lam > max(float(lam.max()), 0.0) * 1e-12
+    root = np.sqrt(lam[keep])
+    A = root[:, None] * V[:, keep].T
+    B = (V[:, keep].T @ WtX) / root[:, None]
+    return A, B, float(np.sqrt(max(sq_norm - float(np.vdot(B, B)), 0.0)))
+
+
+def available_conic_solvers(preferred=CONIC_SOLVERS) -> list[str]:
+    import cvxpy as cp
+
+    installed = set(cp.installed_solvers())
+    return [name for name in preferred if name in installed]
+
+
+def fair_h_socp(stats, E, sq_norms, shape, solvers):
+    """Line 6 of Algorithm 2 on statistics. Returns (H, t, name of the solver that solved it)."""
+    import cvxpy as cp
+
+    H = cp.Variable(shape, nonneg=True)
+    t = cp.Variable()
+    constraints = []
+    for s, e, sq in zip(stats, E, sq_norms):
+        A, B, d = socp_terms(s["WtX"], s["WtW"], sq)
+        residual = cp.hstack([cp.vec(A @ H - B, order="F"), cp.Constant(np.array([d]))])
+        constraints.append(cp.SOC(t * float(np.sqrt(sq)) + float(e), residual))
+    problem = cp.Problem(cp.Minimize(t), constraints)
+    failures = []
+    for name in solvers:
+        try:
+            problem.solve(solver=name)
+        except cp.error.SolverError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        if problem.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) and H.value is not None:
+            return np.maximum(H.value, 0.0), float(t.value), name
+        failures.append(f"{name}: status {problem.status}")
+    raise RuntimeError(f"the Fairer-NMF H problem (SOCP) was not solved: {'; '.join(failures)}")
+
+
+@dataclass(frozen=True)
+class FairerAM(_FairerScheme):
+    """Algorithm 2: exact H step (SOCP on statistics, on the driver), exact W step (NNLS per row, local)."""
+
+    solvers: tuple = CONIC_SOLVERS
+
+    def global_step(self, G, stats, data):
+        H, t, name = fair_h_socp(stats, self.E, data.group_sq_norms, G["H"].shape, self.solvers)
+        H = H.astype(self.dtype)
+        return {"H": H, "HHt": H @ H.T, "scale": G["scale"], "c": G["c"], "t": t, "solver": name}
+
+    def local_step(self, X_b, W_b, block, G):
+        """Line 7: W_b = argmin_{W >= 0} ||X_b - W H|| row by row, then its statistics."""
+        W_new = nnls_gram(G["HHt"], block_times_ht(X_b, G["H"]))
+        WtX, WtW = k.frobenius_stats(X_b, W_new)
+        return W_new, {"WtX": WtX, "WtW": WtW}
