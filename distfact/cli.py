@@ -1,4 +1,4 @@
-"""The ``distfact`` command line: ingest, info, fit, demo.
+"""The ``distfact`` command line: ingest, info, fit, report, demo.
 
 Bad input exits with status 2 and a message naming the problem and where.
 """
@@ -62,6 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K iterations (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
     p.add_argument("--no-progress", action="store_true")
+    _add_scheduler_options(p)
+
+    p = sub.add_parser("report", help="per-group report; --fairness: standard NMF vs Fairer-NMF across ranks",
+                       description="Fairness report (fairer-nmf.txt, Figs. 2, 3, 5): for each rank, fit standard "
+                                   "NMF and Fairer-NMF on STORE and write fairness.csv/json, the figures and an "
+                                   "HTML page.")
+    p.add_argument("store")
+    p.add_argument("--fairness", action="store_true", required=True, help="the Fairer-NMF fairness report")
+    p.add_argument("--ranks", default="1:10", help="ranks as FIRST:LAST (inclusive), default 1:10")
+    p.add_argument("--solver", default="mu", choices=["mu", "am"])
+    p.add_argument("--max-iter", type=int, default=400)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", "-o", default="distfact-report")
     _add_scheduler_options(p)
 
     p = sub.add_parser("demo", help="ingest a bundled real data set, factor it, print and write a per-group report")
@@ -188,6 +201,31 @@ def cmd_fit(args):
     print(f"wrote {args.output}/H.npy, {args.output}/{W_where} and {args.output}/metrics.json")
 
 
+def _parse_ranks(text: str) -> range:
+    try:
+        first, last = (int(v) for v in text.split(":"))
+    except ValueError as exc:
+        raise ValueError(f"--ranks must be FIRST:LAST, got {text!r}") from exc
+    if not 1 <= first <= last:
+        raise ValueError(f"--ranks must satisfy 1 <= FIRST <= LAST, got {text!r}")
+    return range(first, last + 1)
+
+
+def cmd_report(args):
+    from .engine.cluster import client_for
+    from .fairness import fairness_table, write_fairness_report
+    from .store import open_store
+
+    data = open_store(args.store)
+    ranks = _parse_ranks(args.ranks)
+    with client_for(args.scheduler, args.local_cluster) as client:
+        rows = fairness_table(data, ranks=ranks, solver=args.solver, max_iter=args.max_iter,
+                              random_state=args.seed, client=client,
+                              progress=lambda r: print(f"rank {r} done", file=sys.stderr))
+    paths = write_fairness_report(rows, args.output, title=f"Fairness report: {os.path.basename(data.path)}")
+    print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
+
+
 def cmd_demo(args):
     from .demo import run_demo
     from .engine.cluster import client_for
@@ -204,7 +242,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "demo": cmd_demo}
+    commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "demo": cmd_demo}
     try:
         commands[args.command](args)
     except ValueError as exc:

@@ -1,5 +1,7 @@
 """Fairer-NMF (fairer-nmf.txt): E_l estimation (Algorithm 1) and the MU scheme (Algorithm 3)."""
 
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -12,15 +14,9 @@ from oracles import fairer_mu, lee_seung_frobenius
 
 
 def paper_synthetic(seed=0):
-    """Table 1: groups of 1000, 500, 250 rows x 20 columns of ranks 3, 3, 6; X_l = W_l H_l with
-    entries U[0, 1); features scaled to unit l2 norm."""
-    rng = np.random.default_rng(seed)
-    parts, labels = [], []
-    for rows, rank, name in ((1000, 3, "A"), (500, 3, "B"), (250, 6, "C")):
-        parts.append(rng.random((rows, rank)) @ rng.random((rank, 20)))
-        labels += [name] * rows
-    X = np.vstack(parts)
-    return X / np.linalg.norm(X, axis=0), np.array(labels)
+    from distfact.datasets import make_fairer_synthetic
+
+    return make_fairer_synthetic(seed)
 
 
 @pytest.mark.parametrize("sparse", [False, True])
@@ -219,3 +215,38 @@ def test_am_without_a_conic_solver_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(cvxpy, "installed_solvers", lambda: ["OSQP", "SCIPY"])
     with pytest.raises(ValueError, match="solver='am' needs a conic solver"):
         distfact.FairerNMF(2, solver="am").fit(X, groups=groups)
+
+
+def test_fairness_report_table_files_and_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from distfact.fairness import fairness_table, write_fairness_report
+
+    X, groups = grouped_data(m=60, n=8, n_groups=2, seed=50)
+    rows = fairness_table(X, groups, ranks=[1, 2], max_iter=50, estimate_max_iter=40)
+    assert [(row["rank"], row["group"]) for row in rows] == [(1, "g0"), (1, "g1"), (2, "g0"), (2, "g1")]
+    fair = distfact.FairerNMF(2, max_iter=50, estimate_max_iter=40, random_state=0).fit(X, groups=groups)
+    standard = distfact.NMF(2, max_iter=50, random_state=0).fit(X, groups=groups)
+    for g, row in enumerate(rows[2:]):
+        norm = np.linalg.norm(X[groups == row["group"]])
+        assert row["r_loss_fairer"] == pytest.approx(fair.group_losses_[g])
+        assert row["r_error_standard_all"] == pytest.approx(100 * standard.group_errors_[g])
+        assert row["r_error_standard_alone"] == pytest.approx(100 * fair.E_[g] / norm)
+        assert row["r_loss_standard"] == pytest.approx(standard.group_errors_[g] - fair.E_[g] / norm)
+    paths = write_fairness_report(rows, tmp_path / "report")
+    assert json.loads(open(paths["json"]).read()) == rows
+    assert open(paths["html"]).read().count("data:image/png;base64,") == 3
+
+    distfact.from_arrays(X, groups, tmp_path / "x.zarr")
+    out = subprocess.run([sys.executable, "-m", "distfact.cli", "report", str(tmp_path / "x.zarr"), "--fairness",
+                          "--ranks", "1:2", "--max-iter", "30", "--output", str(tmp_path / "cli")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert sorted(os.listdir(tmp_path / "cli")) == sorted(["fairness.csv", "fairness.json", "fairness.html",
+                                                           "fig2_r_error_standard.png", "fig3_r_loss_standard.png",
+                                                           "fig5_r_loss_fairer.png"])
+    bad = subprocess.run([sys.executable, "-m", "distfact.cli", "report", str(tmp_path / "x.zarr"), "--fairness",
+                          "--ranks", "3-1"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--ranks must be FIRST:LAST" in bad.stderr

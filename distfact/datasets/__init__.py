@@ -32,3 +32,16 @@ def load_digits_grouped():
     digits = load_digits()
     names = [f"pixel_{i}_{j}" for i in range(8) for j in range(8)]
     return digits.data, np.array([f"digit {d}" for d in digits.target]), names
+
+
+def make_fairer_synthetic(random_state=0):
+    """Fairer-NMF's synthetic data (Table 1): groups "A", "B", "C" of 1000, 500 and 250 rows x 20
+    columns of ranks 3, 3 and 6; X_l = W_l H_l with entries U[0, 1); columns scaled to unit l2 norm.
+    Returns ``(X, groups)``."""
+    rng = np.random.default_rng(random_state)
+    parts, labels = [], []
+    for rows, rank, name in ((1000, 3, "A"), (500, 3, "B"), (250, 6, "C")):
+        parts.append(rng.random((rows, rank)) @ rng.random((rank, 20)))
+        labels += [name] * rows
+    X = np.vstack(parts)
+    return X / np.linalg.norm(X, axis=0), np.array(labels)

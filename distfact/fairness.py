@@ -1,0 +1,124 @@
+"""The fairness report of Fairer-NMF's paper (fairer-nmf.txt, Section 6): for each rank, standard NMF
+against Fairer-NMF, group by group.
+
+Views (as the paper's figures):
+  Fig. 2  R-Error (%) per group, 100 ||X_l - W_l H||_F / ||X_l||_F, of standard NMF fitted on all the
+          data, and of standard NMF fitted on each group alone (the mean of Algorithm 1's runs, E_l / ||X_l||).
+  Fig. 3  R-Loss per group of standard NMF: (||X_l - W_l H||_F - E_l) / ||X_l||_F (Definition 4.1).
+  Fig. 5  R-Loss per group of Fairer-NMF.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+
+import numpy as np
+
+from .estimators import FairerNMF, NMF
+from .store.coerce import as_grouped
+
+COLUMNS = ("rank", "group", "rows", "r_error_standard_all", "r_error_standard_alone", "r_loss_standard",
+           "r_loss_fairer", "r_error_fairer")
+
+
+def fairness_table(X, groups=None, ranks=range(1, 11), *, solver="mu", n_estimates=5, max_iter=400,
+                   estimate_max_iter=300, random_state=0, client=None, progress=None) -> list[dict]:
+    """One row per (rank, group) with the R-Error and R-Loss figures of standard NMF and Fairer-NMF.
+
+    X and groups as for the estimators (arrays with labels, a GroupedMatrix or a store path).
+    """
+    data = as_grouped(X, groups)
+    norms = np.sqrt(data.group_sq_norms)
+    rows = []
+    for r in ranks:
+        fair = FairerNMF(r, solver=solver, n_estimates=n_estimates, max_iter=max_iter,
+                         estimate_max_iter=estimate_max_iter, random_state=random_state).fit(data, client=client)
+        standard = NMF(r, max_iter=max_iter, random_state=random_state).fit(data, client=client)
+        std_errors = standard.group_errors_ * norms
+        for g, name in enumerate(data.group_names):
+            rows.append({
+                "rank": int(r), "group": name, "rows": int(data.group_sizes[g]),
+                "r_error_standard_all": 100 * float(standard.group_errors_[g]),
+                "r_error_standard_alone": 100 * float(fair.E_[g] / norms[g]),
+                "r_loss_standard": float((std_errors[g] - fair.E_[g]) / norms[g]),
+                "r_loss_fairer": float(fair.group_losses_[g]),
+                "r_error_fairer": 100 * float(fair.group_errors_[g]),
+            })
+        if progress is not None:
+            progress(r)
+    return rows
+
+
+def _plot(rows, panels, title):
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys(row["group"] for row in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, (column, label) in zip(axes[0], panels):
+        for name in groups:
+            mine = [row for row in rows if row["group"] == name]
+            ax.plot([row["rank"] for row in mine], [row[column] for row in mine], marker="o", label=name)
+        ax.axhline(0, color="0.8", lw=0.8)
+        ax.set_xlabel("rank")
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(title)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {
+    "fig2_r_error_standard.png": ([("r_error_standard_all", "Standard NMF on all data"),
+                                   ("r_error_standard_alone", "Standard NMF on each group alone")], "R-Error (%)"),
+    "fig3_r_loss_standard.png": ([("r_loss_standard", "Standard NMF")], "R-Loss"),
+    "fig5_r_loss_fairer.png": ([("r_loss_fairer", "Fairer-NMF")], "R-Loss"),
+}
+
+
+def write_fairness_report(rows: list[dict], out_dir, title="Fairer-NMF fairness report") -> dict:
+    """Write ``fairness.csv``, ``fairness.json``, the three figures and ``fairness.html`` (images embedded)."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"csv": os.path.join(out_dir, "fairness.csv"), "json": os.path.join(out_dir, "fairness.json"),
+             "html": os.path.join(out_dir, "fairness.html")}
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(paths["json"], "w") as f:
+        json.dump(rows, f, indent=1)
+    images = []
+    for name, (panels, ylabel) in FIGURES.items():
+        fig = _plot(rows, panels, ylabel)
+        paths[name] = os.path.join(out_dir, name)
+        fig.savefig(paths[name], dpi=110)
+        plt.close(fig)
+        with open(paths[name], "rb") as f:
+            images.append((name, base64.b64encode(f.read()).decode()))
+    summary = []
+    for r in sorted({row["rank"] for row in rows}):
+        mine = [row for row in rows if row["rank"] == r]
+        std = [row["r_loss_standard"] for row in mine]
+        fair = [row["r_loss_fairer"] for row in mine]
+        summary.append(f"<tr><td>{r}</td><td>{max(std):.4f}</td><td>{max(fair):.4f}</td>"
+                       f"<td>{max(std) - min(std):.4f}</td><td>{max(fair) - min(fair):.4f}</td></tr>")
+    figures = "".join(f'<figure><img alt="{n}" src="data:image/png;base64,{b}"><figcaption>{n}</figcaption></figure>'
+                      for n, b in images)
+    page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:auto;padding:1em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}img{{max-width:100%}}</style></head>
+<body><h1>{title}</h1><h2>Worst group and spread of R-Loss by rank</h2>
+<table><tr><th>rank</th><th>max R-Loss, standard</th><th>max R-Loss, Fairer</th><th>spread, standard</th>
+<th>spread, Fairer</th></tr>{''.join(summary)}</table><h2>Figures</h2>{figures}
+<p>Full table: fairness.csv / fairness.json.</p></body></html>"""
+    with open(paths["html"], "w") as f:
+        f.write(page)
+    return paths
