@@ -6,6 +6,7 @@ Bad input exits with status 2 and a message naming the problem and where.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -23,9 +24,11 @@ def _add_scheduler_options(p):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distfact", description="Group-aware matrix factorisation on Dask.")
+    parser = argparse.ArgumentParser(prog="distfact", description="Group-aware matrix factorisation on Dask.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
     p = sub.add_parser("ingest", help="write a grouped matrix store from arrays, a table or a text corpus",
                        description="Write a Zarr grouped-matrix store. SOURCE is an .npz (arrays X and "
@@ -183,6 +186,9 @@ def cmd_fit(args):
         bar.close()
     # Files appear only after a successful fit; metrics.json is written last and marks the output complete.
     os.makedirs(args.output, exist_ok=True)
+    for stale in ("W.npy", "rows.npy", "metrics.json"):
+        if os.path.exists(os.path.join(args.output, stale)):
+            os.remove(os.path.join(args.output, stale))
     np.save(os.path.join(args.output, "H.npy"), model.components_)
     np.save(os.path.join(args.output, "rows.npy"), data.row_index())  # W's stored row -> input row
     metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
@@ -197,8 +203,9 @@ def cmd_fit(args):
     with open(os.path.join(args.output, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2, default=str)
     print(format_table(metrics["groups"]))
-    W_where = "W.npy" if args.method == "fairer-nmf" else "W/ (one array per block)"
-    print(f"wrote {args.output}/H.npy, {args.output}/{W_where} and {args.output}/metrics.json")
+    W_where = "W.npy" if args.method == "fairer-nmf" else "W/ (one array per block, rows.npy maps them back)"
+    print(f"wrote {os.path.join(args.output, 'H.npy')}, {os.path.join(args.output, W_where)} and "
+          f"{os.path.join(args.output, 'metrics.json')}")
 
 
 def _parse_ranks(text: str) -> range:
@@ -230,7 +237,7 @@ def cmd_demo(args):
     from .demo import run_demo
     from .engine.cluster import client_for
 
-    bar = _progress(args, 300)
+    bar = _progress(args, 1000)
     with client_for(args.scheduler, args.local_cluster) as client:
         run_demo(args.output, n_components=args.rank, client=client, callback=bar,
                  echo=lambda s: (bar.bar.write(s) if bar is not None else print(s)))

@@ -18,7 +18,7 @@ from .report import write_report
 from .store import from_arrays
 
 
-def run_demo(output="distfact-demo", n_components=10, max_iter=300, random_state=0, client=None,
+def run_demo(output="distfact-demo", n_components=10, max_iter=1000, random_state=0, client=None,
              callback=None, echo=print) -> dict:
     """Ingest the digits to ``output/digits.zarr``, fit NMF (HALS), print the per-group table,
     write the report to ``output/report/``. Returns the report's paths."""
@@ -27,7 +27,7 @@ def run_demo(output="distfact-demo", n_components=10, max_iter=300, random_state
     data = from_arrays(X, groups, store_path, feature_names=names, block_rows=256, overwrite=True)
     echo(f"ingested {data.shape[0]} x {data.shape[1]} digits into {store_path} "
          f"({data.n_groups} groups, {data.n_blocks} blocks)")
-    model = NMF(n_components, solver="hals", init="nndsvda", max_iter=max_iter, tol=1e-5,
+    model = NMF(n_components, solver="hals", init="nndsvda", max_iter=max_iter, tol=1e-4,
                 random_state=random_state, callback=callback)
     model.fit(data, client=client)
     echo(f"NMF rank {n_components}: {model.n_iter_} iterations, {model.n_passes_} passes over X, "

@@ -231,3 +231,16 @@ def test_sparse_input_can_be_stored_dense(tmp_path):
     store = distfact.from_arrays(sp.csr_matrix(X), groups, tmp_path / "x.zarr", layout="dense", block_rows=6)
     assert store.layout == "dense"
     check_round_trip(store, X, groups)
+
+
+def test_corrupt_chunk_and_a_file_that_is_not_a_store(tmp_path):
+    X, groups = grouped_data(m=30, n=4)
+    path = tmp_path / "x.zarr"
+    distfact.from_arrays(X, groups, path, block_rows=5)
+    chunk = next(p for p in (path / "blocks" / "000001" / "X").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.write_bytes(os.urandom(64))
+    with pytest.raises(ValueError, match=r"is corrupt: block \d+ \(key '000001'\) cannot be read"):
+        distfact.NMF(2, max_iter=2).fit(str(path))
+    (tmp_path / "data.npz").write_bytes(b"not a store")
+    with pytest.raises(ValueError, match="is a file, not a distfact store"):
+        distfact.open(tmp_path / "data.npz")

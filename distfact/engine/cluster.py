@@ -22,7 +22,8 @@ def client_for(scheduler: str | None = None, local_cluster: int | None = None):
 
     if local_cluster:
         with LocalCluster(n_workers=int(local_cluster), threads_per_worker=1, processes=True,
-                          dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster, Client(cluster) as client:
+                          dashboard_address="127.0.0.1:0", host="127.0.0.1",
+                          silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
             logger.info("LocalCluster with %d workers; dashboard %s", local_cluster, client.dashboard_link)
             yield client
         return

@@ -18,6 +18,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .executor import aligned
+
 logger = logging.getLogger("distfact")
 
 
@@ -134,7 +136,7 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         logger.info("pass 0: objective %.6g", value)
     while state.iteration < max_iter and not state.converged:
         started = time.perf_counter()
-        state.global_state = method.global_step(state.global_state, state.stats, data)
+        state.global_state = aligned(method.global_step(state.global_state, state.stats, data))
         state.stats = executor.run_pass(method.local_step, state.global_state, update=True)
         value, per_group = method.objective(state.global_state, state.stats, data)
         state.objectives.append(value)

@@ -22,10 +22,36 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 import zarr
 
 from ..store.format import Block
 from .reduce import by_group, keyed, merge, tree_reduce
+
+
+ALIGNMENT = 64
+
+
+def aligned(value):
+    """``value`` with every numpy array in it (also inside dicts, lists, tuples) at a 64-byte boundary.
+
+    BLAS kernels take alignment-dependent code paths whose rounding differs; arrays that arrive
+    by pickling (on workers, or statistics coming back) sit at arbitrary offsets. Aligning every
+    input of a block task and of the global step makes a result independent of where it ran.
+    """
+    if isinstance(value, np.ndarray):
+        if value.ctypes.data % ALIGNMENT == 0 and value.flags.c_contiguous:
+            return value
+        buffer = np.empty(value.nbytes + ALIGNMENT, dtype=np.uint8)
+        offset = (-buffer.ctypes.data) % ALIGNMENT
+        out = buffer[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
+        out[...] = value
+        return out
+    if isinstance(value, dict):
+        return {key: aligned(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(aligned(item) for item in value)
+    return value
 
 
 def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0):
@@ -33,7 +59,8 @@ def run_block(fn, reader, block, X_b, local, args, update, spill=None, generatio
     spill the new local factor if asked, key the statistics by group."""
     if X_b is None:
         X_b = reader(block)
-    out = fn(X_b, materialise(local), block, *args)
+    X_b = X_b if sp.issparse(X_b) else aligned(X_b)
+    out = fn(X_b, aligned(materialise(local)), block, *aligned(args))
     if update:
         new_local, stats = out
         if spill is not None:
@@ -84,7 +111,7 @@ def materialise(local):
 
 
 def _init_one(fn, block, args, spill):
-    local = fn(block, *args)
+    local = fn(block, *aligned(args))
     return local if spill is None else spill.store(block, local, 0)
 
 
@@ -196,7 +223,7 @@ class InProcessExecutor(Executor):
         if update:
             self.locals = [r[0] for r in results]
             results = [r[1] for r in results]
-        return by_group(tree_reduce(results, merge), self.data.n_groups)
+        return aligned(by_group(tree_reduce(results, merge), self.data.n_groups))
 
     def map_blocks(self, fn, *args) -> list:
         """``fn(X_b, local_b, block, *args)`` per block, results returned in block order (one pass)."""
@@ -270,7 +297,7 @@ class DistributedExecutor(Executor):
             outs = [submit(operator.getitem, out, 1, pure=False) for out in outs]
         total = tree_reduce(outs, lambda a, b: submit(merge, a, b, pure=False)).result()
         self._count_pass()
-        return by_group(total, self.data.n_groups)
+        return aligned(by_group(total, self.data.n_groups))
 
     def map_blocks(self, fn, *args) -> list:
         args_ref = self._broadcast(args)
@@ -300,7 +327,8 @@ class DistributedExecutor(Executor):
 
 
 def _map_one(fn, reader, block, X_b, local, args):
-    return fn(reader(block) if X_b is None else X_b, materialise(local), block, *args)
+    X_b = reader(block) if X_b is None else X_b
+    return fn(X_b if sp.issparse(X_b) else aligned(X_b), aligned(materialise(local)), block, *aligned(args))
 
 
 def make_executor(data, client=None, n_threads: int | None = None, spill_dir: str | None = None):

@@ -32,13 +32,17 @@ class BlockReader:
     shape: tuple[int, int]
 
     def __call__(self, block: Block):
-        node = zarr.open_group(self.path, mode="r", path=f"blocks/{block.key}")
-        if self.layout == "dense":
-            return node["X"][...]
-        return sp.csr_matrix(
-            (node["data"][...], node["indices"][...], node["indptr"][...]),
-            shape=(block.n_rows, self.shape[1]),
-        )
+        try:
+            node = zarr.open_group(self.path, mode="r", path=f"blocks/{block.key}")
+            if self.layout == "dense":
+                return node["X"][...]
+            return sp.csr_matrix(
+                (node["data"][...], node["indices"][...], node["indptr"][...]),
+                shape=(block.n_rows, self.shape[1]),
+            )
+        except Exception as exc:  # zarr/codec errors of a damaged chunk come in many types
+            raise ValueError(f"store {self.path!r} is corrupt: block {block.index} (key {block.key!r}) "
+                             f"cannot be read: {exc}") from exc
 
 
 class GroupedMatrix:
@@ -74,7 +78,8 @@ class GroupedMatrix:
         path = os.path.abspath(os.path.normpath(os.fspath(path)))  # workers may run elsewhere
         where = f"store {path!r}"
         if not os.path.isdir(path):
-            raise ValueError(f"{where} does not exist (write one with 'distfact ingest')")
+            raise ValueError(f"{where} does not exist (write one with 'distfact ingest')" if not os.path.exists(path)
+                             else f"{where} is a file, not a distfact store (a directory written by 'distfact ingest')")
         try:
             root = zarr.open_group(path, mode="r")
             doc = root.attrs.get("distfact")
@@ -230,7 +235,7 @@ def check_destination(path, overwrite: bool) -> None:
         return
     path = os.path.abspath(os.fspath(path))
     if not overwrite:
-        raise ValueError(f"destination {path!r} already exists (pass overwrite=True to replace it)")
+        raise ValueError(f"destination {path!r} already exists (pass overwrite=True, or --overwrite, to replace it)")
     is_store = (os.path.exists(os.path.join(path, "zarr.json"))
                 and "distfact" in zarr.open_group(path, mode="r").attrs)
     if not is_store:
