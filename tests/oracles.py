@@ -67,3 +67,26 @@ def fairer_mu(groups_X, groups_W, H, E, n_iter):
         H = H * (W_t.T @ X_t) / np.maximum(W_t.T @ W_t @ H, eps)                           # line 10
         W = [w * (X @ H.T) / np.maximum(w @ H @ H.T, eps) for X, w in zip(groups_X, W)]    # line 11
     return W, H, c
+
+
+def stratified_nmf(strata_A, strata_W, H, v, n_iter, M=2, eps=1e-9):
+    """Algorithm 1 of stratified-nmf.txt, line by line, on explicit per-stratum blocks (dense).
+    Returns the iterates and the objective (eq. 2) after every iteration (the first at the start)."""
+    W = [w.copy() for w in strata_W]
+    H, v = H.copy(), [vi.copy() for vi in v]
+    ones = [np.ones((A.shape[0], 1)) for A in strata_A]
+
+    def objective():
+        return sum(np.linalg.norm(A - o @ vi[None, :] - w @ H) ** 2 for A, o, vi, w in zip(strata_A, ones, v, W))
+
+    history = [objective()]
+    for _ in range(n_iter):
+        for _ in range(M):                                                                          # line 4
+            v = [vi * (A.T @ o[:, 0]) / (vi * A.shape[0] + H.T @ (w.T @ o[:, 0]) + eps)                # line 5
+                 for A, o, vi, w in zip(strata_A, ones, v, W)]
+        W = [w * (A @ H.T) / ((w @ H + o @ vi[None, :]) @ H.T + eps)                                 # line 7
+             for A, o, vi, w in zip(strata_A, ones, v, W)]
+        H = H * sum(w.T @ A for A, w in zip(strata_A, W)) / (                                        # line 8
+            sum(w.T @ (w @ H + o @ vi[None, :]) for o, vi, w in zip(ones, v, W)) + eps)
+        history.append(objective())
+    return W, H, np.array(v), np.array(history)

@@ -45,3 +45,32 @@ def make_fairer_synthetic(random_state=0):
         labels += [name] * rows
     X = np.vstack(parts)
     return X / np.linalg.norm(X, axis=0), np.array(labels)
+
+
+def make_stratified_synthetic(random_state=0):
+    """Stratified-NMF's synthetic data (Section IV-A): 4 strata "1".."4" of 100 x 100, each
+    A(i) = W(i) H + 1 v_true(i)^T with W(i) (100 x 5) and one shared H (5 x 100) uniform on [0, 1),
+    and v_true(i) uniform on [i - 1, i). Returns ``(X, strata, v_true)`` (v_true: 4 x 100)."""
+    rng = np.random.default_rng(random_state)
+    H = rng.random((5, 100))
+    v_true = np.stack([rng.uniform(i - 1, i, 100) for i in range(1, 5)])
+    X = np.vstack([rng.random((100, 5)) @ H + v for v in v_true])
+    return X, np.repeat([str(i) for i in range(1, 5)], 100), v_true
+
+
+def load_digit_strata(per_digit=100, random_state=0):
+    """Stratified-NMF's image strata (Section IV-C) from scikit-learn's bundled 8 x 8 digits instead
+    of MNIST: stratum "S1" holds ``per_digit`` images of 1 and of 2, "S2" ``per_digit`` other images
+    of 2 and of 3 (the strata share no image). Returns ``(X, strata, digits)``, pixels 0-16."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(random_state)
+    pick = {d: rng.permutation(np.flatnonzero(digits.target == d)) for d in (1, 2, 3)}
+    if min(len(p) for p in pick.values()) < 2 * per_digit:
+        raise ValueError(f"per_digit={per_digit} is too large: the bundled digits have "
+                         f"{min(len(p) for p in pick.values())} images of the rarest of 1, 2, 3")
+    rows = np.concatenate([pick[1][:per_digit], pick[2][:per_digit], pick[2][per_digit:2 * per_digit],
+                           pick[3][:per_digit]])
+    strata = np.repeat(["S1", "S2"], 2 * per_digit)
+    return digits.data[rows], strata, digits.target[rows]

@@ -74,9 +74,16 @@ class RowStream:
         self.entropy, self.start, self.stop = entropy, start, stop
 
     def standard_normal(self, n_cols: int, stream: int = 0) -> np.ndarray:
+        return self._draw("standard_normal", n_cols, stream)
+
+    def uniform(self, n_cols: int, stream: int = 0) -> np.ndarray:
+        """Uniform on [0, 1)."""
+        return self._draw("random", n_cols, stream)
+
+    def _draw(self, distribution: str, n_cols: int, stream: int) -> np.ndarray:
         first, last = self.start // self.TILE, (self.stop - 1) // self.TILE
-        tiles = [np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(1, stream, t)))
-                 .standard_normal((self.TILE, n_cols)) for t in range(first, last + 1)]
+        tiles = [getattr(np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(1, stream, t))),
+                         distribution)((self.TILE, n_cols)) for t in range(first, last + 1)]
         offset = self.start - first * self.TILE
         return np.concatenate(tiles)[offset:offset + self.stop - self.start]
 

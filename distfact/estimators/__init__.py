@@ -2,5 +2,6 @@
 
 from .fairer_nmf import FairerNMF
 from .nmf import NMF
+from .stratified_nmf import StratifiedNMF
 
-__all__ = ["FairerNMF", "NMF"]
+__all__ = ["FairerNMF", "NMF", "StratifiedNMF"]

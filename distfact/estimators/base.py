@@ -42,6 +42,11 @@ def check_factor(F, shape, name: str, dtype) -> np.ndarray:
     return np.ascontiguousarray(F, dtype=dtype)
 
 
+def given_block(block, W_blocks):
+    """Local factor of a block from factors given per block (init='custom')."""
+    return W_blocks[block.index]
+
+
 def data_fingerprint(data) -> dict:
     """What identifies the data and its chunking for a checkpoint's configuration hash."""
     return {"shape": data.shape, "dtype": str(data.dtype), "layout": data.layout,

@@ -13,13 +13,10 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint)
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
+                   given_block)
 
 INITS = ("random", "nndsvda", "custom")
-
-
-def _given_block(block, W_blocks):
-    return W_blocks[block.index]
 
 
 class NMF(FactorEstimator):
@@ -164,7 +161,7 @@ class NMF(FactorEstimator):
         W_blocks = self._blocks_from_rows(data, check_factor(W, (m, method.n_components), "W", data.dtype))
 
         def start():
-            executor.init_local(_given_block, W_blocks)
+            executor.init_local(given_block, W_blocks)
             return method.with_derived(H, data)
         return start
 

@@ -21,9 +21,13 @@ def mu_h_update(H, WtX, WtW):
     return H * WtX / np.maximum(WtW @ H, floor_eps(H.dtype))
 
 
-def mu_w_update(W, XHt, HHt):
-    """Lee-Seung W update: W <- W * (X H^T) / (W H H^T)."""
-    return W * XHt / np.maximum(W @ HHt, floor_eps(W.dtype))
+def mu_w_update(W, XHt, HHt, shift=None):
+    """Lee-Seung W update: W <- W * (X H^T) / (W H H^T + shift); ``shift`` (an r-vector added to
+    every row of the denominator) carries Stratified-NMF's (1 v^T) H^T + eps term."""
+    WHHt = W @ HHt
+    if shift is not None:
+        WHHt += shift
+    return W * XHt / np.maximum(WHHt, floor_eps(W.dtype))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -93,26 +97,31 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
     return W_new, WtX_T
 
 
-def frobenius_local(X, W, H, HHt, solver: str):
+def frobenius_local(X, W, H, HHt, solver: str, shift=None):
     """Local step for ||X - WH||_F^2: update W_b by MU or HALS, return (W_b, W_b^T X_b, W_b^T W_b).
+    ``shift``: MU only, added to the denominator (see ``mu_w_update``).
 
     Dense blocks: two BLAS products (X_b H^T before the update, W_b^T X_b after).
     CSR blocks: one fused sweep of the stored entries (``_csr_frobenius_local``).
     """
     if sp.issparse(X):
         W = np.ascontiguousarray(W)
-        WHHt = W @ HHt if solver == "mu" else W[:0]
+        WHHt = W[:0]
+        if solver == "mu":
+            WHHt = W @ HHt
+            if shift is not None:
+                WHHt += shift
         W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.data, W, np.ascontiguousarray(H.T),
                                             np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype))
         return W_new, np.ascontiguousarray(WtX_T.T), gram(W_new)
-    W_new = w_update(W, X @ H.T, HHt, solver)
+    W_new = w_update(W, X @ H.T, HHt, solver, shift)
     return W_new, W_new.T @ X, gram(W_new)
 
 
-def w_update(W, XHt, HHt, solver):
+def w_update(W, XHt, HHt, solver, shift=None):
     """W's update for the Frobenius loss from X H^T and H H^T (a new array)."""
     if solver == "mu":
-        return mu_w_update(W, XHt, HHt)
+        return mu_w_update(W, XHt, HHt, shift)
     W = np.array(W, copy=True)
     hals_sweep(W, np.ascontiguousarray(XHt), np.ascontiguousarray(HHt))
     return W
@@ -136,13 +145,13 @@ def frobenius_stats(X, W):
     return WtX, gram(W)
 
 
-def frobenius_solve_w(X, W, H, solver: str, n_iter: int, tol: float):
+def frobenius_solve_w(X, W, H, solver: str, n_iter: int, tol: float, shift=None):
     """W_b for fixed H (transform): X_b H^T is formed once, then W iterates without X."""
     XHt = np.ascontiguousarray(block_times_ht(X, H))
     HHt = np.ascontiguousarray(H @ H.T)
     for _ in range(n_iter):
         previous = W
-        W = w_update(W, XHt, HHt, solver)
+        W = w_update(W, XHt, HHt, solver, shift)
         if np.linalg.norm(W - previous) <= tol * max(np.linalg.norm(W), floor_eps(W.dtype)):
             break
     return W

@@ -15,3 +15,14 @@ def groups_relative_change_below(group_objectives: list[np.ndarray], tol: float)
     previous, current = np.asarray(group_objectives[-2]), np.asarray(group_objectives[-1])
     change = np.abs(previous - current) / np.maximum(np.abs(previous), np.finfo(np.float64).tiny)
     return bool(np.all(change < tol))
+
+
+def relative_decrease_below(objectives: list[float], tol: float | None) -> bool:
+    """True when the objective fell by less than ``tol`` relative to its previous value.
+
+    ``tol`` None or <= 0 never stops early. Needs two recorded values.
+    """
+    if tol is None or tol <= 0 or len(objectives) < 2:
+        return False
+    previous, current = objectives[-2], objectives[-1]
+    return bool(previous - current < tol * max(abs(previous), np.finfo(np.float64).tiny))

@@ -24,6 +24,9 @@ def in_memory_block_bytes(X, n_threads: int | None) -> int:
 def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = "X") -> GroupedMatrix:
     """A GroupedMatrix for ``X``: stores are opened, arrays are blocked in memory.
 
+    ``groups`` with categories (a pandas Categorical or categorical Series) fixes the groups and
+    their order, so that a category without rows is an error rather than silently dropped.
+
     A dask array is materialised block by block into memory; for data larger than
     memory, ingest it into a store first (``distfact.from_arrays(X, groups, path)``).
     """
@@ -37,4 +40,9 @@ def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = 
         return GroupedMatrix.open(X)
     if not (sp.issparse(X) or hasattr(X, "shape")):
         X = np.asarray(X)
-    return from_arrays(X, groups, None, block_rows=block_rows, block_bytes=in_memory_block_bytes(X, n_threads))
+    categories = getattr(getattr(groups, "cat", groups), "categories", None)
+    group_names = None if categories is None else [str(c) for c in categories]
+    if group_names is not None:
+        groups = np.asarray(groups).astype(str)
+    return from_arrays(X, groups, None, group_names=group_names, block_rows=block_rows,
+                       block_bytes=in_memory_block_bytes(X, n_threads))

@@ -1,0 +1,209 @@
+"""``distfact.StratifiedNMF``: shared topics plus a non-negative shift per stratum."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import shutil
+
+import numpy as np
+
+from ..engine import fit as run_loop
+from ..engine.driver import initialise
+from ..methods.stratified_nmf import StratifiedMU
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
+                   given_block)
+
+INITS = ("random", "custom")
+
+
+class StratifiedNMF(FactorEstimator):
+    """Stratified-NMF (stratified-nmf.txt): min sum_i ||A(i) - 1 v(i)^T - W(i) H||_F^2 over
+    v(i), W(i), H >= 0 (eq. 2), by the multiplicative updates of Algorithm 1.
+
+    The rows of X fall into strata i (distfact's groups). H (r x n_features) is shared; each stratum
+    has a shift v(i) (its *strata features*, n_features) and its rows' representation W(i). Each
+    iteration is M updates of every v(i), one of W, one of H, and one read of X; the loss comes from
+    per-stratum statistics (``distfact.methods.stratified_nmf`` has the updates and equations).
+    Computed in float64 whatever X's dtype.
+
+    Parameters
+    ----------
+    n_components : int
+        Rank r.
+    v_updates : int
+        M, the v updates per iteration (line 4 of Algorithm 1; the paper uses 2).
+    max_iter : int
+    tol : float or None
+        None (the paper's practice) runs ``max_iter`` iterations; otherwise stop once the objective
+        falls by less than ``tol`` relative to the previous iteration.
+    eps : float
+        Added to every denominator (the paper's 1e-9).
+    random_state : int or None
+    init : {'random', 'custom'}
+        'random': H, W(i) uniform in [0, 1/sqrt(r)], v(i) uniform in [0, 1] (Section IV);
+        'custom': the W, H and v passed to ``fit``.
+    block_rows, checkpoint_dir, checkpoint_every, resume, callback, n_threads, local_memory_budget :
+        as in :class:`distfact.NMF`.
+
+    Attributes
+    ----------
+    components_ : ndarray (r, n_features)
+        H, the shared topics.
+    strata_features_ : ndarray (n_strata, n_features)
+        v(i), one row per stratum, in the order of ``strata_names_``.
+    strata_names_ : list of str
+    loss_history_ : ndarray (n_iter_ + 1, 2)
+        Per iteration (the first row at initialisation), the paper's loss sqrt(F) and normalised
+        loss sqrt(F / sum_i ||A(i)||_F^2) (Section IV).
+    stratum_errors_ : ndarray (n_strata,)
+        ||A(i) - 1 v(i)^T - W(i) H||_F / ||A(i)||_F.
+    n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, feature_names_in_ (when the data
+    carry feature names), n_features_in_.
+    """
+
+    def __init__(self, n_components, *, v_updates=2, max_iter=100, tol=None, eps=1e-9, random_state=None,
+                 init="random", block_rows=None, checkpoint_dir=None, checkpoint_every=10, resume=False,
+                 callback=None, n_threads=None, local_memory_budget=None):
+        self.n_components = n_components
+        self.v_updates = v_updates
+        self.max_iter = max_iter
+        self.tol = tol
+        self.eps = eps
+        self.random_state = random_state
+        self.init = init
+        self.block_rows = block_rows
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.callback = callback
+        self.n_threads = n_threads
+        self.local_memory_budget = local_memory_budget
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X, strata=None, W=None, H=None, v=None, client=None, W_out=None):
+        """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with one stratum
+        label per row (``strata``; a pandas Categorical fixes the strata and their order).
+
+        ``W``, ``H``, ``v`` (init='custom'): W in X's row order (n_samples x r), H (r x n_features),
+        v (n_strata x n_features, strata in sorted order, or the Categorical's). ``W_out``: a
+        directory where W is written block by block (one Zarr array per block, in the store's order).
+        """
+        self._fit(X, strata, W, H, v, client, want_W=False, W_out=W_out)
+        return self
+
+    def fit_transform(self, X, strata=None, W=None, H=None, v=None, client=None):
+        """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
+        return self._fit(X, strata, W, H, v, client, want_W=True)
+
+    def _check_params(self):
+        check_iteration_params(self.max_iter, 0.0 if self.tol is None else self.tol)
+        if not isinstance(self.v_updates, numbers.Integral) or self.v_updates < 1:
+            raise ValueError(f"v_updates must be a positive integer, got {self.v_updates!r}")
+        if not isinstance(self.eps, numbers.Real) or self.eps < 0:
+            raise ValueError(f"eps must be a non-negative number, got {self.eps!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+
+    def _fit(self, X, strata, W, H, v, client, want_W, W_out=None):
+        self._check_params()
+        if (W is not None or H is not None or v is not None) and self.init != "custom":
+            raise ValueError("W, H and v are used only with init='custom'")
+        data = self._grouped(X, strata)
+        r = check_rank(self.n_components, data.shape)
+        method = StratifiedMU(r, int(self.v_updates), float(self.eps), self.tol)
+        executor = self._executor(data, client, r)
+        try:
+            config = {"estimator": "StratifiedNMF", "method": method.__dict__, "init": self.init,
+                      "random_state": self.random_state, "data": data_fingerprint(data)}
+            state = run_loop(method, data, executor, max_iter=self.max_iter,
+                             start=self._start(method, data, executor, W, H, v), callback=self.callback,
+                             checkpointer=self._checkpointer(config), resume=self.resume)
+            self._set_results(method, data, state, executor)
+            if W_out is not None:
+                W_out = os.path.abspath(os.fspath(W_out))
+                shutil.rmtree(W_out, ignore_errors=True)
+                executor.save_local(W_out)
+            if want_W:
+                return self._rows_in_caller_order(data, executor.local_factors())
+        finally:
+            executor.close()
+        return None
+
+    def _start(self, method, data, executor, W, H, v):
+        if self.init == "random":
+            return lambda: initialise(method, data, executor, self.random_state)
+        if W is None or H is None or v is None:
+            raise ValueError("init='custom' needs W, H and v")
+        (m, n), r = data.shape, method.n_components
+        H = check_factor(H, (r, n), "H", np.float64)
+        v = check_factor(v, (data.n_groups, n), "v", np.float64)
+        W_blocks = self._blocks_from_rows(data, check_factor(W, (m, r), "W", np.float64))
+
+        def start():
+            executor.init_local(given_block, W_blocks)
+            return method.with_derived(H, v)
+        return start
+
+    def _set_results(self, method, data, state, executor):
+        G = method.final_global(state.global_state, state.stats)
+        F = np.asarray(state.objectives)
+        self.components_ = G["H"]
+        self.strata_features_ = G["v"]
+        self.strata_names_ = data.group_names
+        self.loss_history_ = np.column_stack([np.sqrt(F), np.sqrt(F / data.group_sq_norms.sum())])
+        self.stratum_errors_ = np.sqrt(state.group_objectives[-1] / data.group_sq_norms)
+        self.n_components_ = method.n_components
+        self.n_features_in_ = data.shape[1]
+        if data.feature_names is not None:
+            self.feature_names_in_ = np.asarray(data.feature_names, dtype=object)
+        self.n_iter_ = state.iteration
+        self.n_passes_ = executor.n_passes
+        self.converged_ = state.converged
+        self.scheduler_ = executor.describe()
+        self._method = method
+
+    # ------------------------------------------------------------ transform
+    def transform(self, X, strata=None, client=None, max_iter=200, tol=1e-4):
+        """W for new rows with H and every stratum's v fixed (line 7 iterated; one read of X).
+        The new rows' strata must be among ``strata_names_``."""
+        self._check_fitted()
+        data = self._grouped(X, strata)
+        if data.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        unknown = sorted(set(data.group_names) - set(self.strata_names_))
+        if unknown:
+            raise ValueError(f"strata {unknown} were not seen in fit; known strata: {self.strata_names_}")
+        fitted = [self.strata_names_.index(name) for name in data.group_names]
+        Hv = self.strata_features_[fitted] @ self.components_.T
+        executor = self._executor(data, client)
+        try:
+            blocks = executor.map_blocks(self._method.solve_local, self.components_, Hv, max_iter, tol)
+        finally:
+            executor.close()
+        return self._rows_in_caller_order(data, blocks)
+
+    def top_features(self, k=10, feature_names=None) -> dict:
+        """The ``k`` largest-weighted features of every stratum's v(i) and every topic (row of H).
+
+        Returns {"strata": {name: [feature, ...]}, "topics": [[feature, ...], ...]}, largest first.
+        ``feature_names`` defaults to the data's (``feature_names_in_``), else "x0", "x1", ...
+        """
+        self._check_fitted()
+        if feature_names is None:
+            feature_names = getattr(self, "feature_names_in_", None)
+        if feature_names is None:
+            feature_names = [f"x{j}" for j in range(self.n_features_in_)]
+        feature_names = np.asarray(feature_names, dtype=object)
+        if feature_names.shape != (self.n_features_in_,):
+            raise ValueError(f"feature_names has {feature_names.shape[0]} names, the model has "
+                             f"{self.n_features_in_} features")
+
+        def top(weights):
+            return [str(f) for f in feature_names[np.argsort(-weights, kind="stable")[:k]]]
+        return {"strata": {name: top(v) for name, v in zip(self.strata_names_, self.strata_features_)},
+                "topics": [top(h) for h in self.components_]}
+
+    def _check_fitted(self):
+        if not hasattr(self, "components_"):
+            raise ValueError("this StratifiedNMF is not fitted yet; call fit first")

@@ -1,0 +1,133 @@
+"""Stratified-NMF (stratified-nmf.txt): Algorithm 1 on the engine."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+import distfact
+from conftest import grouped_data
+from oracles import stratified_nmf
+
+
+def stratified_start(X, strata, r, seed):
+    """A custom start drawn as Section IV draws it."""
+    rng = np.random.default_rng(seed)
+    names = sorted(set(strata))
+    return (rng.random((X.shape[0], r)) / np.sqrt(r), rng.random((r, X.shape[1])) / np.sqrt(r),
+            rng.random((len(names), X.shape[1])), names)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_iterates_equal_a_transcription_of_algorithm_1(sparse):
+    X, strata = grouped_data(m=90, n=14, n_groups=3, density=0.5, seed=50)
+    W0, H0, v0, names = stratified_start(X, strata, 4, seed=1)
+    model = distfact.StratifiedNMF(4, init="custom", max_iter=40, block_rows=13)
+    W = model.fit_transform(sp.csr_matrix(X) if sparse else X, strata, W=W0, H=H0, v=v0)
+    rows = [strata == n for n in names]
+    W_ref, H_ref, v_ref, F_ref = stratified_nmf([X[r] for r in rows], [W0[r] for r in rows], H0, v0, 40)
+    assert model.strata_names_ == names
+    assert np.abs(model.components_ - H_ref).max() <= 1e-10 * np.abs(H_ref).max()
+    assert np.abs(model.strata_features_ - v_ref).max() <= 1e-10 * np.abs(v_ref).max()
+    for r, w in zip(rows, W_ref):
+        assert np.abs(W[r] - w).max() <= 1e-10 * np.abs(w).max()
+    # the loss history (from statistics) equals the objective computed on the matrices
+    np.testing.assert_allclose(model.loss_history_[:, 0] ** 2, F_ref, rtol=1e-9)
+    np.testing.assert_allclose(model.loss_history_[:, 1], np.sqrt(F_ref / np.linalg.norm(X) ** 2), rtol=1e-9)
+    assert model.n_iter_ == 40 and model.n_passes_ == 41  # one read of X per iteration
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("M", [1, 2, 5])
+def test_objective_is_non_increasing_every_iteration(sparse, M):
+    """Theorem 2, on random data with several strata, including strata far apart."""
+    X, strata = grouped_data(m=300, n=40, n_groups=5, density=0.2 if sparse else None, seed=51 + M)
+    shift = np.array([float(s[1:]) for s in strata])[:, None]
+    X = np.where(X > 0, X + shift, 0.0)
+    model = distfact.StratifiedNMF(6, v_updates=M, max_iter=150, random_state=M, block_rows=37)
+    model.fit(sp.csr_matrix(X) if sparse else X, strata)
+    F = model.loss_history_[:, 0] ** 2
+    assert np.all(np.diff(F) <= 1e-12 * F[:-1]), np.diff(F).max()
+    assert F[-1] < 0.9 * F[0]  # and it does move
+    assert model.n_passes_ == model.n_iter_ + 1
+
+
+def test_dense_sparse_and_store_inputs_agree(tmp_path):
+    X, strata = grouped_data(m=200, n=30, n_groups=4, density=0.3, seed=52)
+    kwargs = dict(max_iter=60, random_state=7, block_rows=50)
+    dense = distfact.StratifiedNMF(5, **kwargs).fit(X, strata)
+    sparse = distfact.StratifiedNMF(5, **kwargs).fit(sp.csr_matrix(X), strata)
+    distfact.from_arrays(sp.csr_matrix(X), strata, tmp_path / "x.zarr", block_rows=50)
+    stored = distfact.StratifiedNMF(5, **kwargs).fit(str(tmp_path / "x.zarr"))
+    for other in (sparse, stored):
+        np.testing.assert_allclose(other.components_, dense.components_, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(other.strata_features_, dense.strata_features_, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(other.loss_history_, dense.loss_history_, rtol=1e-10)
+
+
+def test_paper_synthetic_experiment_recovers_the_shifts():
+    """Section IV-A (shortened to 3,000 iterations): the normalised loss falls below 1e-2 and the
+    mean of every learned v(i) lands near the mean of v_true(i) ~ U[i-1, i]."""
+    from distfact.datasets import make_stratified_synthetic
+
+    X, strata, v_true = make_stratified_synthetic(0)
+    model = distfact.StratifiedNMF(5, max_iter=3000, random_state=0).fit(X, strata)
+    assert model.loss_history_[-1, 1] < 1e-2
+    np.testing.assert_allclose(model.strata_features_.mean(axis=1), v_true.mean(axis=1), atol=0.15)
+
+
+def test_transform_recovers_the_fitted_w_and_top_features():
+    X, strata = grouped_data(m=160, n=12, n_groups=2, seed=53)
+    X[strata == "g1", 3] += 5.0  # a feature only stratum g1 shifts
+    names = [f"f{j}" for j in range(12)]
+    model = distfact.StratifiedNMF(3, max_iter=300, random_state=1)
+    W = model.fit_transform(pd.DataFrame(X, columns=names), strata)
+    W_new = model.transform(X, strata, max_iter=3000, tol=1e-12)
+    fitted = np.linalg.norm(X - W @ model.components_ - model.strata_features_[(strata == "g1").astype(int)])
+    solved = np.linalg.norm(X - W_new @ model.components_ - model.strata_features_[(strata == "g1").astype(int)])
+    assert solved <= fitted * (1 + 1e-3)
+    top = model.top_features(2)
+    assert top["strata"]["g1"][0] == "f3"
+    assert len(top["topics"]) == 3 and all(len(t) == 2 for t in top["topics"])
+    assert model.top_features(1, feature_names=[f"w{j}" for j in range(12)])["strata"]["g1"] == ["w3"]
+
+
+def test_bad_input():
+    X, strata = grouped_data(m=40, n=6, n_groups=2, seed=54)
+    with pytest.raises(ValueError, match="group 'g2' is empty"):
+        distfact.StratifiedNMF(2).fit(X, pd.Categorical(strata, categories=["g0", "g1", "g2"]))
+    with pytest.raises(ValueError, match="labels"):
+        distfact.StratifiedNMF(2).fit(X, strata[:-1])
+    with pytest.raises(ValueError, match="v_updates"):
+        distfact.StratifiedNMF(2, v_updates=0).fit(X, strata)
+    with pytest.raises(ValueError, match="init='custom' needs W, H and v"):
+        distfact.StratifiedNMF(2, init="custom").fit(X, strata, H=np.ones((2, 6)))
+    with pytest.raises(ValueError, match="v has shape"):
+        distfact.StratifiedNMF(2, init="custom").fit(X, strata, W=np.ones((40, 2)), H=np.ones((2, 6)),
+                                                     v=np.ones((3, 6)))
+    model = distfact.StratifiedNMF(2, max_iter=5).fit(X, strata)
+    with pytest.raises(ValueError, match=r"strata \['other'\] were not seen"):
+        model.transform(X[:3], ["other"] * 3)
+
+
+def test_bitwise_equal_on_a_local_cluster(local_cluster_client):
+    X, strata = grouped_data(m=300, n=40, n_groups=3, density=0.3, seed=55)
+    kwargs = dict(max_iter=20, random_state=3, block_rows=60)
+    here = distfact.StratifiedNMF(5, **kwargs)
+    W_here = here.fit_transform(sp.csr_matrix(X), strata)
+    there = distfact.StratifiedNMF(5, **kwargs)
+    W_there = there.fit_transform(sp.csr_matrix(X), strata, client=local_cluster_client)
+    np.testing.assert_array_equal(there.components_, here.components_)
+    np.testing.assert_array_equal(there.strata_features_, here.strata_features_)
+    np.testing.assert_array_equal(W_there, W_here)
+
+
+def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
+    X, strata = grouped_data(m=120, n=20, n_groups=3, seed=56)
+    full = distfact.StratifiedNMF(4, max_iter=30, random_state=2).fit(X, strata)
+    distfact.StratifiedNMF(4, max_iter=12, random_state=2, checkpoint_dir=tmp_path, checkpoint_every=4).fit(X, strata)
+    resumed = distfact.StratifiedNMF(4, max_iter=30, random_state=2, checkpoint_dir=tmp_path, checkpoint_every=4,
+                                     resume=True).fit(X, strata)
+    np.testing.assert_array_equal(resumed.components_, full.components_)
+    np.testing.assert_array_equal(resumed.strata_features_, full.strata_features_)
+    np.testing.assert_array_equal(resumed.loss_history_, full.loss_history_)
