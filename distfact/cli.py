@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 EXIT_BAD_INPUT = 2
+FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",)}
 
 
 def _add_scheduler_options(p):
@@ -51,15 +52,19 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="factor a store; write H, W and metrics.json")
     p.add_argument("store")
-    p.add_argument("--method", default="nmf", choices=["nmf", "fairer-nmf"],
-                   help="nmf, or fairer-nmf (min-max relative group loss, MU scheme; uses --solver mu only)")
+    p.add_argument("--method", default="nmf", choices=list(FIT_SOLVERS),
+                   help="nmf; fairer-nmf (min-max relative group loss); stratified-nmf (shared topics plus a "
+                        "shift per group, the groups being the strata)")
     p.add_argument("--n-estimates", type=int, default=5, help="fairer-nmf: NMF runs per group for E_l")
+    p.add_argument("--v-updates", type=int, default=2, help="stratified-nmf: v updates per iteration (M)")
     p.add_argument("--rank", "-r", type=int, required=True, help="number of components")
-    p.add_argument("--solver", default="mu", choices=["mu", "hals"])
+    p.add_argument("--solver", default="mu", choices=["mu", "hals", "am"],
+                   help="nmf: mu or hals; fairer-nmf: mu or am; stratified-nmf: mu")
     p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
-    p.add_argument("--init", default="random", choices=["random", "nndsvda"])
+    p.add_argument("--init", default="random", choices=["random", "nndsvda"], help="nndsvda: nmf only")
     p.add_argument("--max-iter", type=int, default=200)
-    p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--tol", type=float, help="relative change that stops the fit (default: 1e-4; stratified-nmf: "
+                                             "none, run --max-iter iterations as the paper does)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", "-o", default="distfact-fit", help="output directory")
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K iterations (0: never)")
@@ -67,15 +72,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     _add_scheduler_options(p)
 
-    p = sub.add_parser("report", help="per-group report; --fairness: standard NMF vs Fairer-NMF across ranks",
-                       description="Fairness report (fairer-nmf.txt, Figs. 2, 3, 5): for each rank, fit standard "
-                                   "NMF and Fairer-NMF on STORE and write fairness.csv/json, the figures and an "
-                                   "HTML page.")
+    p = sub.add_parser("report", help="a method paper's views: --fairness (Fairer-NMF) or --stratified "
+                                      "(Stratified-NMF)",
+                       description="--fairness (fairer-nmf.txt, Figs. 2, 3, 5): for each rank, fit standard NMF "
+                                   "and Fairer-NMF on STORE and write fairness.csv/json, the figures and an HTML "
+                                   "page. --stratified (stratified-nmf.txt, Figs. 1, 3-6): fit Stratified-NMF "
+                                   "with the groups as strata and write the normalised strata features, images "
+                                   "(--image-shape), top features per stratum and per topic, and an HTML page.")
     p.add_argument("store")
-    p.add_argument("--fairness", action="store_true", required=True, help="the Fairer-NMF fairness report")
-    p.add_argument("--ranks", default="1:10", help="ranks as FIRST:LAST (inclusive), default 1:10")
-    p.add_argument("--solver", default="mu", choices=["mu", "am"])
-    p.add_argument("--max-iter", type=int, default=400)
+    kind = p.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--fairness", action="store_true", help="the Fairer-NMF fairness report")
+    kind.add_argument("--stratified", action="store_true", help="the Stratified-NMF report")
+    p.add_argument("--ranks", default="1:10", help="fairness: ranks as FIRST:LAST (inclusive)")
+    p.add_argument("--solver", default="mu", choices=["mu", "am"], help="fairness: the Fairer-NMF scheme")
+    p.add_argument("--rank", "-r", type=int, default=10, help="stratified: number of topics")
+    p.add_argument("--image-shape", help="stratified: features are pixels of HEIGHTxWIDTH images, e.g. 8x8")
+    p.add_argument("--top", type=int, default=10, help="stratified: top features listed per stratum and topic")
+    p.add_argument("--max-iter", type=int, help="iterations (default: 400 fairness, 100 stratified)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", "-o", default="distfact-report")
     _add_scheduler_options(p)
@@ -157,24 +170,36 @@ def _progress(args, max_iter):
     return None if args.no_progress else ProgressBar(max_iter)
 
 
+def _fit_model(args, bar):
+    """The estimator ``distfact fit`` runs, from the command line's options."""
+    from .estimators import NMF, FairerNMF, StratifiedNMF
+
+    if args.solver not in FIT_SOLVERS[args.method]:
+        raise ValueError(f"--solver {args.solver} is not available for {args.method}; "
+                         f"choose from {', '.join(FIT_SOLVERS[args.method])}")
+    if args.init != "random" and args.method != "nmf":
+        raise ValueError(f"--init {args.init} is available for nmf only")
+    tol = {"stratified-nmf": None}.get(args.method, 1e-4) if args.tol is None else args.tol
+    checkpoints = dict(checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
+                       checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
+    common = dict(max_iter=args.max_iter, tol=tol, random_state=args.seed, callback=bar)
+    if args.method == "fairer-nmf":
+        if args.checkpoint_every or args.resume:
+            raise ValueError("--checkpoint-every/--resume are not available for fairer-nmf yet")
+        return FairerNMF(args.rank, solver=args.solver, n_estimates=args.n_estimates, **common)
+    if args.method == "stratified-nmf":
+        return StratifiedNMF(args.rank, v_updates=args.v_updates, **common, **checkpoints)
+    return NMF(args.rank, solver=args.solver, beta_loss=args.beta_loss, init=args.init, **common, **checkpoints)
+
+
 def cmd_fit(args):
     from .engine.cluster import client_for
-    from .estimators import NMF, FairerNMF
     from .metrics import format_table, group_table
     from .store import open_store
 
     data = open_store(args.store)
     bar = _progress(args, args.max_iter)
-    if args.method == "fairer-nmf":
-        if args.checkpoint_every or args.resume:
-            raise ValueError("--checkpoint-every/--resume are not available for fairer-nmf yet")
-        model = FairerNMF(args.rank, n_estimates=args.n_estimates, max_iter=args.max_iter, tol=args.tol,
-                          random_state=args.seed, callback=bar)
-    else:
-        model = NMF(args.rank, solver=args.solver, beta_loss=args.beta_loss, init=args.init,
-                    max_iter=args.max_iter, tol=args.tol, random_state=args.seed, callback=bar,
-                    checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
-                    checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
+    model = _fit_model(args, bar)
     with client_for(args.scheduler, args.local_cluster) as client:
         if client is not None:
             print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
@@ -186,26 +211,34 @@ def cmd_fit(args):
         bar.close()
     # Files appear only after a successful fit; metrics.json is written last and marks the output complete.
     os.makedirs(args.output, exist_ok=True)
-    for stale in ("W.npy", "rows.npy", "metrics.json"):
+    for stale in ("W.npy", "v.npy", "rows.npy", "metrics.json"):
         if os.path.exists(os.path.join(args.output, stale)):
             os.remove(os.path.join(args.output, stale))
-    np.save(os.path.join(args.output, "H.npy"), model.components_)
+    written = [os.path.join(args.output, "H.npy")]
+    np.save(written[0], model.components_)
     np.save(os.path.join(args.output, "rows.npy"), data.row_index())  # W's stored row -> input row
     metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
                "converged": model.converged_, "loss_history": model.loss_history_.tolist(),
                "scheduler": model.scheduler_, "store": os.path.abspath(args.store),
                "groups": group_table(model, data)}
     if args.method == "fairer-nmf":
-        np.save(os.path.join(args.output, "W.npy"), W)
+        written.append(os.path.join(args.output, "W.npy"))
+        np.save(written[-1], W)
         metrics.update(E=model.E_.tolist(), c=model.c_.tolist(), max_group_loss=float(model.group_losses_.max()))
     else:
+        written.append(os.path.join(args.output, "W/ (one array per block, rows.npy maps them back)"))
+    if args.method == "stratified-nmf":
+        written.append(os.path.join(args.output, "v.npy"))
+        np.save(written[-1], model.strata_features_)  # one row per stratum, in metrics' "strata" order
+        metrics.update(strata=model.strata_names_, normalised_loss=float(model.loss_history_[-1, 1]),
+                       top_features=model.top_features(10))
+    elif args.method == "nmf":
         metrics["reconstruction_err"] = model.reconstruction_err_
-    with open(os.path.join(args.output, "metrics.json"), "w") as f:
+    written.append(os.path.join(args.output, "metrics.json"))
+    with open(written[-1], "w") as f:
         json.dump(metrics, f, indent=2, default=str)
     print(format_table(metrics["groups"]))
-    W_where = "W.npy" if args.method == "fairer-nmf" else "W/ (one array per block, rows.npy maps them back)"
-    print(f"wrote {os.path.join(args.output, 'H.npy')}, {os.path.join(args.output, W_where)} and "
-          f"{os.path.join(args.output, 'metrics.json')}")
+    print(f"wrote {', '.join(written)}")
 
 
 def _parse_ranks(text: str) -> range:
@@ -218,18 +251,43 @@ def _parse_ranks(text: str) -> range:
     return range(first, last + 1)
 
 
+def _parse_image_shape(text):
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError as exc:
+        raise ValueError(f"--image-shape must be HEIGHTxWIDTH, e.g. 8x8; got {text!r}") from exc
+    return height, width
+
+
 def cmd_report(args):
     from .engine.cluster import client_for
-    from .fairness import fairness_table, write_fairness_report
     from .store import open_store
 
     data = open_store(args.store)
+    name = os.path.basename(os.path.normpath(data.path))
+    if args.stratified:
+        from .estimators import StratifiedNMF
+        from .stratified_report import write_stratified_report
+
+        shape = None if args.image_shape is None else _parse_image_shape(args.image_shape)
+        if shape is not None and shape[0] * shape[1] != data.shape[1]:
+            raise ValueError(f"--image-shape {args.image_shape} has {shape[0] * shape[1]} pixels, "
+                             f"the store has {data.shape[1]} features")
+        model = StratifiedNMF(args.rank, max_iter=args.max_iter or 100, random_state=args.seed)
+        with client_for(args.scheduler, args.local_cluster) as client:
+            model.fit(data, client=client)
+        paths = write_stratified_report(args.output, model, image_shape=shape, top=args.top,
+                                        title=f"Stratified-NMF: {name}")
+        print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
+        return
+    from .fairness import fairness_table, write_fairness_report
+
     ranks = _parse_ranks(args.ranks)
     with client_for(args.scheduler, args.local_cluster) as client:
-        rows = fairness_table(data, ranks=ranks, solver=args.solver, max_iter=args.max_iter,
+        rows = fairness_table(data, ranks=ranks, solver=args.solver, max_iter=args.max_iter or 400,
                               random_state=args.seed, client=client,
                               progress=lambda r: print(f"rank {r} done", file=sys.stderr))
-    paths = write_fairness_report(rows, args.output, title=f"Fairness report: {os.path.basename(data.path)}")
+    paths = write_fairness_report(rows, args.output, title=f"Fairness report: {name}")
     print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
 
 

@@ -10,7 +10,6 @@ Views (as the paper's figures):
 
 from __future__ import annotations
 
-import base64
 import csv
 import json
 import os
@@ -18,6 +17,7 @@ import os
 import numpy as np
 
 from .estimators import FairerNMF, NMF
+from .report import html_figures, html_page, html_table
 from .store.coerce import as_grouped
 
 COLUMNS = ("rank", "group", "rows", "r_error_standard_all", "r_error_standard_alone", "r_loss_standard",
@@ -101,24 +101,16 @@ def write_fairness_report(rows: list[dict], out_dir, title="Fairer-NMF fairness 
         fig.savefig(paths[name], dpi=110)
         plt.close(fig)
         with open(paths[name], "rb") as f:
-            images.append((name, base64.b64encode(f.read()).decode()))
+            images.append((name, f.read()))
     summary = []
     for r in sorted({row["rank"] for row in rows}):
-        mine = [row for row in rows if row["rank"] == r]
-        std = [row["r_loss_standard"] for row in mine]
-        fair = [row["r_loss_fairer"] for row in mine]
-        summary.append(f"<tr><td>{r}</td><td>{max(std):.4f}</td><td>{max(fair):.4f}</td>"
-                       f"<td>{max(std) - min(std):.4f}</td><td>{max(fair) - min(fair):.4f}</td></tr>")
-    figures = "".join(f'<figure><img alt="{n}" src="data:image/png;base64,{b}"><figcaption>{n}</figcaption></figure>'
-                      for n, b in images)
-    page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:auto;padding:1em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}img{{max-width:100%}}</style></head>
-<body><h1>{title}</h1><h2>Worst group and spread of R-Loss by rank</h2>
-<table><tr><th>rank</th><th>max R-Loss, standard</th><th>max R-Loss, Fairer</th><th>spread, standard</th>
-<th>spread, Fairer</th></tr>{''.join(summary)}</table><h2>Figures</h2>{figures}
-<p>Full table: fairness.csv / fairness.json.</p></body></html>"""
+        std = [row["r_loss_standard"] for row in rows if row["rank"] == r]
+        fair = [row["r_loss_fairer"] for row in rows if row["rank"] == r]
+        summary.append([r, max(std), max(fair), max(std) - min(std), max(fair) - min(fair)])
+    table = html_table(["rank", "max R-Loss, standard", "max R-Loss, Fairer", "spread, standard", "spread, Fairer"],
+                       summary)
+    page = html_page(title, f"<h2>Worst group and spread of R-Loss by rank</h2>{table}<h2>Figures</h2>"
+                            f"{html_figures(images)}<p>Full table: fairness.csv / fairness.json.</p>")
     with open(paths["html"], "w") as f:
         f.write(page)
     return paths

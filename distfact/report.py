@@ -14,10 +14,34 @@ import numpy as np
 from .metrics import group_table
 
 
-def _png(fig) -> bytes:
+def figure_png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return buf.getvalue()
+
+
+def html_page(title: str, body: str) -> str:
+    """A self-contained HTML page (no external resources; readable on a phone)."""
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:auto;padding:1em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}img{{max-width:100%}}</style></head>
+<body><h1>{html.escape(title)}</h1>{body}</body></html>"""
+
+
+def html_table(columns, rows) -> str:
+    """An HTML table; floats shown to 4 significant digits."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>"
+                                     for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{cells}</table>"
+
+
+def html_figures(images) -> str:
+    """Figures embedded as base64 PNGs, from (name, PNG bytes) pairs."""
+    return "".join(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
+                   f'{base64.b64encode(png).decode()}"><figcaption>{html.escape(name)}</figcaption></figure>'
+                   for name, png in images)
 
 
 def _loss_plot(model) -> bytes:
@@ -36,7 +60,7 @@ def _loss_plot(model) -> bytes:
     ax.set_title("Loss per group")
     if len(model.group_names_) <= 12:
         ax.legend(fontsize=7, ncol=2)
-    data = _png(fig)
+    data = figure_png(fig)
     plt.close(fig)
     return data
 
@@ -66,7 +90,7 @@ def _components_plot(model, image_shape=None, feature_names=None, top=8) -> byte
             ax.barh(range(len(idx))[::-1], H[k, idx])
             ax.set_yticks(range(len(idx))[::-1], names[idx], fontsize=6)
             ax.set_title(f"component {k}", fontsize=7)
-    data = _png(fig)
+    data = figure_png(fig)
     plt.close(fig)
     return data
 
@@ -104,22 +128,11 @@ def write_report(out_dir, model, data, *, title="distfact report", image_shape=N
     for name, png in images.items():
         with open(paths[name], "wb") as f:
             f.write(png)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(f'{row[c]:.4g}' if isinstance(row[c], float) else str(row[c]))}</td>"
-                         for c in columns) + "</tr>"
-        for row in table)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    figures = "".join(
-        f'<figure><img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}"></figure>'
-        for name, png in images.items())
     facts_html = "".join(f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>"
                          for k, v in metrics.items() if k != "groups")
-    page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:auto;padding:1em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}img{{max-width:100%}}</style></head>
-<body><h1>{html.escape(title)}</h1><h2>Per-group results</h2><table><tr>{head}</tr>{rows}</table>
-<h2>Figures</h2>{figures}<h2>Run</h2><ul>{facts_html}</ul></body></html>"""
+    body = (f"<h2>Per-group results</h2>{html_table(columns, [[row[c] for c in columns] for row in table])}"
+            f"<h2>Figures</h2>{html_figures(images.items())}<h2>Run</h2><ul>{facts_html}</ul>")
+    page = html_page(title, body)
     with open(paths["report.html"], "w") as f:
         f.write(page)
     return paths

@@ -99,3 +99,31 @@ def test_fit_fairer_nmf(npz_source, tmp_path):
     metrics = json.loads((tmp_path / "fair" / "metrics.json").read_text())
     assert len(metrics["E"]) == 3 and metrics["max_group_loss"] == max(g["loss"] for g in metrics["groups"])
     assert np.load(tmp_path / "fair" / "W.npy").shape == (80, 2)
+
+
+def test_fit_and_report_stratified_nmf(tmp_path):
+    from distfact.datasets import load_digit_strata
+
+    X, strata, _ = load_digit_strata(per_digit=30)
+    np.savez(tmp_path / "digits.npz", X=X, groups=strata)
+    assert run("ingest", tmp_path / "digits.npz", tmp_path / "d.zarr", cwd=tmp_path).returncode == 0
+    out = run("fit", tmp_path / "d.zarr", "--method", "stratified-nmf", "--rank", "3", "--max-iter", "20",
+              "--no-progress", "--output", tmp_path / "fit", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["strata"] == ["S1", "S2"] and metrics["n_passes"] == 21
+    v = np.load(tmp_path / "fit" / "v.npy")
+    model = __import__("distfact").StratifiedNMF(3, max_iter=20, random_state=0).fit(X, strata)
+    np.testing.assert_allclose(v, model.strata_features_, rtol=1e-10)
+    assert run("fit", tmp_path / "d.zarr", "--method", "stratified-nmf", "--solver", "hals", "--rank", "3",
+               cwd=tmp_path).returncode == 2
+    out = run("report", tmp_path / "d.zarr", "--stratified", "--rank", "3", "--max-iter", "20", "--image-shape",
+              "8x8", "--top", "4", "--output", tmp_path / "rep", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for name in ("stratified.html", "top_features.csv", "fig3_strata_features.png", "fig4_strata_features_images.png",
+                 "fig5_topics_images.png", "fig1_normalised_loss.png"):
+        assert (tmp_path / "rep" / name).stat().st_size > 0
+    rows = (tmp_path / "rep" / "top_features.csv").read_text().splitlines()
+    assert rows[0] == "stratum,1,2,3,4" and rows[1].startswith("S1,x") and len(rows) == 3
+    bad = run("report", tmp_path / "d.zarr", "--stratified", "--image-shape", "7x7", cwd=tmp_path)
+    assert bad.returncode == 2 and "49 pixels" in bad.stderr

@@ -58,18 +58,19 @@ def make_stratified_synthetic(random_state=0):
     return X, np.repeat([str(i) for i in range(1, 5)], 100), v_true
 
 
-def load_digit_strata(per_digit=100, random_state=0):
+def load_digit_strata(per_digit=85, random_state=0):
     """Stratified-NMF's image strata (Section IV-C) from scikit-learn's bundled 8 x 8 digits instead
     of MNIST: stratum "S1" holds ``per_digit`` images of 1 and of 2, "S2" ``per_digit`` other images
-    of 2 and of 3 (the strata share no image). Returns ``(X, strata, digits)``, pixels 0-16."""
+    of 2 and of 3 (the strata share no image; the paper takes 100 of each from MNIST, the bundled set
+    has 177 twos, so at most 88). Returns ``(X, strata, digits)``, pixels 0-16."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     rng = np.random.default_rng(random_state)
     pick = {d: rng.permutation(np.flatnonzero(digits.target == d)) for d in (1, 2, 3)}
-    if min(len(p) for p in pick.values()) < 2 * per_digit:
-        raise ValueError(f"per_digit={per_digit} is too large: the bundled digits have "
-                         f"{min(len(p) for p in pick.values())} images of the rarest of 1, 2, 3")
+    if len(pick[2]) < 2 * per_digit:
+        raise ValueError(f"per_digit={per_digit} is too large: both strata need {per_digit} twos and the "
+                         f"bundled digits have {len(pick[2])}")
     rows = np.concatenate([pick[1][:per_digit], pick[2][:per_digit], pick[2][per_digit:2 * per_digit],
                            pick[3][:per_digit]])
     strata = np.repeat(["S1", "S2"], 2 * per_digit)

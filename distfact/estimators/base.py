@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import shutil
 import tempfile
 import uuid
 
@@ -79,6 +80,14 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
         if getattr(self, "checkpoint_dir", None) is None:
             return None
         return Checkpointer(self.checkpoint_dir, self.checkpoint_every, config)
+
+    @staticmethod
+    def _save_local_factors(executor, directory) -> None:
+        """Write W block by block (one Zarr array per block, by the process holding it) into
+        ``directory``, replacing any blocks of an earlier fit."""
+        directory = os.path.abspath(os.fspath(directory))
+        shutil.rmtree(directory, ignore_errors=True)
+        executor.save_local(directory)
 
     @staticmethod
     def _rows_in_caller_order(data, blocks: list) -> np.ndarray:

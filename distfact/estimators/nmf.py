@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import warnings
 
 import numpy as np
@@ -136,9 +134,7 @@ class NMF(FactorEstimator):
                 warnings.warn(f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by "
                               f"less than tol={self.tol}; increase max_iter", ConvergenceWarning, stacklevel=3)
             if W_out is not None:
-                W_out = os.path.abspath(os.fspath(W_out))
-                shutil.rmtree(W_out, ignore_errors=True)  # no blocks of an earlier fit left beside these
-                executor.save_local(W_out)
+                self._save_local_factors(executor, W_out)
             if want_W:
                 return self._rows_in_caller_order(data, executor.local_factors())
         finally:

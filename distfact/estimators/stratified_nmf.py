@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import os
-import shutil
 
 import numpy as np
 
@@ -56,7 +54,12 @@ class StratifiedNMF(FactorEstimator):
     loss_history_ : ndarray (n_iter_ + 1, 2)
         Per iteration (the first row at initialisation), the paper's loss sqrt(F) and normalised
         loss sqrt(F / sum_i ||A(i)||_F^2) (Section IV).
-    stratum_errors_ : ndarray (n_strata,)
+    group_names_ : list of str
+        The strata (the same as ``strata_names_``; for the per-group tables shared by the estimators).
+    group_losses_ : ndarray (n_strata,)
+        ||A(i) - 1 v(i)^T - W(i) H||_F^2, eq. (2)'s terms.
+    group_loss_history_ : ndarray (n_iter_ + 1, n_strata)
+    group_errors_ : ndarray (n_strata,)
         ||A(i) - 1 v(i)^T - W(i) H||_F / ||A(i)||_F.
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, feature_names_in_ (when the data
     carry feature names), n_features_in_.
@@ -121,9 +124,7 @@ class StratifiedNMF(FactorEstimator):
                              checkpointer=self._checkpointer(config), resume=self.resume)
             self._set_results(method, data, state, executor)
             if W_out is not None:
-                W_out = os.path.abspath(os.fspath(W_out))
-                shutil.rmtree(W_out, ignore_errors=True)
-                executor.save_local(W_out)
+                self._save_local_factors(executor, W_out)
             if want_W:
                 return self._rows_in_caller_order(data, executor.local_factors())
         finally:
@@ -152,7 +153,10 @@ class StratifiedNMF(FactorEstimator):
         self.strata_features_ = G["v"]
         self.strata_names_ = data.group_names
         self.loss_history_ = np.column_stack([np.sqrt(F), np.sqrt(F / data.group_sq_norms.sum())])
-        self.stratum_errors_ = np.sqrt(state.group_objectives[-1] / data.group_sq_norms)
+        self.group_names_ = data.group_names
+        self.group_loss_history_ = np.vstack(state.group_objectives)
+        self.group_losses_ = self.group_loss_history_[-1]
+        self.group_errors_ = np.sqrt(self.group_losses_ / np.maximum(data.group_sq_norms, np.finfo(np.float64).tiny))
         self.n_components_ = method.n_components
         self.n_features_in_ = data.shape[1]
         if data.feature_names is not None:
