@@ -184,9 +184,7 @@ def _fit_model(args, bar):
                        checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
     common = dict(max_iter=args.max_iter, tol=tol, random_state=args.seed, callback=bar)
     if args.method == "fairer-nmf":
-        if args.checkpoint_every or args.resume:
-            raise ValueError("--checkpoint-every/--resume are not available for fairer-nmf yet")
-        return FairerNMF(args.rank, solver=args.solver, n_estimates=args.n_estimates, **common)
+        return FairerNMF(args.rank, solver=args.solver, n_estimates=args.n_estimates, **common, **checkpoints)
     if args.method == "stratified-nmf":
         return StratifiedNMF(args.rank, v_updates=args.v_updates, **common, **checkpoints)
     return NMF(args.rank, solver=args.solver, beta_loss=args.beta_loss, init=args.init, **common, **checkpoints)

@@ -250,3 +250,38 @@ def test_fairness_report_table_files_and_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "distfact.cli", "report", str(tmp_path / "x.zarr"), "--fairness",
                           "--ranks", "3-1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--ranks must be FIRST:LAST" in bad.stderr
+
+
+def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    """Stopped in the scheme (at 10 of 25 iterations) or killed inside the E_l runs (at iteration 7,
+    last checkpoint 4): resuming gives bitwise the uninterrupted fit."""
+    X, groups = grouped_data(m=120, n=15, n_groups=3, seed=60)
+    kwargs = dict(random_state=4, n_estimates=2, estimate_max_iter=15, tol=0)
+    full = distfact.FairerNMF(3, max_iter=25, **kwargs)
+    W_full = full.fit_transform(X, groups=groups)
+    distfact.FairerNMF(3, max_iter=10, checkpoint_dir=tmp_path / "a", checkpoint_every=4, **kwargs).fit(X, groups=groups)
+    assert sorted(os.listdir(tmp_path / "a")) == ["estimate", "scheme"]
+
+    with monkeypatch.context() as patch:
+        rule = GroupErrorEstimate.converged
+
+        def killed_at_iteration_7(self, objectives, group_objectives):
+            if len(objectives) > 7:
+                raise KeyboardInterrupt
+            return rule(self, objectives, group_objectives)
+        patch.setattr(GroupErrorEstimate, "converged", killed_at_iteration_7)
+        with pytest.raises(KeyboardInterrupt):
+            distfact.FairerNMF(3, max_iter=25, checkpoint_dir=tmp_path / "b", checkpoint_every=4,
+                               **kwargs).fit(X, groups=groups)
+    assert not (tmp_path / "b" / "scheme").exists()
+    for run_dir in ("a", "b"):
+        resumed = distfact.FairerNMF(3, max_iter=25, checkpoint_dir=tmp_path / run_dir, checkpoint_every=4,
+                                     resume=True, **kwargs)
+        W = resumed.fit_transform(X, groups=groups)
+        np.testing.assert_array_equal(resumed.E_, full.E_)
+        np.testing.assert_array_equal(resumed.components_, full.components_)
+        np.testing.assert_array_equal(W, W_full)
+        np.testing.assert_array_equal(resumed.loss_history_, full.loss_history_)
+        assert resumed.n_passes_ == full.n_passes_
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        distfact.FairerNMF(3, max_iter=25, checkpoint_dir=tmp_path / "a", **kwargs).fit(X, groups=groups)

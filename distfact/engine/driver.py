@@ -154,7 +154,9 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         logger.info("iteration %d: objective %.6g (%.3f s)", state.iteration, value, seconds)
         if callback is not None:
             callback(IterationInfo(state.iteration, max_iter, value, per_group, seconds, executor.n_passes))
-        if checkpointer is not None and (checkpointer.due(state.iteration) or state.converged):
+        # the last state is always saved, so that a later phase of the same fit can resume after it
+        finished = state.converged or state.iteration >= max_iter
+        if checkpointer is not None and (checkpointer.due(state.iteration) or finished):
             checkpointer.save(state.iteration, {
                 "global_state": state.global_state, "stats": state.stats, "objectives": state.objectives,
                 "group_objectives": state.group_objectives, "converged": state.converged,

@@ -76,10 +76,13 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
                          else tempfile.mkdtemp(prefix="distfact-locals-"))
         return make_executor(data, client, getattr(self, "n_threads", None), spill_dir)
 
-    def _checkpointer(self, config: dict):
+    def _checkpointer(self, config: dict, phase: str | None = None):
+        """Checkpoints in ``checkpoint_dir`` (or its ``phase`` subdirectory, for fits run as
+        several loops), or None without a ``checkpoint_dir``."""
         if getattr(self, "checkpoint_dir", None) is None:
             return None
-        return Checkpointer(self.checkpoint_dir, self.checkpoint_every, config)
+        run_dir = self.checkpoint_dir if phase is None else os.path.join(self.checkpoint_dir, phase)
+        return Checkpointer(run_dir, self.checkpoint_every, config)
 
     @staticmethod
     def _save_local_factors(executor, directory) -> None:

@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
-from .base import FactorEstimator, check_iteration_params, check_rank
+from .base import FactorEstimator, check_iteration_params, check_rank, data_fingerprint
 
 SOLVERS = ("mu", "am")
 
@@ -45,7 +45,10 @@ class FairerNMF(FactorEstimator):
     estimate_max_iter, estimate_tol : int, float
         Iterations and tolerance of the NMF runs of Algorithm 1.
     random_state : int or None
-    block_rows, n_threads, local_memory_budget, callback : as in :class:`distfact.NMF`.
+    block_rows, checkpoint_dir, checkpoint_every, resume, callback, n_threads, local_memory_budget :
+        as in :class:`distfact.NMF`. Checkpoints of the E_l runs go to ``checkpoint_dir/estimate`` and
+        those of the scheme to ``checkpoint_dir/scheme``; a resumed fit continues whichever phase was
+        interrupted (a finished E_l phase is read back, not rerun).
 
     Attributes
     ----------
@@ -73,7 +76,8 @@ class FairerNMF(FactorEstimator):
 
     def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-4,
                  max_iter=200, estimate_max_iter=200, estimate_tol=1e-4, random_state=None, block_rows=None,
-                 n_threads=None, local_memory_budget=None, callback=None):
+                 checkpoint_dir=None, checkpoint_every=10, resume=False, n_threads=None, local_memory_budget=None,
+                 callback=None):
         self.n_components = n_components
         self.solver = solver
         self.n_estimates = n_estimates
@@ -85,6 +89,9 @@ class FairerNMF(FactorEstimator):
         self.estimate_tol = estimate_tol
         self.random_state = random_state
         self.block_rows = block_rows
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
         self.n_threads = n_threads
         self.local_memory_budget = local_memory_budget
         self.callback = callback
@@ -127,8 +134,12 @@ class FairerNMF(FactorEstimator):
         try:
             estimate = GroupErrorEstimate(r, int(self.n_estimates), float(self.estimate_tol), dtype)
             seed = None if self.random_state is None else [self.random_state, 1]
+            fingerprint = data_fingerprint(data)
+            config = {"estimator": "FairerNMF", "method": estimate.__dict__, "random_state": self.random_state,
+                      "data": fingerprint}
             state = run_loop(estimate, data, executor, max_iter=self.estimate_max_iter,
-                             start=lambda: initialise(estimate, data, executor, seed))
+                             start=lambda: initialise(estimate, data, executor, seed),
+                             checkpointer=self._checkpointer(config, "estimate"), resume=self.resume)
             runs = estimate.errors(state.global_state, state.stats, data)
             self.E_runs_, self.E_ = runs, runs.mean(axis=1)
             self.E_converged_ = self._runs_converged(state, data.n_groups)
@@ -143,8 +154,11 @@ class FairerNMF(FactorEstimator):
             else:
                 method = FairerMU(**common, c_update=self.c_update, c_step=float(self.c_step))
             seed = None if self.random_state is None else [self.random_state, 2]
+            config = {"estimator": "FairerNMF", "solver": self.solver, "method": method.__dict__,
+                      "random_state": self.random_state, "data": fingerprint}
             state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
-                             start=lambda: initialise(method, data, executor, seed))
+                             start=lambda: initialise(method, data, executor, seed),
+                             checkpointer=self._checkpointer(config, "scheme"), resume=self.resume)
             self._set_results(method, data, state, executor)
             if want_W:
                 return self._rows_in_caller_order(data, executor.local_factors())
