@@ -1,6 +1,6 @@
 """Stratified-NMF per-iteration time (issue 4) against a direct dense numpy implementation of Algorithm 1.
 
-    python benchmarks/bench_stratified.py            # about 5 minutes on 2 cores, ~9 GB of memory
+    python benchmarks/bench_stratified.py            # about 2 minutes on 2 cores, ~9 GB of memory
     python benchmarks/bench_stratified.py --quick    # a small check run
 
 Data: a 20-stratum sparse TF-IDF-like matrix, 20,000 documents x 50,000 terms (0.2% non-zeros: ~100 distinct

@@ -179,6 +179,10 @@ def _fit_model(args, bar):
                          f"choose from {', '.join(FIT_SOLVERS[args.method])}")
     if args.init != "random" and args.method != "nmf":
         raise ValueError(f"--init {args.init} is available for nmf only")
+    if args.beta_loss != "frobenius" and args.method != "nmf":
+        raise ValueError(f"--beta-loss {args.beta_loss} is available for nmf only")
+    if args.v_updates != 2 and args.method != "stratified-nmf":
+        raise ValueError("--v-updates is available for stratified-nmf only")
     tol = {"stratified-nmf": None}.get(args.method, 1e-4) if args.tol is None else args.tol
     checkpoints = dict(checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
                        checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
@@ -271,7 +275,7 @@ def cmd_report(args):
         if shape is not None and shape[0] * shape[1] != data.shape[1]:
             raise ValueError(f"--image-shape {args.image_shape} has {shape[0] * shape[1]} pixels, "
                              f"the store has {data.shape[1]} features")
-        model = StratifiedNMF(args.rank, max_iter=args.max_iter or 100, random_state=args.seed)
+        model = StratifiedNMF(args.rank, max_iter=100 if args.max_iter is None else args.max_iter, random_state=args.seed)
         with client_for(args.scheduler, args.local_cluster) as client:
             model.fit(data, client=client)
         paths = write_stratified_report(args.output, model, image_shape=shape, top=args.top,
@@ -282,7 +286,7 @@ def cmd_report(args):
 
     ranks = _parse_ranks(args.ranks)
     with client_for(args.scheduler, args.local_cluster) as client:
-        rows = fairness_table(data, ranks=ranks, solver=args.solver, max_iter=args.max_iter or 400,
+        rows = fairness_table(data, ranks=ranks, solver=args.solver, max_iter=400 if args.max_iter is None else args.max_iter,
                               random_state=args.seed, client=client,
                               progress=lambda r: print(f"rank {r} done", file=sys.stderr))
     paths = write_fairness_report(rows, args.output, title=f"Fairness report: {name}")

@@ -91,17 +91,21 @@ def normalised_loss_plot(model) -> bytes:
 
 def write_stratified_report(out_dir, model, *, feature_names=None, image_shape=None, top=10,
                             title="Stratified-NMF report") -> dict:
-    """Write ``top_features.csv``, ``stratified.json``, the figures (PNG) and ``stratified.html``
+    """Write ``top_features.csv`` (per stratum), ``top_topics.csv``, ``stratified.json``, the figures (PNG)
+    and ``stratified.html``
     (images embedded). ``image_shape`` (e.g. (8, 8)) draws v(i) and H's rows as images."""
     os.makedirs(out_dir, exist_ok=True)
     names = _feature_names(model, feature_names)
     tops = model.top_features(top, feature_names=names)
     paths = {key: os.path.join(out_dir, name) for key, name in
-             (("csv", "top_features.csv"), ("json", "stratified.json"), ("html", "stratified.html"))}
+             (("csv", "top_features.csv"), ("topics_csv", "top_topics.csv"), ("json", "stratified.json"),
+              ("html", "stratified.html"))}
     table = [[str(s), *words] for s, words in tops["strata"].items()]
     columns = ["stratum", *range(1, len(table[0]))]
-    with open(paths["csv"], "w", newline="") as f:
-        csv.writer(f).writerows([columns, *table])
+    topics = [[k, *words] for k, words in enumerate(tops["topics"])]
+    for key, rows, first in (("csv", table, "stratum"), ("topics_csv", topics, "topic")):
+        with open(paths[key], "w", newline="") as f:
+            csv.writer(f).writerows([[first, *range(1, len(rows[0]))], *rows])
     summary = {"strata": model.strata_names_, "n_components": int(model.n_components_),
                "n_iter": int(model.n_iter_), "n_passes": int(model.n_passes_),
                "loss": float(model.loss_history_[-1, 0]), "normalised_loss": float(model.loss_history_[-1, 1]),
@@ -121,7 +125,6 @@ def write_stratified_report(out_dir, model, *, feature_names=None, image_shape=N
         paths[name] = os.path.join(out_dir, name)
         with open(paths[name], "wb") as f:
             f.write(png)
-    topics = [[k, *words] for k, words in enumerate(tops["topics"])]
     body = (f"<p>{len(model.strata_names_)} strata, rank {model.n_components_}, {model.n_iter_} iterations "
             f"({model.n_passes_} passes over X); normalised loss {model.loss_history_[-1, 1]:.4g}.</p>"
             f"<h2>Top features of each stratum's v(i)</h2>{html_table(columns, table)}"

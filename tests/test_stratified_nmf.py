@@ -19,13 +19,14 @@ def stratified_start(X, strata, r, seed):
 
 
 @pytest.mark.parametrize("sparse", [False, True])
-def test_iterates_equal_a_transcription_of_algorithm_1(sparse):
+@pytest.mark.parametrize("eps", [1e-9, 1e-3])  # a large eps shows where every denominator adds it
+def test_iterates_equal_a_transcription_of_algorithm_1(sparse, eps):
     X, strata = grouped_data(m=90, n=14, n_groups=3, density=0.5, seed=50)
     W0, H0, v0, names = stratified_start(X, strata, 4, seed=1)
-    model = distfact.StratifiedNMF(4, init="custom", max_iter=40, block_rows=13)
+    model = distfact.StratifiedNMF(4, init="custom", max_iter=40, eps=eps, block_rows=13)
     W = model.fit_transform(sp.csr_matrix(X) if sparse else X, strata, W=W0, H=H0, v=v0)
     rows = [strata == n for n in names]
-    W_ref, H_ref, v_ref, F_ref = stratified_nmf([X[r] for r in rows], [W0[r] for r in rows], H0, v0, 40)
+    W_ref, H_ref, v_ref, F_ref = stratified_nmf([X[r] for r in rows], [W0[r] for r in rows], H0, v0, 40, eps=eps)
     assert model.strata_names_ == names
     assert np.abs(model.components_ - H_ref).max() <= 1e-10 * np.abs(H_ref).max()
     assert np.abs(model.strata_features_ - v_ref).max() <= 1e-10 * np.abs(v_ref).max()
@@ -66,30 +67,56 @@ def test_dense_sparse_and_store_inputs_agree(tmp_path):
 
 
 def test_paper_synthetic_experiment_recovers_the_shifts():
-    """Section IV-A (shortened to 3,000 iterations): the normalised loss falls below 1e-2 and the
-    mean of every learned v(i) lands near the mean of v_true(i) ~ U[i-1, i]."""
+    """Section IV-A (10,000 iterations, as the paper): the normalised loss falls below 1e-2 and the
+    mean of every learned v(i) lands near the mean of v_true(i) ~ U[i-1, i] (the paper's are within 0.07)."""
     from distfact.datasets import make_stratified_synthetic
 
     X, strata, v_true = make_stratified_synthetic(0)
-    model = distfact.StratifiedNMF(5, max_iter=3000, random_state=0).fit(X, strata)
+    model = distfact.StratifiedNMF(5, max_iter=10_000, random_state=0).fit(X, strata)
     assert model.loss_history_[-1, 1] < 1e-2
-    np.testing.assert_allclose(model.strata_features_.mean(axis=1), v_true.mean(axis=1), atol=0.15)
+    np.testing.assert_allclose(model.strata_features_.mean(axis=1), v_true.mean(axis=1), atol=0.07)
 
 
-def test_transform_recovers_the_fitted_w_and_top_features():
+def test_transform_uses_each_row_s_stratum_and_top_features():
     X, strata = grouped_data(m=160, n=12, n_groups=2, seed=53)
     X[strata == "g1", 3] += 5.0  # a feature only stratum g1 shifts
     names = [f"f{j}" for j in range(12)]
     model = distfact.StratifiedNMF(3, max_iter=300, random_state=1)
     W = model.fit_transform(pd.DataFrame(X, columns=names), strata)
-    W_new = model.transform(X, strata, max_iter=3000, tol=1e-12)
-    fitted = np.linalg.norm(X - W @ model.components_ - model.strata_features_[(strata == "g1").astype(int)])
-    solved = np.linalg.norm(X - W_new @ model.components_ - model.strata_features_[(strata == "g1").astype(int)])
+    v_of_row = model.strata_features_[(strata == "g1").astype(int)]
+    # new rows: stratum g1 only, in reverse order, labels given as a Categorical with an unused category
+    new = np.flatnonzero(strata == "g1")[::-1]
+    W_new = model.transform(X[new], pd.Categorical(strata[new], categories=["g0", "g1"]), max_iter=3000, tol=1e-12)
+    fitted = np.linalg.norm(X[new] - W[new] @ model.components_ - v_of_row[new])
+    solved = np.linalg.norm(X[new] - W_new @ model.components_ - v_of_row[new])
     assert solved <= fitted * (1 + 1e-3)
+    wrong_v = np.linalg.norm(X[new] - model.transform(X[new], ["g0"] * len(new)) @ model.components_
+                             - v_of_row[new])
+    assert wrong_v > 2 * solved  # g0's shift does not explain g1's rows
     top = model.top_features(2)
     assert top["strata"]["g1"][0] == "f3"
     assert len(top["topics"]) == 3 and all(len(t) == 2 for t in top["topics"])
     assert model.top_features(1, feature_names=[f"w{j}" for j in range(12)])["strata"]["g1"] == ["w3"]
+    with pytest.raises(ValueError, match="transform needs the stratum"):
+        model.transform(X)
+
+
+def test_float32_input_and_no_iterations():
+    X, strata = grouped_data(m=100, n=10, n_groups=2, seed=57)
+    f64 = distfact.StratifiedNMF(3, max_iter=30, random_state=0).fit(X, strata)
+    f32 = distfact.StratifiedNMF(3, max_iter=30, random_state=0).fit(X.astype(np.float32), strata)
+    assert f32.components_.dtype == np.float64
+    np.testing.assert_allclose(f32.components_, f64.components_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(f32.loss_history_, f64.loss_history_, rtol=1e-5)
+    start = distfact.StratifiedNMF(3, max_iter=0, random_state=0).fit(X, strata)
+    assert start.n_iter_ == 0 and start.n_passes_ == 1 and start.loss_history_.shape == (1, 2)
+    # Section IV's start: H uniform on [0, 1/sqrt(r)], v uniform on [0, 1]
+    assert 0 <= start.components_.min() and start.components_.max() < 1 / np.sqrt(3)
+    assert 0 <= start.strata_features_.min() and start.strata_features_.max() < 1
+    W0 = distfact.StratifiedNMF(3, max_iter=0, random_state=0).fit_transform(X, strata)
+    F0 = sum(np.linalg.norm(X[strata == g] - W0[strata == g] @ start.components_ - start.strata_features_[i]) ** 2
+             for i, g in enumerate(start.strata_names_))
+    assert start.loss_history_[0, 0] ** 2 == pytest.approx(F0, rel=1e-10)
 
 
 def test_bad_input():

@@ -40,6 +40,15 @@ class IterativeMethod(Protocol):
 
     def converged(self, objectives: list[float], group_objectives: list[np.ndarray]) -> bool: ...
 
+    # Optional: ``block_state(global_state) -> dict``, the part of the global state the blocks use
+    # (the rest stays on the driver and is not shipped to the workers every pass).
+
+
+def shipped(method, global_state: dict) -> dict:
+    """What the blocks receive of the global state."""
+    select = getattr(method, "block_state", None)
+    return global_state if select is None else select(global_state)
+
 
 @dataclass
 class IterationInfo:
@@ -137,14 +146,14 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             global_state, stats = started
         else:
             global_state = started
-            stats = executor.run_pass(method.block_stats, global_state, update=False)
+            stats = executor.run_pass(method.block_stats, shipped(method, global_state), update=False)
         value, per_group = method.objective(global_state, stats, data)
         state = FitState(global_state, stats, [value], [per_group])
         logger.info("pass 0: objective %.6g", value)
     while state.iteration < max_iter and not state.converged:
         started = time.perf_counter()
         state.global_state = aligned(method.global_step(state.global_state, state.stats, data))
-        state.stats = executor.run_pass(method.local_step, state.global_state, update=True)
+        state.stats = executor.run_pass(method.local_step, shipped(method, state.global_state), update=True)
         value, per_group = method.objective(state.global_state, state.stats, data)
         state.objectives.append(value)
         state.group_objectives.append(per_group)

@@ -62,16 +62,16 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
         return as_grouped(X, groups, block_rows=getattr(self, "block_rows", None),
                           n_threads=getattr(self, "n_threads", None))
 
-    def _executor(self, data, client, rank: int = 0):
-        """The executor; local factors (rows x ``rank``) spill to Zarr beside X when they
-        exceed ``local_memory_budget`` (default: a quarter of this machine's memory)."""
+    def _executor(self, data, client, rank: int = 0, local_dtype=None):
+        """The executor; local factors (rows x ``rank``, of ``local_dtype``, default X's) spill to
+        Zarr beside X when they exceed ``local_memory_budget`` (default: a quarter of this machine's memory)."""
         budget = getattr(self, "local_memory_budget", None)
         if budget is None:
             import psutil
 
             budget = psutil.virtual_memory().total // 4
         spill_dir = None
-        if data.shape[0] * rank * data.dtype.itemsize > budget:
+        if data.shape[0] * rank * np.dtype(local_dtype or data.dtype).itemsize > budget:
             spill_dir = (f"{os.path.abspath(data.path)}.locals-{uuid.uuid4().hex[:8]}" if data.path
                          else tempfile.mkdtemp(prefix="distfact-locals-"))
         return make_executor(data, client, getattr(self, "n_threads", None), spill_dir)

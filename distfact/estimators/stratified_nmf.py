@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 
 import numpy as np
 
@@ -103,8 +104,8 @@ class StratifiedNMF(FactorEstimator):
         check_iteration_params(self.max_iter, 0.0 if self.tol is None else self.tol)
         if not isinstance(self.v_updates, numbers.Integral) or self.v_updates < 1:
             raise ValueError(f"v_updates must be a positive integer, got {self.v_updates!r}")
-        if not isinstance(self.eps, numbers.Real) or self.eps < 0:
-            raise ValueError(f"eps must be a non-negative number, got {self.eps!r}")
+        if not isinstance(self.eps, numbers.Real) or not np.isfinite(self.eps) or self.eps < 0:
+            raise ValueError(f"eps must be a finite non-negative number, got {self.eps!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
@@ -115,7 +116,7 @@ class StratifiedNMF(FactorEstimator):
         data = self._grouped(X, strata)
         r = check_rank(self.n_components, data.shape)
         method = StratifiedMU(r, int(self.v_updates), float(self.eps), self.tol)
-        executor = self._executor(data, client, r)
+        executor = self._executor(data, client, r, np.float64)
         try:
             config = {"estimator": "StratifiedNMF", "method": method.__dict__, "init": self.init,
                       "random_state": self.random_state, "data": data_fingerprint(data)}
@@ -172,6 +173,11 @@ class StratifiedNMF(FactorEstimator):
         """W for new rows with H and every stratum's v fixed (line 7 iterated; one read of X).
         The new rows' strata must be among ``strata_names_``."""
         self._check_fitted()
+        if strata is None and not hasattr(X, "group_names") and not isinstance(X, (str, os.PathLike)):
+            raise ValueError("transform needs the stratum of every new row: pass strata= (or a GroupedMatrix "
+                             "/ store carrying them)")
+        if hasattr(getattr(strata, "cat", strata), "categories"):
+            strata = np.asarray(strata).astype(str)  # new rows need not cover every fitted stratum
         data = self._grouped(X, strata)
         if data.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")

@@ -44,17 +44,14 @@ class StratifiedMU:
     v_updates: int = 2
     eps: float = 1e-9
     tol: float | None = None
-    dtype: str = "float64"
 
     # -- initialisation (Section IV) ---------------------------------------------
     def initial_global(self, data, rng):
         r, n = self.n_components, data.shape[1]
-        H = rng.random((r, n)) / np.sqrt(r)
-        v = rng.random((data.n_groups, n))
-        return self.with_derived(H.astype(self.dtype), v.astype(self.dtype))
+        return self.with_derived(rng.random((r, n)) / np.sqrt(r), rng.random((data.n_groups, n)))
 
     def initial_local(self, block, G, rows):
-        return (rows.uniform(self.n_components) / np.sqrt(self.n_components)).astype(self.dtype)
+        return rows.uniform(self.n_components) / np.sqrt(self.n_components)
 
     def with_derived(self, H, v, colsum=None, w_moved=False):
         """Global state: H and v plus what the blocks need from them. ``w_moved``: W has been
@@ -63,6 +60,11 @@ class StratifiedMU:
         if colsum is not None:
             state["colsum"] = colsum
         return state
+
+    @staticmethod
+    def block_state(G):
+        """What line 7 needs (v and A^T 1, s x n each, stay on the driver)."""
+        return {"H": G["H"], "HHt": G["HHt"], "Hv": G["Hv"]}
 
     # -- pass ------------------------------------------------------------------------
     def block_stats(self, A_b, W_b, block, G):
@@ -90,7 +92,7 @@ class StratifiedMU:
         HtWt1 = np.stack([s["Wt1"] @ H for s in stats])
         for _ in range(self.v_updates):
             v = v * colsum / (sizes[:, None] * v + HtWt1 + self.eps)
-        return v.astype(self.dtype, copy=False)
+        return v
 
     def global_step(self, G, stats, data):
         colsum = self.stratum_colsums(G, stats)
@@ -99,7 +101,8 @@ class StratifiedMU:
         return self.with_derived(H, v, colsum, w_moved=True)
 
     def final_global(self, G, stats):
-        """The state after the last iteration's line 8."""
+        """The state after the last iteration's line 8. (The objective evaluates it too, and the next
+        global step again: O(s r n) on the driver, against O(nnz r) for the pass.)"""
         if not G["w_moved"]:
             return G
         return self.with_derived(self.h_update(G, stats), G["v"], G.get("colsum"), w_moved=False)
