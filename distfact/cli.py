@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", "-r", type=int, default=10, help="stratified: number of topics")
     p.add_argument("--image-shape", help="stratified: features are pixels of HEIGHTxWIDTH images, e.g. 8x8")
     p.add_argument("--top", type=int, default=10, help="stratified: top features listed per stratum and topic")
-    p.add_argument("--max-iter", type=int, help="iterations (default: 400 fairness, 100 stratified)")
+    p.add_argument("--max-iter", type=int, help="iterations (default: 5000 fairness, 100 stratified)")
+    p.add_argument("--tol", type=float, default=1e-6, help="fairness: the stopping tolerance of both methods")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", "-o", default="distfact-report")
     _add_scheduler_options(p)
@@ -286,7 +287,8 @@ def cmd_report(args):
 
     ranks = _parse_ranks(args.ranks)
     with client_for(args.scheduler, args.local_cluster) as client:
-        rows = fairness_table(data, ranks=ranks, solver=args.solver, max_iter=400 if args.max_iter is None else args.max_iter,
+        rows = fairness_table(data, ranks=ranks, solver=args.solver, tol=args.tol,
+                              max_iter=5000 if args.max_iter is None else args.max_iter,
                               random_state=args.seed, client=client,
                               progress=lambda r: print(f"rank {r} done", file=sys.stderr))
     paths = write_fairness_report(rows, args.output, title=f"Fairness report: {name}")

@@ -1,4 +1,4 @@
-"""Regenerate the figures of docs/fairer-nmf.md (about a minute):
+"""Regenerate the figures of docs/fairer-nmf.md (a few minutes):
 
     python docs/figures/make_fairer_figures.py
 """
