@@ -90,3 +90,40 @@ def stratified_nmf(strata_A, strata_W, H, v, n_iter, M=2, eps=1e-9):
             sum(w.T @ (w @ H + o @ vi[None, :]) for o, vi, w in zip(ones, v, W)) + eps)
         history.append(objective())
     return W, H, np.array(v), np.array(history)
+
+
+def lad_brute_force(x, y):
+    """argmin_{alpha >= 0} sum_s |x_s - y_s alpha| by evaluating every breakpoint x_s / y_s (and 0):
+    the smallest minimiser (the subproblems of wl1-nmf-scd.txt, eq. 2.1)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    keep = y != 0
+    candidates = np.unique(np.concatenate([[0.0], np.maximum(0.0, x[keep] / y[keep])]))
+    values = np.abs(x[None, :] - candidates[:, None] * y[None, :]).sum(axis=1)
+    return float(candidates[np.flatnonzero(values <= values.min())[0]])
+
+
+def wl1_dense_cd(X, W, H, lam, n_iter):
+    """Plain coordinate descent for sum_nz |X - WH| + lam sum_zeros (WH) (wl1-nmf-scd.txt, eq. 5.1):
+    all of W (row by row, entry by entry), then all of H (column by column), every scalar subproblem
+    written on the whole row / column of X (zeros with weight lam) and solved by brute force."""
+    W, H = W.astype(np.float64).copy(), H.astype(np.float64).copy()
+    m, r = W.shape
+    nz = X != 0
+    weight = np.where(nz, 1.0, lam)
+
+    def objective():
+        R = X - W @ H
+        return np.abs(R[nz]).sum() + lam * (W @ H)[~nz].sum()
+
+    history = [objective()]
+    for _ in range(n_iter):
+        for i in range(m):
+            for t in range(r):
+                rest = X[i] - W[i] @ H + W[i, t] * H[t]
+                W[i, t] = lad_brute_force(weight[i] * rest, weight[i] * H[t])
+        for j in range(X.shape[1]):
+            for t in range(r):
+                rest = X[:, j] - W @ H[:, j] + H[t, j] * W[:, t]
+                H[t, j] = lad_brute_force(weight[:, j] * rest, weight[:, j] * W[:, t])
+        history.append(objective())
+    return W, H, np.array(history)
