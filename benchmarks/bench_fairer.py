@@ -24,13 +24,10 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from bench_nmf import timed, write_results
+
 warnings.filterwarnings("ignore")
 
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
 
 
 def mu_end_to_end(ranks):
@@ -96,7 +93,7 @@ def one_iteration_from_zarr(m, n, density, tmp):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "fairer.json"))
+    parser.add_argument("--output", help="default: results/fairer.json (--quick: results/fairer-quick.json)")
     args = parser.parse_args()
     results = {"quick": args.quick}
     print("1. MU end to end, synthetic data")
@@ -108,10 +105,8 @@ def main():
         shape = (20000, 2000) if args.quick else (1_000_000, 2000)
         results["one_iteration_from_zarr"] = one_iteration_from_zarr(*shape, 0.005, tmp)
     print(json.dumps(results["one_iteration_from_zarr"], indent=1))
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"wrote {args.output}")
+    write_results(results, args.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                       "fairer-quick.json" if args.quick else "fairer.json"))
 
 
 if __name__ == "__main__":

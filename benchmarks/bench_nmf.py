@@ -79,6 +79,14 @@ def sparse_case(m, n, density, seed=0):
     return sp.csr_matrix(sp.diags(1 / np.maximum(norms, 1e-12)) @ X)
 
 
+def write_results(results: dict, path: str) -> None:
+    """Write a benchmark's results as JSON (making the folder) and say where."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {path}")
+
+
 def timed(fn):
     start = time.perf_counter()
     out = fn()
@@ -170,7 +178,7 @@ def small_case(n_iter):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the script")
-    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "nmf.json"))
+    parser.add_argument("--output", help="default: results/nmf.json (--quick: results/nmf-quick.json)")
     args = parser.parse_args()
     if args.quick:
         dense_shape, sparse_shape, iters, cd_iter, small_iter, repeats = (2000, 200), (5000, 2000), (3, 8), 30, 200, 1
@@ -194,10 +202,8 @@ def main():
                          "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
     print("sparse", json.dumps(results["sparse"]))
 
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"wrote {args.output}")
+    write_results(results, args.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                       "nmf-quick.json" if args.quick else "nmf.json"))
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ iterations are timed one by one (median of 3). Both in the same run. Results: be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import numpy as np
 
-from bench_nmf import machine, sparse_case, timed
+from bench_nmf import machine, sparse_case, timed, write_results
 
 
 def dense_algorithm_1(strata_A, W, H, v, n_iter, M=2, eps=1e-9):
@@ -77,9 +76,7 @@ def main():
               "distfact_s_per_iter": ours, "dense_numpy_s_per_iter": peer, "ratio": ours / peer}
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "stratified-quick.json" if args.quick else "stratified.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {out}")
+    write_results(result, out)
 
 
 if __name__ == "__main__":
