@@ -3,7 +3,10 @@
 A store is a Zarr v3 group whose attribute ``"distfact"`` holds the JSON metadata
 below; the attribute is written last, so a store without it is not a store.
 Each row block is a Zarr sub-group ``blocks/<key>`` holding either one dense array
-``X`` (rows x n) or the three CSR arrays ``data``, ``indices``, ``indptr``.
+``X`` (rows x n) or the three CSR arrays ``data``, ``indices``, ``indptr``. A store may
+also hold a copy of X by column blocks, each the sub-group ``columns/<key>`` holding the
+three CSC arrays of a range of columns (optional: version-1 readers that ignore
+``"column_blocks"`` still read X correctly).
 """
 
 from __future__ import annotations
@@ -33,6 +36,21 @@ class Block:
         return self.row_stop - self.row_start
 
 
+@dataclass(frozen=True)
+class ColumnBlock:
+    """One column block: columns ``[col_start, col_stop)`` of X over all rows, stored as CSC."""
+
+    index: int
+    key: str
+    col_start: int
+    col_stop: int
+    nnz: int
+
+    @property
+    def n_cols(self) -> int:
+        return self.col_stop - self.col_start
+
+
 @dataclass
 class GroupStats:
     """Per-group constants gathered while ingesting (one streaming pass)."""
@@ -54,6 +72,7 @@ class Metadata:
     blocks: list[Block]
     has_feature_names: bool = False
     source: dict = field(default_factory=dict)
+    column_blocks: list[ColumnBlock] = field(default_factory=list)  # the optional CSC copy
 
     def to_json(self) -> dict:
         return {
@@ -66,6 +85,7 @@ class Metadata:
             "blocks": [asdict(b) for b in self.blocks],
             "has_feature_names": self.has_feature_names,
             "source": self.source,
+            "column_blocks": [asdict(c) for c in self.column_blocks],
         }
 
     @classmethod
@@ -87,6 +107,7 @@ class Metadata:
                 blocks=[Block(**b) for b in doc["blocks"]],
                 has_feature_names=bool(doc.get("has_feature_names", False)),
                 source=dict(doc.get("source", {})),
+                column_blocks=[ColumnBlock(**c) for c in doc.get("column_blocks", [])],  # older stores have none
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{where}: corrupt store metadata ({exc!r})") from exc
@@ -94,7 +115,7 @@ class Metadata:
         return meta
 
     def check(self, where: str) -> None:
-        """Internal consistency: blocks tile the rows group by group, in order."""
+        """Internal consistency: blocks tile the rows group by group, in order (column blocks the columns)."""
         if self.layout not in LAYOUTS:
             raise ValueError(f"{where}: unknown layout {self.layout!r}")
         row = 0
@@ -113,3 +134,19 @@ class Metadata:
             row = b.row_stop
         if row != self.shape[0]:
             raise ValueError(f"{where}: corrupt metadata: blocks cover {row} rows, shape says {self.shape[0]}")
+        if self.column_blocks:
+            self._check_column_blocks(where)
+
+    def _check_column_blocks(self, where: str) -> None:
+        """Column blocks tile ``[0, n)`` in order and hold every non-zero of the groups."""
+        n, col, nnz = self.shape[1], 0, 0
+        for i, c in enumerate(self.column_blocks):
+            last = i == len(self.column_blocks) - 1
+            if (c.index != i or c.col_start != col or not c.col_start < c.col_stop <= n or c.nnz < 0
+                    or (last and c.col_stop != n)):
+                raise ValueError(f"{where}: corrupt metadata: column block {i} (columns {c.col_start}:{c.col_stop}); "
+                                 f"column blocks must tile columns 0:{n} in order")
+            col, nnz = c.col_stop, nnz + c.nnz
+        total = sum(g.nnz for g in self.groups)
+        if nnz != total:
+            raise ValueError(f"{where}: corrupt metadata: column blocks hold {nnz} non-zeros, groups hold {total}")

@@ -3,24 +3,48 @@
 It lives either on disk (a Zarr v3 store, see ``docs/format.md``) or in memory (the
 fast path for data that fit); both expose the same row blocks, which never straddle
 a group, and the per-group constants gathered at ingest (||X_l||_F^2, sums, nnz).
+Methods that sweep over columns can add a CSC copy of X by column blocks
+(``with_column_blocks``), built out of core for stores on disk.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 import zarr
 
-from .format import Block, GroupStats, Metadata
+from .format import Block, ColumnBlock, GroupStats, Metadata
 from .validate import check_block_values
 
 DEFAULT_BLOCK_BYTES = 128 * 2**20
+
+logger = logging.getLogger("distfact")
+
+
+def read_node(path: str, key: str, what: str, load):
+    """``load(node)`` on the sub-group ``key`` of the store at ``path``; a failure names the store and ``what``."""
+    try:
+        return load(zarr.open_group(path, mode="r", path=key))
+    except Exception as exc:  # zarr/codec errors of a damaged chunk come in many types
+        raise ValueError(f"store {path!r} is corrupt: {what} cannot be read: {exc}") from exc
+
+
+def compressed(node, kind, shape):
+    """The CSR or CSC matrix (``kind``) held by a group's ``data``, ``indices`` and ``indptr`` arrays."""
+    return kind((node["data"][...], node["indices"][...], node["indptr"][...]), shape=shape)
+
+
+def write_arrays(node, **arrays) -> None:
+    """Write each array into ``node`` as a single chunk (the block is the unit of I/O)."""
+    for name, arr in arrays.items():
+        node.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=tuple(max(s, 1) for s in arr.shape))[...] = arr
 
 
 @dataclass(frozen=True)
@@ -32,17 +56,102 @@ class BlockReader:
     shape: tuple[int, int]
 
     def __call__(self, block: Block):
-        try:
-            node = zarr.open_group(self.path, mode="r", path=f"blocks/{block.key}")
+        def load(node):
             if self.layout == "dense":
                 return node["X"][...]
-            return sp.csr_matrix(
-                (node["data"][...], node["indices"][...], node["indptr"][...]),
-                shape=(block.n_rows, self.shape[1]),
-            )
-        except Exception as exc:  # zarr/codec errors of a damaged chunk come in many types
-            raise ValueError(f"store {self.path!r} is corrupt: block {block.index} (key {block.key!r}) "
-                             f"cannot be read: {exc}") from exc
+            return compressed(node, sp.csr_matrix, (block.n_rows, self.shape[1]))
+
+        return read_node(self.path, f"blocks/{block.key}", f"block {block.index} (key {block.key!r})", load)
+
+
+@dataclass(frozen=True)
+class ColumnBlockReader:
+    """Picklable loader of one column block (CSC, all m rows in stored order) from a store on disk."""
+
+    path: str
+    shape: tuple[int, int]
+
+    def __call__(self, block: ColumnBlock) -> sp.csc_matrix:
+        return read_node(self.path, f"columns/{block.key}", f"column block {block.index} (key {block.key!r})",
+                         lambda node: compressed(node, sp.csc_matrix, (self.shape[0], block.n_cols)))
+
+
+def column_index_dtype(n_rows: int) -> np.dtype:
+    """Row numbers of a column block: int32 while they fit, as scipy would choose."""
+    return np.dtype(np.int32 if n_rows < 2**31 else np.int64)
+
+
+def column_ranges(col_nnz: np.ndarray, itemsize: int, n_rows: int, block_bytes=None,
+                  n_blocks=None) -> list[tuple[int, int]]:
+    """Contiguous column ranges ``[a, b)`` holding about equal numbers of non-zeros.
+
+    ``n_blocks`` ranges if given, else as many as needed for about ``block_bytes`` per
+    CSC block; never an empty range, so at most n. A column costs its non-zeros (value
+    and row number) plus its ``indptr`` entry, as ``rows_per_block`` counts a CSR row.
+    Each cut goes where the running cost is nearest an equal share of what is left, so a
+    few very heavy columns (the head of a word-frequency law) do not starve the rest.
+    """
+    n = len(col_nnz)
+    cost = col_nnz * float(itemsize + column_index_dtype(n_rows).itemsize) + 8
+    if n_blocks is None:
+        block_bytes = DEFAULT_BLOCK_BYTES if block_bytes is None else block_bytes
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes must be positive, got {block_bytes!r}")
+        n_blocks = int(np.ceil(cost.sum() / block_bytes))
+    elif int(n_blocks) < 1:
+        raise ValueError(f"n_blocks must be a positive integer, got {n_blocks!r}")
+    k = min(max(int(n_blocks), 1), n)
+    prefix = np.concatenate([[0.0], np.cumsum(cost)])  # prefix[c]: cost of columns [0, c)
+    cuts = [0]
+    for j in range(1, k):
+        done = prefix[cuts[-1]]
+        goal = done + (prefix[-1] - done) / (k - j + 1)
+        c = int(np.searchsorted(prefix, goal))  # the first cut with at least ``goal`` before it
+        if c > 0 and goal - prefix[c - 1] < prefix[c] - goal:  # the cut just before is nearer
+            c -= 1
+        cuts.append(min(max(c, cuts[-1] + 1), n - (k - j)))  # leave a column for every range to come
+    cuts.append(n)
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def cut_columns(block, ranges) -> list[sp.csc_matrix]:
+    """A row block cut at the column ranges: canonical CSC pieces, row numbers local to the block."""
+    csc = sp.csc_matrix(block)  # a dense block keeps only its non-zeros
+    csc.sum_duplicates()
+    csc.eliminate_zeros()
+    return [csc[:, a:b] for a, b in ranges]
+
+
+def stack_column_pieces(pieces, row_offsets, n_cols: int, dtype, index_dtype):
+    """``(data, indices, indptr)`` of one column block from its row-block pieces, given in row order.
+
+    A piece's rows come after those of the pieces before it, so every column's row numbers
+    stay sorted without a sort: each piece is copied into the next free slots of its columns.
+    """
+    counts = np.zeros(n_cols, dtype=np.int64)
+    for piece in pieces:
+        counts += np.diff(piece.indptr)
+    indptr = np.zeros(n_cols + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    data = np.empty(int(indptr[-1]), dtype=dtype)
+    indices = np.empty(int(indptr[-1]), dtype=index_dtype)
+    free = indptr[:-1].copy()  # the next free slot of each column
+    for piece, offset in zip(pieces, row_offsets):
+        per_col = np.diff(piece.indptr)
+        cols = np.repeat(np.arange(n_cols), per_col)
+        slots = free[cols] + np.arange(piece.nnz) - piece.indptr[cols]
+        data[slots] = piece.data
+        indices[slots] = piece.indices + np.int64(offset)
+        free += per_col
+    return data, indices, indptr
+
+
+def check_blocks_present(root, folder: str, blocks, what: str, where: str) -> None:
+    """Every block listed in the metadata has its sub-group ``<folder>/<key>``."""
+    present = set(root[folder].group_keys()) if folder in root else set()
+    for block in blocks:
+        if block.key not in present:
+            raise ValueError(f"{where} is corrupt: {what} {block.index} (key {block.key!r}) is missing")
 
 
 class GroupedMatrix:
@@ -56,13 +165,14 @@ class GroupedMatrix:
 
     def __init__(self, meta: Metadata, column_sums: np.ndarray, *, path: str | None = None,
                  blocks: list | None = None, block_rows: list | None = None,
-                 feature_names: np.ndarray | None = None):
+                 feature_names: np.ndarray | None = None, column_data: list | None = None):
         self.meta = meta
         self.column_sums = column_sums
         self.path = path
         self._blocks = blocks
         self._block_rows = block_rows
         self.feature_names = feature_names
+        self._column_data = column_data  # in memory: the CSC column blocks, in order
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -88,10 +198,8 @@ class GroupedMatrix:
         if doc is None:
             raise ValueError(f"{where} has no distfact metadata (not a store, or an ingest that did not finish)")
         meta = Metadata.from_json(doc, where)
-        present = set(root["blocks"].group_keys()) if "blocks" in root else set()
-        for block in meta.blocks:
-            if block.key not in present:
-                raise ValueError(f"{where} is corrupt: block {block.index} (key {block.key!r}) is missing")
+        check_blocks_present(root, "blocks", meta.blocks, "block", where)
+        check_blocks_present(root, "columns", meta.column_blocks, "column block", where)
         if "column_sums" not in root:
             raise ValueError(f"{where} is corrupt: array 'column_sums' is missing")
         names = root["feature_names"][...] if meta.has_feature_names else None
@@ -125,6 +233,15 @@ class GroupedMatrix:
     @property
     def n_blocks(self) -> int:
         return len(self.meta.blocks)
+
+    @property
+    def has_column_blocks(self) -> bool:
+        """Whether X is also stored by column blocks (see :meth:`with_column_blocks`)."""
+        return bool(self.meta.column_blocks)
+
+    @property
+    def column_blocks(self) -> list[ColumnBlock]:
+        return self.meta.column_blocks
 
     @property
     def n_groups(self) -> int:
@@ -171,6 +288,7 @@ class GroupedMatrix:
             "layout": self.layout,
             "nnz": self.nnz,
             "n_blocks": self.n_blocks,
+            "n_column_blocks": len(self.column_blocks),
             "groups": [
                 {"name": g.name, "rows": g.row_stop - g.row_start, "nnz": g.nnz,
                  "frobenius_norm": float(np.sqrt(g.sq_norm)),
@@ -190,6 +308,116 @@ class GroupedMatrix:
         if self.in_memory:
             return lambda block: self._blocks[block.index]
         return BlockReader(self.path, self.layout, self.shape)
+
+    def column_reader(self):
+        """A callable ``column block -> CSC matrix`` (m x its columns, rows in stored order).
+
+        Picklable for stores on disk, like :meth:`reader`. Requires the column blocks.
+        """
+        if not self.has_column_blocks:
+            raise ValueError(f"{self!r} has no column blocks (build them with with_column_blocks())")
+        if self.in_memory:
+            return lambda block: self._column_data[block.index]
+        return ColumnBlockReader(self.path, self.shape)
+
+    def with_column_blocks(self, block_bytes=None, n_blocks=None) -> "GroupedMatrix":
+        """This matrix with a copy of X by column blocks (CSC), for methods that sweep over columns.
+
+        Column ranges are contiguous and hold about equal numbers of non-zeros (the
+        columns of text data are very unequal): ``n_blocks`` ranges (at most n) if given,
+        else about ``block_bytes`` (default 128 MiB) per block. Returns ``self`` if the
+        copy exists. In memory the blocks are built with scipy; a store on disk gets them
+        out of core, one row block or one column block in memory at a time, committed
+        with the metadata last (a failure leaves the store as it was), and is reopened.
+        """
+        if self.has_column_blocks:
+            return self
+        m, n = self.shape
+        where = "X (in memory)" if self.in_memory else f"store {self.path!r}"
+        reader = self.reader()
+        col_nnz = np.zeros(n, dtype=np.int64)
+        for block in self.blocks:  # pass A: non-zeros per column
+            X = reader(block)
+            col_nnz += (np.bincount(X.indices[X.data != 0], minlength=n) if sp.issparse(X)
+                        else np.count_nonzero(X, axis=0))
+        if int(col_nnz.sum()) != self.nnz:  # e.g. a lost chunk, which zarr reads back as zeros
+            raise ValueError(f"{where} is corrupt: its row blocks hold {int(col_nnz.sum())} non-zeros, "
+                             f"its metadata says {self.nnz}")
+        ranges = column_ranges(col_nnz, self.dtype.itemsize, m, block_bytes, n_blocks)
+        logger.info("building %d column blocks (a CSC copy of X, %d x %d, %d non-zeros) for %s",
+                    len(ranges), m, n, self.nnz, where)
+        if self.in_memory:
+            column_blocks, matrices = self._build_column_blocks(ranges, None)
+            return GroupedMatrix(replace(self.meta, column_blocks=column_blocks), self.column_sums,
+                                 blocks=self._blocks, block_rows=self._block_rows,
+                                 feature_names=self.feature_names, column_data=matrices)
+        return self._commit_column_blocks(ranges)
+
+    def _build_column_blocks(self, ranges, stage_path) -> tuple[list[ColumnBlock], list]:
+        """Passes B and C: cut every row block at the column ranges, then stack each range's pieces.
+
+        With ``stage_path`` (a new Zarr group) the pieces and then the blocks
+        ``columns/<key>`` go there, so only one row block or one column block is in memory
+        at a time; with ``None`` everything stays in memory and the CSC matrices are
+        returned too.
+        """
+        reader, m = self.reader(), self.shape[0]
+        stage = None if stage_path is None else zarr.open_group(stage_path, mode="w", zarr_format=3)
+        held, filled = {}, [[] for _ in ranges]  # filled[j]: the row blocks with a piece of range j
+        for block in self.blocks:
+            for j, piece in enumerate(cut_columns(reader(block), ranges)):
+                if piece.nnz == 0:  # adds nothing to its column block
+                    continue
+                if stage is None:
+                    held[j, block.index] = piece
+                else:
+                    write_arrays(stage.create_group(f"pieces/{j:06d}/{block.index:06d}"),
+                                 data=piece.data, indices=piece.indices, indptr=piece.indptr)
+                filled[j].append(block.index)
+        column_blocks, matrices = [], []
+        for j, (start, stop) in enumerate(ranges):
+            shape = (m, stop - start)
+            pieces = [held.pop((j, r)) if stage is None else
+                      compressed(stage[f"pieces/{j:06d}/{r:06d}"], sp.csc_matrix, (self.blocks[r].n_rows, shape[1]))
+                      for r in filled[j]]
+            data, indices, indptr = stack_column_pieces(pieces, [self.blocks[r].row_start for r in filled[j]],
+                                                        shape[1], self.dtype, column_index_dtype(m))
+            column_blocks.append(ColumnBlock(j, f"{j:06d}", start, stop, len(data)))
+            if stage is None:
+                matrices.append(sp.csc_matrix((data, indices, indptr), shape=shape))
+            else:
+                write_arrays(stage.create_group(f"columns/{j:06d}"), data=data, indices=indices, indptr=indptr)
+                if filled[j]:  # its pieces are done with: do not keep two staged copies of X
+                    shutil.rmtree(os.path.join(stage_path, "pieces", f"{j:06d}"))
+        return column_blocks, matrices
+
+    def _commit_column_blocks(self, ranges) -> "GroupedMatrix":
+        """Build the column blocks beside the store, move them in, then list them in the metadata.
+
+        The metadata is written last: a store whose metadata lists no column blocks has
+        none, whatever directories exist, so any failure before it leaves the store as it
+        was (a stray ``columns/`` is replaced by the next attempt).
+        """
+        where = f"store {self.path!r}"  # on disk only
+        parent, name = os.path.split(self.path)
+        stage_path = os.path.join(parent, f".{name}.columns-partial-{uuid.uuid4().hex[:8]}")
+        target = os.path.join(self.path, "columns")
+        try:
+            column_blocks, _ = self._build_column_blocks(ranges, stage_path)
+            meta = replace(self.meta, column_blocks=column_blocks)
+            meta.check(where)
+            root = zarr.open_group(self.path, mode="r+")
+            current = Metadata.from_json(root.attrs["distfact"], where)
+            if not current.column_blocks and current != self.meta:
+                raise ValueError(f"{where} was replaced while its column blocks were being built; not adding them")
+            if not current.column_blocks:  # else another process committed first: keep its blocks
+                if os.path.exists(target):  # left by an attempt that failed before its metadata write
+                    shutil.rmtree(target)
+                os.rename(os.path.join(stage_path, "columns"), target)
+                root.attrs["distfact"] = meta.to_json()  # the commit (zarr writes zarr.json aside, then renames)
+        finally:
+            shutil.rmtree(stage_path, ignore_errors=True)
+        return GroupedMatrix.open(self.path)
 
     def load_block(self, index: int):
         """Block ``index`` as a numpy array (dense layout) or a CSR matrix."""
@@ -314,12 +542,10 @@ class StoreWriter:
         else:
             node = self._root.create_group(f"blocks/{key}")
             if sp.issparse(block):
-                for name in ("data", "indices", "indptr"):
-                    arr = getattr(block, name)
-                    node.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=(max(arr.shape[0], 1),))[...] = arr
+                write_arrays(node, data=block.data, indices=block.indices, indptr=block.indptr)
             else:
-                node.create_array("X", shape=block.shape, dtype=block.dtype, chunks=block.shape)[...] = block
-            node.create_array("rows", shape=source_rows.shape, dtype=np.int64, chunks=(max(len(source_rows), 1),))[...] = source_rows
+                write_arrays(node, X=block)
+            write_arrays(node, rows=source_rows)
         self._staged.append(entry)
 
     def commit(self, group_order: list[str], feature_names=None, source: dict | None = None) -> GroupedMatrix:

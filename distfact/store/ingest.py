@@ -61,7 +61,8 @@ def _take_rows(X, rows: np.ndarray):
 
 
 def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=None, layout=None,
-                block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, overwrite=False) -> GroupedMatrix:
+                block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, overwrite=False,
+                column_blocks=False) -> GroupedMatrix:
     """Build a grouped matrix from X (numpy, scipy.sparse, dask array or DataFrame) and row labels.
 
     Parameters
@@ -81,6 +82,10 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         Rows per block, or the target size of a block in bytes (default 128 MiB).
     overwrite : bool
         Replace an existing store at ``path``.
+    column_blocks : bool
+        Also store X by column blocks (CSC, about ``block_bytes`` each), for methods that
+        sweep over columns: see :meth:`GroupedMatrix.with_column_blocks`. They are added
+        to the committed store, so if building them fails the store is left without them.
 
     Rows are stored group by group (stable within a group); values are validated
     block by block and a failure leaves nothing at ``path``.
@@ -119,4 +124,5 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         for g, name in enumerate(names):
             for rows in split_rows(order[bounds[g]:bounds[g + 1]], per_block):
                 writer.add_block(name, _take_rows(X, rows), rows)
-        return writer.commit(names, feature_names, source={"kind": "arrays"})
+        store = writer.commit(names, feature_names, source={"kind": "arrays"})
+    return store.with_column_blocks(block_bytes) if column_blocks else store
