@@ -3,6 +3,7 @@
     pass 0:   statistics of the initial local factors
     loop:     global step on the driver (from reduced statistics)
               one pass: local step per block + its statistics, fixed-order tree sum
+              [a column pass, for methods that sweep X by columns too (column_step)]
               objective from the statistics, callback, checkpoint, stopping rule
 
 A method supplies the hooks of :class:`IterativeMethod`; the loop knows nothing
@@ -42,6 +43,10 @@ class IterativeMethod(Protocol):
 
     # Optional: ``block_state(global_state) -> dict``, the part of the global state the blocks use
     # (the rest stays on the driver and is not shipped to the workers every pass).
+    # Optional, for methods that also sweep X by columns (sCD): ``column_step(Xc, W, column_block,
+    # global_state) -> (piece, statistics as arrays over groups)``, run as a second pass after the
+    # row pass, and ``assemble_columns(global_state, pieces) -> global_state``; the column pass's
+    # statistics join the row pass's, group by group.
 
 
 def shipped(method, global_state: dict) -> dict:
@@ -70,6 +75,7 @@ class FitState:
     group_objectives: list[np.ndarray] = field(default_factory=list)
     iteration: int = 0
     converged: bool = False
+    timed_out: bool = False
 
 
 class RowStream:
@@ -124,10 +130,13 @@ def initialise(method, data, executor, random_state) -> dict:
 
 def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callable[[], dict],
         callback: Callable[[IterationInfo], None] | None = None, checkpointer=None,
-        resume: bool = False) -> FitState:
+        resume: bool = False, time_limit: float | None = None) -> FitState:
     """Run the loop from the newest checkpoint (``resume``) or else from ``start()``, which
     initialises the executor's local factors and returns the initial global state (or the
-    pair (global state, statistics) when its last pass already produced pass 0's statistics)."""
+    pair (global state, statistics) when its last pass already produced pass 0's statistics).
+
+    ``time_limit``: seconds after which no new iteration starts (counted from this call)."""
+    began = time.perf_counter()
     state = None
     if resume and checkpointer is not None:
         found = checkpointer.latest()
@@ -152,8 +161,16 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         logger.info("pass 0: objective %.6g", value)
     while state.iteration < max_iter and not state.converged:
         started = time.perf_counter()
+        if time_limit is not None and started - began >= time_limit:
+            state.timed_out = True
+            logger.info("time limit of %.3g s reached after %d iterations", time_limit, state.iteration)
+            break
         state.global_state = aligned(method.global_step(state.global_state, state.stats, data))
         state.stats = executor.run_pass(method.local_step, shipped(method, state.global_state), update=True)
+        if hasattr(method, "column_step"):
+            pieces, column_stats = executor.run_column_pass(method.column_step, shipped(method, state.global_state))
+            state.global_state = aligned(method.assemble_columns(state.global_state, pieces))
+            state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
         value, per_group = method.objective(state.global_state, state.stats, data)
         state.objectives.append(value)
         state.group_objectives.append(per_group)

@@ -5,6 +5,11 @@ and runs a *pass*: ``fn(X_b, local_b, block, *global_args)`` for every block,
 returning per-group statistics summed by the fixed-order tree of ``reduce.py``.
 It knows nothing of any method's mathematics.
 
+A method that also needs X by columns (sCD's H sweep) runs a *column pass*:
+``fn(Xc_c, W, column_block, *global_args)`` for every CSC column block of the store, where W is
+the whole local factor (every row block's, in stored row order) assembled where the task runs;
+it returns the column block's piece of the global factor and statistics as arrays over groups.
+
 - :class:`InProcessExecutor` (the default: nothing to start). One block, or one
   thread, is a plain loop with no task graph (the fast path for small data);
   otherwise Dask's threaded scheduler runs the blocks of a pass in parallel.
@@ -26,7 +31,7 @@ import scipy.sparse as sp
 import zarr
 
 from ..store.format import Block
-from .reduce import by_group, keyed, merge, tree_reduce
+from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce
 
 
 ALIGNMENT = 64
@@ -67,6 +72,22 @@ def run_block(fn, reader, block, X_b, local, args, update, spill=None, generatio
             new_local = spill.store(block, new_local, generation)
         return new_local, keyed(block.group, stats)
     return keyed(block.group, out)
+
+
+def run_column_block(fn, reader, column_block, Xc, locals_, args):
+    """What one column task does: load the CSC column block if needed, put the local factors of all
+    row blocks together (the whole W, stored row order), run ``fn``; returns (piece, statistics)."""
+    if Xc is None:
+        Xc = reader(column_block)
+    parts = [materialise(local) for local in locals_]
+    W = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return fn(Xc, aligned(W), column_block, *aligned(args))
+
+
+def map_local_one(fn, block, local, args, spill, generation):
+    """``local <- fn(local, block, *args)`` where the local factor lives (no read of X)."""
+    new_local = fn(aligned(materialise(local)), block, *aligned(args))
+    return new_local if spill is None else spill.store(block, new_local, generation)
 
 
 def save_local(directory: str, block, local) -> None:
@@ -165,6 +186,12 @@ class Executor:
     def _count_pass(self):
         self.n_passes += 1
 
+    def _column_results(self, results: list) -> tuple[list, list[dict]]:
+        """Pieces in column order, and the statistics summed over column blocks in a fixed order."""
+        self._count_pass()
+        total = tree_reduce([stats for _, stats in results], add)
+        return [piece for piece, _ in results], aligned(split_by_group(total, self.data.n_groups))
+
     def _remove_spill(self):
         if self.spill is not None:
             shutil.rmtree(self.spill.directory, ignore_errors=True)
@@ -200,8 +227,8 @@ class InProcessExecutor(Executor):
         return (self.n_threads <= 1 or len(self.blocks) == 1
                 or (self.data.in_memory and not self.data.is_sparse))
 
-    def _map(self, tasks: list):
-        if self._serial():
+    def _map(self, tasks: list, serial: bool | None = None):
+        if self._serial() if serial is None else serial:
             return [task() for task in tasks]
         import dask.threaded
 
@@ -224,6 +251,21 @@ class InProcessExecutor(Executor):
             self.locals = [r[0] for r in results]
             results = [r[1] for r in results]
         return aligned(by_group(tree_reduce(results, merge), self.data.n_groups))
+
+    def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
+        """One pass over the CSC column blocks (see the module docstring); column tasks are
+        compiled kernels that release the GIL, so they run in parallel threads."""
+        W = [np.concatenate(self.local_factors())]  # once for all column blocks of the pass
+        reader = self.data.column_reader()
+        tasks = [functools.partial(run_column_block, fn, reader, cblock, None, W, args)
+                 for cblock in self.data.column_blocks]
+        return self._column_results(self._map(tasks, serial=self.n_threads <= 1 or len(tasks) == 1))
+
+    def map_local(self, fn, *args) -> None:
+        """``local_b <- fn(local_b, block, *args)`` for every block, where it lives; X is not read."""
+        self.generation += 1
+        self.locals = self._map([functools.partial(map_local_one, fn, block, local, args, self.spill, self.generation)
+                                 for block, local in zip(self.blocks, self.locals)])
 
     def map_blocks(self, fn, *args) -> list:
         """``fn(X_b, local_b, block, *args)`` per block, results returned in block order (one pass)."""
@@ -262,14 +304,20 @@ class DistributedExecutor(Executor):
         super().__init__(data, spill_dir)
         self.client = client
         self.owns_client = owns_client
-        if data.in_memory:
-            self.reader = None
-            self.X_refs = client.scatter(list(data._blocks), hash=False)
-        else:
-            self.reader = data.reader()
-            self.X_refs = ([client.submit(self.reader, block, pure=False) for block in self.blocks]
-                           if persist_data else [None] * len(self.blocks))
+        self.persist_data = persist_data
+        self.reader = None if data.in_memory else data.reader()
+        self.X_refs = self._place(data.blocks, data.reader())
+        self.column_reader, self.Xc_refs = None, None  # placed at the first column pass
         self.locals: list = [None] * len(self.blocks)
+
+    def _place(self, blocks, reader) -> list:
+        """Blocks of X on the workers: scattered from memory, loaded there from the store, or
+        (over half the cluster's memory) None: read from the store by every pass."""
+        if self.data.in_memory:
+            return self.client.scatter([reader(block) for block in blocks], hash=False)
+        if self.persist_data:
+            return [self.client.submit(reader, block, pure=False) for block in blocks]
+        return [None] * len(blocks)
 
     def describe(self) -> dict:
         info = self.client.scheduler_info()
@@ -299,6 +347,26 @@ class DistributedExecutor(Executor):
         self._count_pass()
         return aligned(by_group(total, self.data.n_groups))
 
+    def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
+        """One pass over the CSC column blocks; every column task receives the futures of all local
+        factors (Dask moves them worker to worker; the driver never holds W)."""
+        if self.Xc_refs is None:
+            column_reader = self.data.column_reader()
+            self.Xc_refs = self._place(self.data.column_blocks, column_reader)
+            self.column_reader = None if self.data.in_memory else column_reader
+        args_ref = self._broadcast(args)
+        outs = [self.client.submit(run_column_block, fn, self.column_reader, cblock, self.Xc_refs[cblock.index],
+                                   self.locals, args_ref, pure=False)
+                for cblock in self.data.column_blocks]
+        return self._column_results(self.client.gather(outs))
+
+    def map_local(self, fn, *args) -> None:
+        args_ref = self._broadcast(args)
+        self.generation += 1
+        self.locals = [self.client.submit(map_local_one, fn, block, local, args_ref, self.spill, self.generation,
+                                          pure=False)
+                       for block, local in zip(self.blocks, self.locals)]
+
     def map_blocks(self, fn, *args) -> list:
         args_ref = self._broadcast(args)
         outs = [self.client.submit(_map_one, fn, self.reader, block, self.X_refs[block.index],
@@ -319,7 +387,7 @@ class DistributedExecutor(Executor):
                        for block in self.blocks]
 
     def close(self) -> None:
-        futures = [f for f in self.X_refs + self.locals if f is not None]
+        futures = [f for f in self.X_refs + (self.Xc_refs or []) + self.locals if f is not None]
         self.client.cancel(futures)
         self._remove_spill()
         if self.owns_client:

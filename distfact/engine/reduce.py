@@ -42,6 +42,16 @@ def merge(a: dict, b: dict) -> dict:
     return out
 
 
+def add(a: dict, b: dict) -> dict:
+    """Add two dicts of statistics name by name (a column block's statistics are arrays over groups)."""
+    return {name: a[name] + b[name] for name in a}
+
+
+def split_by_group(total: dict, n_groups: int) -> list[dict]:
+    """Statistics summed over column blocks (``name -> array indexed by group``) as a list indexed by group."""
+    return [{name: value[g] for name, value in total.items()} for g in range(n_groups)]
+
+
 def by_group(total: dict, n_groups: int) -> list[dict]:
     """The reduced partial sum as a list indexed by group."""
     missing = [g for g in range(n_groups) if g not in total]
