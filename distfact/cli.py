@@ -15,7 +15,12 @@ import sys
 import numpy as np
 
 EXIT_BAD_INPUT = 2
-FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",)}
+# per method: its solvers (the first is the default), its inits (likewise), default max_iter and tol
+FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",), "wl1-nmf": ("scd",)}
+FIT_INITS = {"nmf": ("random", "nndsvda"), "fairer-nmf": ("random",), "stratified-nmf": ("random",),
+             "wl1-nmf": ("hals", "random")}
+FIT_MAX_ITER = {"wl1-nmf": 30}
+FIT_TOL = {"stratified-nmf": None, "wl1-nmf": 1e-6}
 
 
 def _add_scheduler_options(p):
@@ -44,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vectorizer", default="tfidf", choices=["tfidf", "count", "hashing"])
     p.add_argument("--max-features", type=int, default=20000)
     p.add_argument("--block-rows", type=int, help="rows per block (default: ~128 MiB blocks)")
+    p.add_argument("--column-blocks", action="store_true",
+                   help="also write X by CSC column blocks (what wl1-nmf sweeps; fit adds them otherwise)")
     p.add_argument("--overwrite", action="store_true")
 
     p = sub.add_parser("info", help="groups, sizes, nnz and norms of a store")
@@ -54,17 +61,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("--method", default="nmf", choices=list(FIT_SOLVERS),
                    help="nmf; fairer-nmf (min-max relative group loss); stratified-nmf (shared topics plus a "
-                        "shift per group, the groups being the strata)")
+                        "shift per group, the groups being the strata); wl1-nmf (weighted L1 loss by sparse "
+                        "coordinate descent, robust to outliers and false zeros)")
     p.add_argument("--n-estimates", type=int, default=5, help="fairer-nmf: NMF runs per group for E_l")
     p.add_argument("--v-updates", type=int, default=2, help="stratified-nmf: v updates per iteration (M)")
+    p.add_argument("--lam", type=float, default=1.0, help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF)")
+    p.add_argument("--hals-iter", type=int, default=10, help="wl1-nmf: HALS iterations of --init hals")
+    p.add_argument("--time-limit", type=float, help="wl1-nmf: seconds after which no new iteration starts")
     p.add_argument("--rank", "-r", type=int, required=True, help="number of components")
-    p.add_argument("--solver", default="mu", choices=["mu", "hals", "am"],
-                   help="nmf: mu or hals; fairer-nmf: mu or am; stratified-nmf: mu")
+    p.add_argument("--solver", choices=["mu", "hals", "am", "scd"],
+                   help="nmf: mu (default) or hals; fairer-nmf: mu (default) or am; stratified-nmf: mu; wl1-nmf: scd")
     p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
-    p.add_argument("--init", default="random", choices=["random", "nndsvda"], help="nndsvda: nmf only")
-    p.add_argument("--max-iter", type=int, default=200)
-    p.add_argument("--tol", type=float, help="relative change that stops the fit (default: 1e-4; stratified-nmf: "
-                                             "none, run --max-iter iterations as the paper does)")
+    p.add_argument("--init", choices=["random", "nndsvda", "hals"],
+                   help="random (default), or nndsvda for nmf; wl1-nmf: hals (default) or random")
+    p.add_argument("--max-iter", type=int, help="iterations (default: 200; wl1-nmf: 30)")
+    p.add_argument("--tol", type=float, help="change that stops the fit (default: 1e-4 relative; stratified-nmf: "
+                                             "none, run --max-iter iterations as the paper does; wl1-nmf: 1e-6 "
+                                             "on the objective divided by sum(X))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", "-o", default="distfact-fit", help="output directory")
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K iterations (0: never)")
@@ -135,6 +148,8 @@ def cmd_ingest(args):
     else:
         raise ValueError(f"source {src!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
                          f"{', '.join(PARQUET_SUFFIXES)}) or a corpus ({', '.join(JSONL_SUFFIXES)}))")
+    if args.column_blocks:
+        data = data.with_column_blocks()
     print(f"wrote {data!r}")
 
 
@@ -173,26 +188,43 @@ def _progress(args, max_iter):
 
 def _fit_model(args, bar):
     """The estimator ``distfact fit`` runs, from the command line's options."""
-    from .estimators import NMF, FairerNMF, StratifiedNMF
+    from .estimators import NMF, FairerNMF, StratifiedNMF, WeightedL1NMF
 
-    if args.solver not in FIT_SOLVERS[args.method]:
-        raise ValueError(f"--solver {args.solver} is not available for {args.method}; "
-                         f"choose from {', '.join(FIT_SOLVERS[args.method])}")
-    if args.init != "random" and args.method != "nmf":
-        raise ValueError(f"--init {args.init} is available for nmf only")
+    solver = _method_choice(args, "--solver", args.solver, FIT_SOLVERS)
+    init = _method_choice(args, "--init", args.init, FIT_INITS)
     if args.beta_loss != "frobenius" and args.method != "nmf":
         raise ValueError(f"--beta-loss {args.beta_loss} is available for nmf only")
     if args.v_updates != 2 and args.method != "stratified-nmf":
         raise ValueError("--v-updates is available for stratified-nmf only")
-    tol = {"stratified-nmf": None}.get(args.method, 1e-4) if args.tol is None else args.tol
+    wl1_options = (args.lam != 1.0, args.hals_iter != 10, args.time_limit is not None)
+    if any(wl1_options) and args.method != "wl1-nmf":
+        raise ValueError("--lam, --hals-iter and --time-limit are available for wl1-nmf only")
+    tol = FIT_TOL.get(args.method, 1e-4) if args.tol is None else args.tol
     checkpoints = dict(checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
                        checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
-    common = dict(max_iter=args.max_iter, tol=tol, random_state=args.seed, callback=bar)
+    common = dict(max_iter=_max_iter(args), tol=tol, random_state=args.seed, callback=bar)
+    if args.method == "wl1-nmf":
+        return WeightedL1NMF(args.rank, lam=args.lam, init=init, hals_iter=args.hals_iter,
+                             time_limit=args.time_limit, **common, **checkpoints)
     if args.method == "fairer-nmf":
-        return FairerNMF(args.rank, solver=args.solver, n_estimates=args.n_estimates, **common, **checkpoints)
+        return FairerNMF(args.rank, solver=solver, n_estimates=args.n_estimates, **common, **checkpoints)
     if args.method == "stratified-nmf":
         return StratifiedNMF(args.rank, v_updates=args.v_updates, **common, **checkpoints)
-    return NMF(args.rank, solver=args.solver, beta_loss=args.beta_loss, init=args.init, **common, **checkpoints)
+    return NMF(args.rank, solver=solver, beta_loss=args.beta_loss, init=init, **common, **checkpoints)
+
+
+def _method_choice(args, option: str, value, choices: dict) -> str:
+    """``value`` if the method offers it, the method's default if it was not given."""
+    offered = choices[args.method]
+    if value is None:
+        return offered[0]
+    if value not in offered:
+        raise ValueError(f"{option} {value} is not available for {args.method}; choose from {', '.join(offered)}")
+    return value
+
+
+def _max_iter(args) -> int:
+    return FIT_MAX_ITER.get(args.method, 200) if args.max_iter is None else args.max_iter
 
 
 def cmd_fit(args):
@@ -201,7 +233,7 @@ def cmd_fit(args):
     from .store import open_store
 
     data = open_store(args.store)
-    bar = _progress(args, args.max_iter)
+    bar = _progress(args, _max_iter(args))
     model = _fit_model(args, bar)
     with client_for(args.scheduler, args.local_cluster) as client:
         if client is not None:
@@ -237,6 +269,8 @@ def cmd_fit(args):
                        top_features=model.top_features(10))
     elif args.method == "nmf":
         metrics["reconstruction_err"] = model.reconstruction_err_
+    elif args.method == "wl1-nmf":  # the L1 error, ||X - WH||_1; the groups' relative_error is its share
+        metrics.update(lam=model.lam, l1_error=model.reconstruction_err_, timed_out=model.timed_out_)
     written.append(os.path.join(args.output, "metrics.json"))
     with open(written[-1], "w") as f:
         json.dump(metrics, f, indent=2, default=str)

@@ -127,3 +127,27 @@ def test_fit_and_report_stratified_nmf(tmp_path):
     assert rows[0] == "stratum,1,2,3,4" and rows[1].startswith("S1,x") and len(rows) == 3
     bad = run("report", tmp_path / "d.zarr", "--stratified", "--image-shape", "7x7", cwd=tmp_path)
     assert bad.returncode == 2 and "49 pixels" in bad.stderr
+
+
+def test_fit_wl1_nmf(tmp_path):
+    import scipy.sparse as sp
+
+    X, groups = grouped_data(m=60, n=15, density=0.3, seed=3)
+    np.savez(tmp_path / "data.npz", X=X, groups=groups)
+    out = run("ingest", tmp_path / "data.npz", tmp_path / "x.zarr", "--block-rows", "12", "--column-blocks",
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(run("info", tmp_path / "x.zarr", "--json", cwd=tmp_path).stdout)["n_column_blocks"] >= 1
+    out = run("fit", tmp_path / "x.zarr", "--method", "wl1-nmf", "--rank", "3", "--lam", "0.5", "--hals-iter", "4",
+              "--max-iter", "5", "--tol", "0", "--no-progress", "--output", tmp_path / "fit", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["lam"] == 0.5 and metrics["n_iter"] == 5 and metrics["n_passes"] == (4 + 1) + 1 + 2 * 5
+    model = __import__("distfact").WeightedL1NMF(3, lam=0.5, hals_iter=4, max_iter=5, tol=0, random_state=0)
+    model.fit(sp.csr_matrix(X), groups)
+    np.testing.assert_allclose(np.load(tmp_path / "fit" / "H.npy"), model.components_, rtol=1e-10, atol=1e-12)
+    assert metrics["l1_error"] == pytest.approx(model.reconstruction_err_, rel=1e-10)
+    bad = run("fit", tmp_path / "x.zarr", "--method", "nmf", "--lam", "0.5", "--rank", "3", cwd=tmp_path)
+    assert bad.returncode == 2 and "wl1-nmf only" in bad.stderr
+    bad = run("fit", tmp_path / "x.zarr", "--method", "wl1-nmf", "--lam", "2", "--rank", "3", cwd=tmp_path)
+    assert bad.returncode == 2 and "lam must be a number in [0, 1]" in bad.stderr

@@ -7,6 +7,7 @@ import scipy.sparse as sp
 
 import distfact
 from conftest import grouped_data
+from distfact.datasets import make_stratified_synthetic
 from oracles import stratified_nmf
 
 
@@ -158,3 +159,14 @@ def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
     np.testing.assert_array_equal(resumed.components_, full.components_)
     np.testing.assert_array_equal(resumed.strata_features_, full.strata_features_)
     np.testing.assert_array_equal(resumed.loss_history_, full.loss_history_)
+
+
+def test_inverse_transform_adds_each_rows_stratum_shift():
+    X, strata, _ = make_stratified_synthetic(3)
+    model = distfact.StratifiedNMF(5, max_iter=30, random_state=0)
+    W = model.fit_transform(X, strata)
+    shift = {name: v for name, v in zip(model.strata_names_, model.strata_features_)}
+    expected = W @ model.components_ + np.stack([shift[s] for s in strata])
+    np.testing.assert_allclose(model.inverse_transform(W, strata), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="were not seen in fit"):
+        model.inverse_transform(W[:2], ["1", "nine"])

@@ -75,3 +75,27 @@ def load_digit_strata(per_digit=85, random_state=0):
                            pick[3][:per_digit]])
     strata = np.repeat(["S1", "S2"], 2 * per_digit)
     return digits.data[rows], strata, digits.target[rows]
+
+
+def make_false_zeros(zeros, false_share, m=100, n=50, rank=20, diversity=0.1, random_state=0):
+    """wL1-NMF's matrix completion with false zeros (wl1-nmf-scd.txt, Section 7.3).
+
+    W (m x rank) and H (rank x n) uniform on [0, 1), the dense ground truth W H, plus Laplace noise of
+    scale ``diversity``; then a share ``zeros`` (q1) of the mn entries set to 0: a share
+    ``false_share`` (q2) of them are the *smallest* entries (type I, false zeros: low values
+    thresholded), the rest chosen at random among the others (type II, missing entries). Negative
+    noisy entries (the noise is tiny against W H) are clipped to 0. Returns ``(X, truth)``.
+    """
+    if not 0 <= zeros < 1 or not 0 <= false_share <= 1:
+        raise ValueError(f"need 0 <= zeros < 1 and 0 <= false_share <= 1, got {zeros}, {false_share}")
+    rng = np.random.default_rng(random_state)
+    truth = rng.random((m, rank)) @ rng.random((rank, n))
+    X = np.maximum(truth + rng.laplace(scale=diversity, size=(m, n)), 0.0).ravel()
+    n_zero = int(round(zeros * m * n))
+    n_false = int(round(false_share * n_zero))
+    order = np.argsort(X, kind="stable")
+    false = order[:n_false]
+    missing = rng.choice(order[n_false:], size=n_zero - n_false, replace=False)
+    X[false] = 0.0
+    X[missing] = 0.0
+    return X.reshape(m, n), truth

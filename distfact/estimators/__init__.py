@@ -3,5 +3,6 @@
 from .fairer_nmf import FairerNMF
 from .nmf import NMF
 from .stratified_nmf import StratifiedNMF
+from .wl1_nmf import WeightedL1NMF
 
-__all__ = ["FairerNMF", "NMF", "StratifiedNMF"]
+__all__ = ["FairerNMF", "NMF", "StratifiedNMF", "WeightedL1NMF"]

@@ -84,6 +84,44 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
         run_dir = self.checkpoint_dir if phase is None else os.path.join(self.checkpoint_dir, phase)
         return Checkpointer(run_dir, self.checkpoint_every, config)
 
+    def _set_run_facts(self, method, data, state, executor) -> None:
+        """The fitted attributes every estimator has: shapes, iterations, passes, where it ran."""
+        self.n_components_ = method.n_components
+        self.n_features_in_ = data.shape[1]
+        if data.feature_names is not None:
+            self.feature_names_in_ = np.asarray(data.feature_names, dtype=object)
+        self.n_iter_ = state.iteration
+        self.n_passes_ = executor.n_passes
+        self.converged_ = state.converged
+        self.scheduler_ = executor.describe()
+        self._method = method
+
+    def inverse_transform(self, W):
+        """W H."""
+        self._check_fitted()
+        return np.asarray(W) @ self.components_
+
+    def _check_fitted(self):
+        if not hasattr(self, "components_"):
+            raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit first")
+
+    def _custom_start(self, data, executor, W, rank: int, dtype, global_state: dict):
+        """init='custom': ``W`` (X's row order) checked and split into the store's blocks; the start
+        puts each block's rows where the block lives and returns ``global_state``."""
+        W_blocks = self._blocks_from_rows(data, check_factor(W, (data.shape[0], rank), "W", dtype))
+
+        def start():
+            executor.init_local(given_block, W_blocks)
+            return global_state
+        return start
+
+    def _outputs(self, data, executor, W_out, want_W):
+        """After a fit: W written block by block to ``W_out`` if given; W gathered in X's row order
+        if ``want_W`` (fit_transform), else None."""
+        if W_out is not None:
+            self._save_local_factors(executor, W_out)
+        return self._rows_in_caller_order(data, executor.local_factors()) if want_W else None
+
     @staticmethod
     def _save_local_factors(executor, directory) -> None:
         """Write W block by block (one Zarr array per block, by the process holding it) into

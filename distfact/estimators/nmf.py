@@ -11,8 +11,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
-                   given_block)
+from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
 
 INITS = ("random", "nndsvda", "custom")
 
@@ -133,13 +132,9 @@ class NMF(FactorEstimator):
             if not state.converged and self.tol > 0 and self.max_iter > 0 and state.iteration >= self.max_iter:
                 warnings.warn(f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by "
                               f"less than tol={self.tol}; increase max_iter", ConvergenceWarning, stacklevel=3)
-            if W_out is not None:
-                self._save_local_factors(executor, W_out)
-            if want_W:
-                return self._rows_in_caller_order(data, executor.local_factors())
+            return self._outputs(data, executor, W_out, want_W)
         finally:
             executor.close()
-        return None
 
     def _config(self, method, data) -> dict:
         return {"estimator": "NMF", "method": method.__dict__, "init": self.init,
@@ -152,22 +147,12 @@ class NMF(FactorEstimator):
             return lambda: nndsvda_start(method, data, executor, self.random_state)
         if W is None or H is None:
             raise ValueError("init='custom' needs both W and H")
-        m, n = data.shape
-        H = check_factor(H, (method.n_components, n), "H", data.dtype)
-        W_blocks = self._blocks_from_rows(data, check_factor(W, (m, method.n_components), "W", data.dtype))
-
-        def start():
-            executor.init_local(given_block, W_blocks)
-            return method.with_derived(H, data)
-        return start
+        H = check_factor(H, (method.n_components, data.shape[1]), "H", data.dtype)
+        return self._custom_start(data, executor, W, method.n_components, data.dtype, method.with_derived(H, data))
 
     def _set_results(self, method, data, state, executor):
         self.components_ = state.global_state["H"]
-        self.n_components_ = method.n_components
-        self.n_features_in_ = data.shape[1]
-        self.n_iter_ = state.iteration
-        self.n_passes_ = executor.n_passes
-        self.converged_ = state.converged
+        self._set_run_facts(method, data, state, executor)
         self.loss_history_ = np.asarray(state.objectives)
         self.group_loss_history_ = np.vstack(state.group_objectives)
         self.group_names_ = data.group_names
@@ -175,8 +160,6 @@ class NMF(FactorEstimator):
         self.reconstruction_err_ = float(np.sqrt(2.0 * max(state.objectives[-1], 0.0)))
         sq = method.squared_errors(state.global_state, state.stats, data)
         self.group_errors_ = np.sqrt(sq / np.maximum(data.group_sq_norms, np.finfo(np.float64).tiny))
-        self.scheduler_ = executor.describe()
-        self._method = method
 
     # ------------------------------------------------------------ transform
     def transform(self, X, groups=None, client=None, max_iter=None):
@@ -193,12 +176,3 @@ class NMF(FactorEstimator):
         finally:
             executor.close()
         return self._rows_in_caller_order(data, blocks)
-
-    def inverse_transform(self, W):
-        """W H."""
-        self._check_fitted()
-        return np.asarray(W) @ self.components_
-
-    def _check_fitted(self):
-        if not hasattr(self, "components_"):
-            raise ValueError("this NMF is not fitted yet; call fit first")

@@ -10,8 +10,7 @@ import numpy as np
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.stratified_nmf import StratifiedMU
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
-                   given_block)
+from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
 
 INITS = ("random", "custom")
 
@@ -124,28 +123,19 @@ class StratifiedNMF(FactorEstimator):
                              start=self._start(method, data, executor, W, H, v), callback=self.callback,
                              checkpointer=self._checkpointer(config), resume=self.resume)
             self._set_results(method, data, state, executor)
-            if W_out is not None:
-                self._save_local_factors(executor, W_out)
-            if want_W:
-                return self._rows_in_caller_order(data, executor.local_factors())
+            return self._outputs(data, executor, W_out, want_W)
         finally:
             executor.close()
-        return None
 
     def _start(self, method, data, executor, W, H, v):
         if self.init == "random":
             return lambda: initialise(method, data, executor, self.random_state)
         if W is None or H is None or v is None:
             raise ValueError("init='custom' needs W, H and v")
-        (m, n), r = data.shape, method.n_components
+        n, r = data.shape[1], method.n_components
         H = check_factor(H, (r, n), "H", np.float64)
         v = check_factor(v, (data.n_groups, n), "v", np.float64)
-        W_blocks = self._blocks_from_rows(data, check_factor(W, (m, r), "W", np.float64))
-
-        def start():
-            executor.init_local(given_block, W_blocks)
-            return method.with_derived(H, v)
-        return start
+        return self._custom_start(data, executor, W, r, np.float64, method.with_derived(H, v))
 
     def _set_results(self, method, data, state, executor):
         G = method.final_global(state.global_state, state.stats)
@@ -158,15 +148,7 @@ class StratifiedNMF(FactorEstimator):
         self.group_loss_history_ = np.vstack(state.group_objectives)
         self.group_losses_ = self.group_loss_history_[-1]
         self.group_errors_ = np.sqrt(self.group_losses_ / np.maximum(data.group_sq_norms, np.finfo(np.float64).tiny))
-        self.n_components_ = method.n_components
-        self.n_features_in_ = data.shape[1]
-        if data.feature_names is not None:
-            self.feature_names_in_ = np.asarray(data.feature_names, dtype=object)
-        self.n_iter_ = state.iteration
-        self.n_passes_ = executor.n_passes
-        self.converged_ = state.converged
-        self.scheduler_ = executor.describe()
-        self._method = method
+        self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform
     def transform(self, X, strata=None, client=None, max_iter=200, tol=1e-4):
@@ -214,6 +196,14 @@ class StratifiedNMF(FactorEstimator):
         return {"strata": {name: top(v) for name, v in zip(self.strata_names_, self.strata_features_)},
                 "topics": [top(h) for h in self.components_]}
 
-    def _check_fitted(self):
-        if not hasattr(self, "components_"):
-            raise ValueError("this StratifiedNMF is not fitted yet; call fit first")
+    def inverse_transform(self, W, strata):
+        """W H + 1 v(i)^T: each row's reconstruction with its stratum's shift (``strata``: one label per row)."""
+        self._check_fitted()
+        import pandas as pd
+
+        strata = np.asarray(strata).astype(str)
+        index = pd.Index(self.strata_names_).get_indexer(strata)
+        if (index < 0).any():
+            unknown = sorted(set(strata[index < 0]))
+            raise ValueError(f"strata {unknown} were not seen in fit; known strata: {self.strata_names_}")
+        return np.asarray(W) @ self.components_ + self.strata_features_[index]

@@ -3,6 +3,11 @@
 Objective (eq. 5.1), for X >= 0 with non-zeros kappa+ and zeros kappa0:
 
     sum_{(i,j) in kappa+} |X - WH|_ij + lambda sum_{(i,j) in kappa0} (WH)_ij
+  = sum_{kappa+} (|X - WH| - lambda WH) + lambda (1^T W)(H 1)          (Section 6.2: O(nnz r))
+
+The kernels return the two sums over the non-zeros, sum |x - wh| and sum wh, per group of the
+*index* space (columns of the CSR given; for the H sweep on CSC X these are the rows of X, so the
+sums come out per row group); the caller adds lambda (1^T W)(H 1).
 
 One scalar subproblem (eq. 6.4, written for an entry F_it of the factor whose rows follow the rows
 of a CSR matrix; the other factor G enters as G^T, n x r):
@@ -12,7 +17,8 @@ of a CSR matrix; the other factor G enters as G^T, n x r):
 
 with v_s = (F G)_is kept up to date incrementally (Section 6.1), solved by the constrained weighted
 median of Algorithm 2.1 over |nz(i)| + 1 points. A sweep over the rows of CSR X updates F = W for
-fixed H; the same sweep over the rows of X^T (CSR of X^T) updates F = H^T for fixed W (Algorithm 6.2).
+fixed H; the same sweep over the rows of X^T (the CSC arrays of X) updates F = H^T for fixed W
+(Algorithm 6.2).
 """
 
 from __future__ import annotations
@@ -56,10 +62,34 @@ def constrained_weighted_median(x, y):
 
 
 @numba.njit(nogil=True, cache=True)
-def scd_sweep_rows(indptr, indices, data, F, Gt, lam):
+def _row_products(indices, start, k, F, i, Gt, v):
+    """v[p] = (F G)_{i, s_p} for the non-zeros s_p of row i."""
+    r = F.shape[1]
+    for p in range(k):
+        g = Gt[indices[start + p]]
+        acc = 0.0
+        for t in range(r):
+            acc += F[i, t] * g[t]
+        v[p] = acc
+
+
+@numba.njit(nogil=True, cache=True)
+def _add_nonzero_terms(data, indices, start, k, v, group_starts, abs_residual, fitted):
+    """Add |x - v| and v over row i's non-zeros to the sums of the groups their indices fall in
+    (``group_starts``: the first index of every group, increasing)."""
+    for p in range(k):
+        g = np.searchsorted(group_starts, indices[start + p], side="right") - 1
+        abs_residual[g] += abs(data[start + p] - v[p])
+        fitted[g] += v[p]
+
+
+@numba.njit(nogil=True, cache=True)
+def scd_sweep_rows(indptr, indices, data, F, Gt, lam, group_starts):
     """Algorithm 6.1 over the rows of a CSR block: update F (rows x r) in place, entry by entry in index
-    order (row i, then t = 0..r-1), for the fixed factor Gt (n x r). Returns the block's objective
-    (eq. 5.1) at the updated F: sum_nz (|x - v| - lambda v) + lambda (1^T F)(G 1)."""
+    order (row i, then t = 0..r-1), for the fixed factor Gt (n x r).
+
+    Returns ``(abs_residual, fitted)``, per group of ``group_starts``: the sums over the non-zeros of
+    |x - v| and v at the updated F (line 15 of Algorithm 6.1, split so that any lambda applies)."""
     m, r = F.shape
     S = np.zeros(r)
     for j in range(Gt.shape[0]):
@@ -71,15 +101,11 @@ def scd_sweep_rows(indptr, indices, data, F, Gt, lam):
     v = np.empty(longest)
     a = np.empty(longest + 1)
     b = np.empty(longest + 1)
-    objective = 0.0
+    abs_residual = np.zeros(group_starts.shape[0])
+    fitted = np.zeros(group_starts.shape[0])
     for i in range(m):
         start, k = indptr[i], indptr[i + 1] - indptr[i]
-        for p in range(k):
-            g = Gt[indices[start + p]]
-            acc = 0.0
-            for t in range(r):
-                acc += F[i, t] * g[t]
-            v[p] = acc
+        _row_products(indices, start, k, F, i, Gt, v)
         for t in range(r):
             old = F[i, t]
             nz_weight = 0.0
@@ -95,11 +121,28 @@ def scd_sweep_rows(indptr, indices, data, F, Gt, lam):
             if new != old:
                 for p in range(k):
                     v[p] += Gt[indices[start + p], t] * (new - old)
-        for p in range(k):
-            objective += abs(data[start + p] - v[p]) - lam * v[p]
-    for t in range(r):
-        column = 0.0
-        for i in range(m):
-            column += F[i, t]
-        objective += lam * column * S[t]
-    return objective
+        _add_nonzero_terms(data, indices, start, k, v, group_starts, abs_residual, fitted)
+    return abs_residual, fitted
+
+
+@numba.njit(nogil=True, cache=True)
+def nonzero_terms(indptr, indices, data, F, Gt, group_starts):
+    """The sums of |x - v| and v over the non-zeros, v = (F G) there, per group of ``group_starts``,
+    without updating anything (the objective of given factors in O(nnz r))."""
+    m = F.shape[0]
+    longest = 0
+    for i in range(m):
+        longest = max(longest, indptr[i + 1] - indptr[i])
+    v = np.empty(longest)
+    abs_residual = np.zeros(group_starts.shape[0])
+    fitted = np.zeros(group_starts.shape[0])
+    for i in range(m):
+        start, k = indptr[i], indptr[i + 1] - indptr[i]
+        _row_products(indices, start, k, F, i, Gt, v)
+        _add_nonzero_terms(data, indices, start, k, v, group_starts, abs_residual, fitted)
+    return abs_residual, fitted
+
+
+def wl1_objective(abs_residual, fitted, lam, W_colsum, H_rowsum):
+    """Eq. (5.1) from the sums over the non-zeros: sum (|x - wh| - lambda wh) + lambda (1^T W)(H 1)."""
+    return abs_residual - lam * fitted + lam * (W_colsum @ H_rowsum)

@@ -1,0 +1,227 @@
+"""``distfact.WeightedL1NMF``: weighted L1-NMF by sparse coordinate descent (sCD)."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.exceptions import ConvergenceWarning
+
+from ..engine import fit as run_loop
+from ..engine.driver import initialise
+from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
+from ..store.grouped import GroupedMatrix
+from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
+
+INITS = ("hals", "random", "custom")
+
+
+class WeightedL1NMF(FactorEstimator):
+    """Weighted L1-NMF (wl1-nmf-scd.txt, eq. 5.1) by sparse coordinate descent (Algorithm 6.2):
+
+        min_{W, H >= 0}  sum_{x_ij > 0} |X - W H|_ij + lam * sum_{x_ij = 0} (W H)_ij
+
+    Robust to heavy-tailed noise and outliers (an L1 loss on the non-zeros); ``lam`` < 1 trusts the
+    zeros less (for data with false zeros: small values thresholded to 0, Section 7.3); ``lam`` = 1 is
+    L1-NMF. Every entry of W, then every entry of H, is the exact minimiser of its scalar subproblem,
+    found by a weighted median over the non-zeros of its row or column only, so an iteration costs
+    O(r nnz log nnz) rather than O(r m n log(m n)). Each iteration reads X twice: by row blocks (the W
+    sweep) and by CSC column blocks (the H sweep, with W broadcast to the column tasks); the objective
+    and per-group L1 errors come from sums accumulated in the sweeps. The CSC copy is built once
+    (``GroupedMatrix.with_column_blocks``; for a store on disk it is written into the store).
+    Computed in float64. See ``distfact.methods.wl1_nmf`` for the steps and equation numbers.
+
+    Parameters
+    ----------
+    n_components : int
+        Rank r.
+    lam : float in [0, 1]
+        Weight of the zeros (lambda in eq. 5.1).
+    init : {'hals', 'random', 'custom'}
+        'hals' (the paper's practice for sparse data): ``hals_iter`` HALS iterations for Frobenius NMF
+        from NMF's random start, then W's columns and H's rows rescaled to equal l1 norms; 'random':
+        NMF's random start (sqrt(mean(X) / r) |N(0, 1)|); 'custom': the W and H passed to ``fit``.
+    hals_iter : int
+        HALS iterations of init='hals' (the paper uses 10; 3 for TDT2).
+    max_iter : int
+        sCD iterations.
+    tol : float
+        Stop when the objective divided by sum(X) changes by less than ``tol`` in an iteration
+        (Section 7); 0 never stops early.
+    time_limit : float or None
+        Seconds (from the call to ``fit``, the start included) after which no new iteration begins.
+    random_state : int or None
+    block_rows : int or None
+        Rows per row block when X is an in-memory array.
+    column_blocks : int or None
+        CSC column blocks to build when X has none: default one per thread for in-memory X, about
+        128 MiB each for a store.
+    checkpoint_dir, checkpoint_every, resume, callback, n_threads, local_memory_budget :
+        as in :class:`distfact.NMF`. Checkpoints of the HALS start go to ``checkpoint_dir/start``
+        and those of sCD to ``checkpoint_dir/scd``.
+
+    Attributes
+    ----------
+    components_ : ndarray (r, n_features)
+        H.
+    loss_history_ : ndarray (n_iter_ + 1,)
+        The objective (eq. 5.1) divided by sum(X), at the start of sCD and after every iteration.
+    group_names_ : list of str
+    group_losses_ : ndarray (n_groups,)
+        The objective restricted to each group's rows, divided by the group's sum (NaN for a group
+        whose rows are all zero).
+    group_loss_history_ : ndarray (n_iter_ + 1, n_groups)
+    group_errors_ : ndarray (n_groups,)
+        Relative L1 error per group, ||X_l - W_l H||_1 / ||X_l||_1.
+    reconstruction_err_ : float
+        ||X - W H||_1.
+    n_iter_ : int
+        sCD iterations run.
+    n_passes_ : int
+        Reads of X: with init='hals', hals_iter + 1 for the start, then 1 + 2 n_iter_ (pass 0, and a
+        row pass and a column pass per iteration).
+    converged_ : bool
+    timed_out_ : bool
+        The fit stopped at ``time_limit``.
+    scheduler_ : dict
+    """
+
+    def __init__(self, n_components, *, lam=1.0, init="hals", hals_iter=10, max_iter=30, tol=1e-6,
+                 time_limit=None, random_state=None, block_rows=None, column_blocks=None, checkpoint_dir=None,
+                 checkpoint_every=10, resume=False, callback=None, n_threads=None, local_memory_budget=None):
+        self.n_components = n_components
+        self.lam = lam
+        self.init = init
+        self.hals_iter = hals_iter
+        self.max_iter = max_iter
+        self.tol = tol
+        self.time_limit = time_limit
+        self.random_state = random_state
+        self.block_rows = block_rows
+        self.column_blocks = column_blocks
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.callback = callback
+        self.n_threads = n_threads
+        self.local_memory_budget = local_memory_budget
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X, groups=None, W=None, H=None, client=None, W_out=None):
+        """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with optional row
+        ``groups`` (for per-group errors). ``W`` (in X's row order) and ``H``: init='custom'.
+        ``W_out``: a directory where W is written block by block (one Zarr array per block)."""
+        self._fit(X, groups, W, H, client, want_W=False, W_out=W_out)
+        return self
+
+    def fit_transform(self, X, groups=None, W=None, H=None, client=None):
+        """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
+        return self._fit(X, groups, W, H, client, want_W=True)
+
+    def _check_params(self):
+        check_iteration_params(self.max_iter, self.tol)
+        if not isinstance(self.lam, numbers.Real) or not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be a number in [0, 1] (the weight of the zeros in eq. 5.1), got {self.lam!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if not isinstance(self.hals_iter, numbers.Integral) or self.hals_iter < 0:
+            raise ValueError(f"hals_iter must be a non-negative integer, got {self.hals_iter!r}")
+        if self.time_limit is not None and (not isinstance(self.time_limit, numbers.Real) or self.time_limit <= 0):
+            raise ValueError(f"time_limit must be a positive number of seconds or None, got {self.time_limit!r}")
+        if self.column_blocks is not None and (not isinstance(self.column_blocks, numbers.Integral)
+                                               or self.column_blocks < 1):
+            raise ValueError(f"column_blocks must be a positive integer or None, got {self.column_blocks!r}")
+
+    def _data(self, X, groups) -> GroupedMatrix:
+        """X as a grouped matrix with CSC column blocks; in-memory dense arrays are swept as CSR."""
+        if not (sp.issparse(X) or isinstance(X, (GroupedMatrix, str, os.PathLike)) or hasattr(X, "compute")):
+            X = sp.csr_matrix(np.asarray(X.to_numpy() if hasattr(X, "to_numpy") else X))
+        data = self._grouped(X, groups)
+        if data.group_totals.sum() <= 0:
+            raise ValueError("X is all zeros: weighted L1-NMF needs at least one positive entry")
+        if data.in_memory:
+            return data.with_column_blocks(n_blocks=min(self.column_blocks or self.n_threads or os.cpu_count() or 1,
+                                                        data.shape[1]))
+        return data.with_column_blocks(n_blocks=self.column_blocks)
+
+    def _fit(self, X, groups, W, H, client, want_W, W_out=None):
+        self._check_params()
+        if (W is not None or H is not None) and self.init != "custom":
+            raise ValueError("W and H are used only with init='custom'")
+        data = self._data(X, groups)
+        r = check_rank(self.n_components, data.shape)
+        method = WeightedL1SCD(r, float(self.lam), float(self.tol))
+        executor = self._executor(data, client, r, np.float64)
+        try:
+            config = {"estimator": "WeightedL1NMF", "method": method.__dict__, "init": self.init,
+                      "hals_iter": self.hals_iter, "random_state": self.random_state, "data": data_fingerprint(data)}
+            state = run_loop(method, data, executor, max_iter=self.max_iter,
+                             start=self._start(method, data, executor, W, H, config), callback=self.callback,
+                             checkpointer=self._checkpointer(config, "scd"), resume=self.resume,
+                             time_limit=self.time_limit)
+            self._set_results(method, data, state, executor)
+            if not (state.converged or state.timed_out) and self.tol > 0 and self.max_iter > 0:
+                warnings.warn(f"WeightedL1NMF stopped at max_iter={self.max_iter} before the normalised objective "
+                              f"changed by less than tol={self.tol}; increase max_iter", ConvergenceWarning,
+                              stacklevel=3)
+            return self._outputs(data, executor, W_out, want_W)
+        finally:
+            executor.close()
+
+    def _start(self, method, data, executor, W, H, config):
+        if self.init == "random":
+            return lambda: initialise(method, data, executor, self.random_state)
+        if self.init == "hals":
+            return lambda: self._hals_start(method, data, executor, config)
+        if W is None or H is None:
+            raise ValueError("init='custom' needs both W and H")
+        H = check_factor(H, (method.n_components, data.shape[1]), "H", np.float64)
+        return self._custom_start(data, executor, W, method.n_components, np.float64, method.with_derived(H, data))
+
+    def _hals_start(self, method, data, executor, config):
+        """Section 7's start: ``hals_iter`` HALS iterations from NMF's random start, then l1 balancing."""
+        hals = HALSStart(method.n_components, dtype=str(data.dtype))
+        state = run_loop(hals, data, executor, max_iter=self.hals_iter,
+                         start=lambda: initialise(hals, data, executor, self.random_state),
+                         checkpointer=self._checkpointer(config, "start"), resume=self.resume)
+        d, H = l1_balance(state.global_state["H"], sum(s["Wsum"] for s in state.stats))
+        executor.map_local(scale_columns, d)
+        return method.with_derived(H, data)
+
+    def _set_results(self, method, data, state, executor):
+        G = state.global_state
+        totals = data.group_totals
+
+        def per_group_sum(values):
+            return np.divide(values, totals, out=np.full(np.shape(values), np.nan), where=totals > 0)
+        l1_errors = method.group_objectives(G, state.stats, lam=1.0)
+        self.components_ = method.components(G)
+        self.loss_history_ = np.asarray(state.objectives)
+        self.group_names_ = data.group_names
+        self.group_loss_history_ = per_group_sum(np.vstack(state.group_objectives))
+        self.group_losses_ = self.group_loss_history_[-1]
+        self.group_errors_ = per_group_sum(l1_errors)
+        self.reconstruction_err_ = float(l1_errors.sum())
+        self.timed_out_ = state.timed_out
+        self._set_run_facts(method, data, state, executor)
+
+    # ------------------------------------------------------------ transform
+    def transform(self, X, groups=None, client=None, max_iter=100, tol=1e-6):
+        """W for new X with H = components_ fixed: W sweeps (Algorithm 6.1 on the rows) from a constant
+        start until each block's objective falls by less than ``tol`` (relative); one read of X."""
+        self._check_fitted()
+        data = self._grouped(X if sp.issparse(X) or not isinstance(X, np.ndarray) else sp.csr_matrix(X), groups)
+        if data.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        check_iteration_params(max_iter, tol)
+        executor = self._executor(data, client)
+        try:
+            scale = float(np.sqrt(data.group_totals.sum() / np.prod(data.shape) / self.n_components_))
+            blocks = executor.map_blocks(self._method.solve_local, np.ascontiguousarray(self.components_.T),
+                                         scale, max_iter, tol)
+        finally:
+            executor.close()
+        return self._rows_in_caller_order(data, blocks)
