@@ -135,10 +135,15 @@ class WeightedL1NMF(FactorEstimator):
                                                or self.column_blocks < 1):
             raise ValueError(f"column_blocks must be a positive integer or None, got {self.column_blocks!r}")
 
+    def _grouped(self, X, groups):
+        """sCD sweeps non-zeros: a numpy array (or list) is stored as CSR; other inputs as they come
+        (a dense store or DataFrame is swept through each block's CSR form)."""
+        if isinstance(X, (np.ndarray, list, tuple)):
+            X = sp.csr_matrix(np.asarray(X))
+        return super()._grouped(X, groups)
+
     def _data(self, X, groups) -> GroupedMatrix:
-        """X as a grouped matrix with CSC column blocks; in-memory dense arrays are swept as CSR."""
-        if not (sp.issparse(X) or isinstance(X, (GroupedMatrix, str, os.PathLike)) or hasattr(X, "compute")):
-            X = sp.csr_matrix(np.asarray(X.to_numpy() if hasattr(X, "to_numpy") else X))
+        """X as a grouped matrix with CSC column blocks."""
         data = self._grouped(X, groups)
         if data.group_totals.sum() <= 0:
             raise ValueError("X is all zeros: weighted L1-NMF needs at least one positive entry")
@@ -213,7 +218,7 @@ class WeightedL1NMF(FactorEstimator):
         """W for new X with H = components_ fixed: W sweeps (Algorithm 6.1 on the rows) from a constant
         start until each block's objective falls by less than ``tol`` (relative); one read of X."""
         self._check_fitted()
-        data = self._grouped(X if sp.issparse(X) or not isinstance(X, np.ndarray) else sp.csr_matrix(X), groups)
+        data = self._grouped(X, groups)
         if data.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
         check_iteration_params(max_iter, tol)

@@ -62,15 +62,25 @@ def constrained_weighted_median(x, y):
 
 
 @numba.njit(nogil=True, cache=True)
-def _row_products(indices, start, k, F, i, Gt, v):
-    """v[p] = (F G)_{i, s_p} for the non-zeros s_p of row i."""
-    r = F.shape[1]
+def _gather_rows(indices, start, k, Gt, G_nz):
+    """G_nz[t, p] = G_{t, s_p} for the non-zeros s_p of the row: the other factor's entries the row's
+    subproblems read, gathered once into a contiguous buffer (r strided gathers avoided)."""
+    r = Gt.shape[1]
     for p in range(k):
         g = Gt[indices[start + p]]
-        acc = 0.0
         for t in range(r):
-            acc += F[i, t] * g[t]
-        v[p] = acc
+            G_nz[t, p] = g[t]
+
+
+@numba.njit(nogil=True, cache=True)
+def _row_products(F, i, G_nz, k, v):
+    """v[p] = (F G)_{i, s_p} for the non-zeros s_p of row i (from the gathered G_nz)."""
+    for p in range(k):
+        v[p] = 0.0
+    for t in range(F.shape[1]):
+        f = F[i, t]
+        for p in range(k):
+            v[p] += f * G_nz[t, p]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -83,21 +93,18 @@ def _add_nonzero_terms(data, indices, start, k, v, group_starts, abs_residual, f
         fitted[g] += v[p]
 
 
-@numba.njit(nogil=True, cache=True)
-def scd_sweep_rows(indptr, indices, data, F, Gt, lam, group_starts):
-    """Algorithm 6.1 over the rows of a CSR block: update F (rows x r) in place, entry by entry in index
-    order (row i, then t = 0..r-1), for the fixed factor Gt (n x r).
+def _longest_row(indptr):
+    return int(np.diff(indptr).max(initial=0))
 
-    Returns ``(abs_residual, fitted)``, per group of ``group_starts``: the sums over the non-zeros of
-    |x - v| and v at the updated F (line 15 of Algorithm 6.1, split so that any lambda applies)."""
+
+@numba.njit(nogil=True, cache=True)
+def _scd_sweep_rows(indptr, indices, data, F, Gt, lam, group_starts, longest):
     m, r = F.shape
     S = np.zeros(r)
     for j in range(Gt.shape[0]):
         for t in range(r):
             S[t] += Gt[j, t]
-    longest = 0
-    for i in range(m):
-        longest = max(longest, indptr[i + 1] - indptr[i])
+    G_nz = np.empty((r, longest))
     v = np.empty(longest)
     a = np.empty(longest + 1)
     b = np.empty(longest + 1)
@@ -105,42 +112,54 @@ def scd_sweep_rows(indptr, indices, data, F, Gt, lam, group_starts):
     fitted = np.zeros(group_starts.shape[0])
     for i in range(m):
         start, k = indptr[i], indptr[i + 1] - indptr[i]
-        _row_products(indices, start, k, F, i, Gt, v)
+        _gather_rows(indices, start, k, Gt, G_nz)
+        _row_products(F, i, G_nz, k, v)
         for t in range(r):
             old = F[i, t]
+            g = G_nz[t]
             nz_weight = 0.0
             for p in range(k):
-                g = Gt[indices[start + p], t]
-                nz_weight += g
-                a[p] = data[start + p] - v[p] + g * old
-                b[p] = g
+                nz_weight += g[p]
+                a[p] = data[start + p] - v[p] + g[p] * old
+                b[p] = g[p]
             a[k] = 0.0
             b[k] = lam * (S[t] - nz_weight)  # the zeros of row i, lumped (c in eq. 6.5)
             new = constrained_weighted_median(a[:k + 1], b[:k + 1])
             F[i, t] = new
             if new != old:
                 for p in range(k):
-                    v[p] += Gt[indices[start + p], t] * (new - old)
+                    v[p] += g[p] * (new - old)
         _add_nonzero_terms(data, indices, start, k, v, group_starts, abs_residual, fitted)
     return abs_residual, fitted
+
+
+def scd_sweep_rows(indptr, indices, data, F, Gt, lam, group_starts):
+    """Algorithm 6.1 over the rows of a CSR block: update F (rows x r) in place, entry by entry in index
+    order (row i, then t = 0..r-1), for the fixed factor Gt (n x r).
+
+    Returns ``(abs_residual, fitted)``, per group of ``group_starts``: the sums over the non-zeros of
+    |x - v| and v at the updated F (line 15 of Algorithm 6.1, split so that any lambda applies)."""
+    return _scd_sweep_rows(indptr, indices, data, F, Gt, float(lam), group_starts, _longest_row(indptr))
 
 
 @numba.njit(nogil=True, cache=True)
-def nonzero_terms(indptr, indices, data, F, Gt, group_starts):
-    """The sums of |x - v| and v over the non-zeros, v = (F G) there, per group of ``group_starts``,
-    without updating anything (the objective of given factors in O(nnz r))."""
-    m = F.shape[0]
-    longest = 0
-    for i in range(m):
-        longest = max(longest, indptr[i + 1] - indptr[i])
+def _nonzero_terms(indptr, indices, data, F, Gt, group_starts, longest):
+    G_nz = np.empty((F.shape[1], longest))
     v = np.empty(longest)
     abs_residual = np.zeros(group_starts.shape[0])
     fitted = np.zeros(group_starts.shape[0])
-    for i in range(m):
+    for i in range(F.shape[0]):
         start, k = indptr[i], indptr[i + 1] - indptr[i]
-        _row_products(indices, start, k, F, i, Gt, v)
+        _gather_rows(indices, start, k, Gt, G_nz)
+        _row_products(F, i, G_nz, k, v)
         _add_nonzero_terms(data, indices, start, k, v, group_starts, abs_residual, fitted)
     return abs_residual, fitted
+
+
+def nonzero_terms(indptr, indices, data, F, Gt, group_starts):
+    """The sums of |x - v| and v over the non-zeros, v = (F G) there, per group of ``group_starts``,
+    without updating anything (the objective of given factors in O(nnz r))."""
+    return _nonzero_terms(indptr, indices, data, F, Gt, group_starts, _longest_row(indptr))
 
 
 def wl1_objective(abs_residual, fitted, lam, W_colsum, H_rowsum):
