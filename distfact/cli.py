@@ -16,9 +16,10 @@ import numpy as np
 
 EXIT_BAD_INPUT = 2
 # per method: its solvers (the first is the default), its inits (likewise), default max_iter and tol
-FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",), "wl1-nmf": ("scd",)}
+FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",), "wl1-nmf": ("scd",),
+               "ssnmf": ("mu",)}
 FIT_INITS = {"nmf": ("random", "nndsvda"), "fairer-nmf": ("random",), "stratified-nmf": ("random",),
-             "wl1-nmf": ("hals", "random")}
+             "wl1-nmf": ("hals", "random"), "ssnmf": ("random",)}
 FIT_MAX_ITER = {"wl1-nmf": 30}
 FIT_TOL = {"stratified-nmf": None, "wl1-nmf": 1e-6}
 
@@ -62,10 +63,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="nmf", choices=list(FIT_SOLVERS),
                    help="nmf; fairer-nmf (min-max relative group loss); stratified-nmf (shared topics plus a "
                         "shift per group, the groups being the strata); wl1-nmf (weighted L1 loss by sparse "
-                        "coordinate descent, robust to outliers and false zeros)")
+                        "coordinate descent, robust to outliers and false zeros); ssnmf (semi-supervised NMF: "
+                        "X ~ W H and the labels ~ W B jointly)")
     p.add_argument("--n-estimates", type=int, default=5, help="fairer-nmf: NMF runs per group for E_l")
     p.add_argument("--v-updates", type=int, default=2, help="stratified-nmf: v updates per iteration (M)")
-    p.add_argument("--lam", type=float, default=1.0, help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF)")
+    p.add_argument("--lam", type=float, default=1.0, help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF); "
+                                                          "ssnmf: weight of the supervision term")
+    p.add_argument("--model", default="FF", choices=["FF", "FD", "DF", "DD"],
+                   help="ssnmf: the (reconstruction, supervision) losses, F = Frobenius, D = I-divergence")
+    p.add_argument("--labels", default="groups",
+                   help="ssnmf: 'groups' (the store's groups are the classes), 'none' (NMF), or a .npy/text file "
+                        "with one class label per input row (-1: unlabelled)")
     p.add_argument("--hals-iter", type=int, default=10, help="wl1-nmf: HALS iterations of --init hals")
     p.add_argument("--time-limit", type=float, help="wl1-nmf: seconds after which no new iteration starts")
     p.add_argument("--rank", "-r", type=int, required=True, help="number of components")
@@ -188,7 +196,7 @@ def _progress(args, max_iter):
 
 def _fit_model(args, bar):
     """The estimator ``distfact fit`` runs, from the command line's options."""
-    from .estimators import NMF, FairerNMF, StratifiedNMF, WeightedL1NMF
+    from .estimators import NMF, SSNMF, FairerNMF, StratifiedNMF, WeightedL1NMF
 
     solver = _method_choice(args, "--solver", args.solver, FIT_SOLVERS)
     init = _method_choice(args, "--init", args.init, FIT_INITS)
@@ -196,13 +204,18 @@ def _fit_model(args, bar):
         raise ValueError(f"--beta-loss {args.beta_loss} is available for nmf only")
     if args.v_updates != 2 and args.method != "stratified-nmf":
         raise ValueError("--v-updates is available for stratified-nmf only")
-    wl1_options = (args.lam != 1.0, args.hals_iter != 10, args.time_limit is not None)
-    if any(wl1_options) and args.method != "wl1-nmf":
-        raise ValueError("--lam, --hals-iter and --time-limit are available for wl1-nmf only")
+    if (args.hals_iter != 10 or args.time_limit is not None) and args.method != "wl1-nmf":
+        raise ValueError("--hals-iter and --time-limit are available for wl1-nmf only")
+    if args.lam != 1.0 and args.method not in ("wl1-nmf", "ssnmf"):
+        raise ValueError("--lam is available for wl1-nmf and ssnmf only")
+    if (args.model != "FF" or args.labels != "groups") and args.method != "ssnmf":
+        raise ValueError("--model and --labels are available for ssnmf only")
     tol = FIT_TOL.get(args.method, 1e-4) if args.tol is None else args.tol
     checkpoints = dict(checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
                        checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
     common = dict(max_iter=_max_iter(args), tol=tol, random_state=args.seed, callback=bar)
+    if args.method == "ssnmf":
+        return SSNMF(args.rank, model=args.model, lam=args.lam, **common, **checkpoints)
     if args.method == "wl1-nmf":
         return WeightedL1NMF(args.rank, lam=args.lam, init=init, hals_iter=args.hals_iter,
                              time_limit=args.time_limit, **common, **checkpoints)
@@ -240,6 +253,8 @@ def cmd_fit(args):
             print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
         if args.method == "fairer-nmf":
             W = model.fit_transform(data, client=client)
+        elif args.method == "ssnmf":
+            model.fit(data, y=_ssnmf_labels(args.labels, data), client=client, W_out=os.path.join(args.output, "W"))
         else:
             model.fit(data, client=client, W_out=os.path.join(args.output, "W"))
     if bar is not None:
@@ -269,6 +284,13 @@ def cmd_fit(args):
                        top_features=model.top_features(10))
     elif args.method == "nmf":
         metrics["reconstruction_err"] = model.reconstruction_err_
+    elif args.method == "ssnmf":
+        if model.B_ is not None:
+            written.append(os.path.join(args.output, "B.npy"))
+            np.save(written[-1], model.B_)  # Y ~ W B; columns in metrics' "classes" order
+            metrics["classes"] = [str(c) for c in model.classes_]
+        metrics.update(model=args.model, lam=args.lam, reconstruction=float(model.loss_history_[-1, 1]),
+                       supervision=float(model.loss_history_[-1, 2]))
     elif args.method == "wl1-nmf":  # the L1 error, ||X - WH||_1; the groups' relative_error is its share
         metrics.update(lam=model.lam, l1_error=model.reconstruction_err_, timed_out=model.timed_out_)
     written.append(os.path.join(args.output, "metrics.json"))
@@ -276,6 +298,22 @@ def cmd_fit(args):
         json.dump(metrics, f, indent=2, default=str)
     print(format_table(metrics["groups"]))
     print(f"wrote {', '.join(written)}")
+
+
+def _ssnmf_labels(option: str, data):
+    """Class labels in the input's row order: the store's groups, none, or a file."""
+    if option == "none":
+        return None
+    if option == "groups":
+        labels = np.empty(data.shape[0], dtype=object)
+        labels[data.row_index()] = np.repeat(data.group_names, data.group_sizes)
+        return labels
+    if not os.path.exists(option):
+        raise ValueError(f"--labels {option!r}: expected 'groups', 'none' or an existing file")
+    labels = _read_labels(option)
+    if labels.dtype.kind in "OUS":  # a text file: -1 stays the unlabelled marker
+        labels = np.where(labels == "-1", -1, labels).astype(object)
+    return labels
 
 
 def _parse_ranks(text: str) -> range:

@@ -127,3 +127,50 @@ def wl1_dense_cd(X, W, H, lam, n_iter):
                 H[t, j] = lad_brute_force(weight[:, j] * rest, weight[:, j] * W[:, t])
         history.append(objective())
     return W, H, np.array(history)
+
+
+def ssnmf_reference(X, A, S, lam=1.0, model="FF", Y=None, B=None, Wm=None, Lm=None, eps=1e-10, n_iter=1):
+    """The SSNMF multiplicative updates in the paper's orientation (ssnmf.txt: X ~ A S, Y ~ B S, samples
+    are columns; data mask Wm, label mask Lm, all ones when None), transcribed from Algorithms 1-3 and the
+    (F,F) updates of its reference [28] with eps where the reference package (ssnmf 1.0.3) puts it.
+    Order per iteration: A, then B, then S. Without Y: plain (masked) NMF, Frobenius ("F?") or I-divergence
+    ("D?"). Returns A, B, S and the objective (reconstruction + lam * supervision) after every iteration."""
+    A, S = A.copy(), S.copy()
+    B = None if B is None else B.copy()
+    Wm = np.ones_like(X) if Wm is None else Wm
+    R, Sl = model[0], model[1]
+
+    def idiv(Z, Zhat, M):
+        return np.sum(M * Z * np.log((M * Z + eps) / (M * Zhat + eps)) - M * Z + M * Zhat)
+
+    def fro(Z, Zhat, M):
+        return np.sum((M * Z - M * Zhat) ** 2)
+
+    def dict_update(Z, D, Rt, M, loss):  # D <- update of the left factor of Z ~ D Rt
+        if loss == "F":
+            return D / (eps + (M * (D @ Rt)) @ Rt.T) * ((M * Z) @ Rt.T)
+        return D / (eps + M @ Rt.T) * (((M * Z) / (eps + M * (D @ Rt)) * M) @ Rt.T)
+
+    history = []
+    for _ in range(n_iter):
+        A = dict_update(X, A, S, Wm, R)
+        if Y is None:
+            S = dict_update(X.T, S.T, A.T, Wm.T, R).T
+            history.append(fro(X, A @ S, Wm) if R == "F" else idiv(X, A @ S, Wm))
+            continue
+        Lm_ = np.ones_like(Y) if Lm is None else Lm
+        B = dict_update(Y, B, S, Lm_, Sl)
+        if R == "F":
+            num_r, den_r = A.T @ (Wm * X), A.T @ (Wm * (A @ S))
+        else:
+            num_r, den_r = A.T @ ((Wm * X) / (eps + Wm * (A @ S)) * Wm), A.T @ Wm
+        if Sl == "F":
+            num_s, den_s = B.T @ (Lm_ * Y), B.T @ (Lm_ * (B @ S))
+        else:
+            num_s, den_s = B.T @ ((Lm_ * Y) / (eps + Lm_ * (B @ S)) * Lm_), B.T @ Lm_
+        c_r, c_s = {"FF": (1, 1), "FD": (2, 1), "DF": (1, 2), "DD": (1, 1)}[model]
+        S = S / (eps + c_r * den_r + c_s * lam * den_s) * (c_r * num_r + c_s * lam * num_s)
+        rec = fro(X, A @ S, Wm) if R == "F" else idiv(X, A @ S, Wm)
+        sup = fro(Y, B @ S, Lm_) if Sl == "F" else idiv(Y, B @ S, Lm_)
+        history.append(rec + lam * sup)
+    return A, B, S, np.array(history)

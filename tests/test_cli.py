@@ -148,6 +148,22 @@ def test_fit_wl1_nmf(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "fit" / "H.npy"), model.components_, rtol=1e-10, atol=1e-12)
     assert metrics["l1_error"] == pytest.approx(model.reconstruction_err_, rel=1e-10)
     bad = run("fit", tmp_path / "x.zarr", "--method", "nmf", "--lam", "0.5", "--rank", "3", cwd=tmp_path)
-    assert bad.returncode == 2 and "wl1-nmf only" in bad.stderr
+    assert bad.returncode == 2 and "--lam is available for wl1-nmf and ssnmf only" in bad.stderr
     bad = run("fit", tmp_path / "x.zarr", "--method", "wl1-nmf", "--lam", "2", "--rank", "3", cwd=tmp_path)
     assert bad.returncode == 2 and "lam must be a number in [0, 1]" in bad.stderr
+
+
+def test_fit_ssnmf_with_the_groups_as_classes(npz_source, tmp_path):
+    path, X, groups = npz_source
+    assert run("ingest", path, tmp_path / "x.zarr", "--block-rows", "16", cwd=tmp_path).returncode == 0
+    out = run("fit", tmp_path / "x.zarr", "--method", "ssnmf", "--model", "FD", "--rank", "3", "--lam", "0.5",
+              "--max-iter", "8", "--tol", "0", "--no-progress", "--output", tmp_path / "fit", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["classes"] == ["g0", "g1", "g2"] and metrics["n_passes"] == 9
+    model = __import__("distfact").SSNMF(3, model="FD", lam=0.5, max_iter=8, tol=0, random_state=0)
+    model.fit(X, y=groups, groups=groups)  # the same stored row order as the store, so the same start
+    np.testing.assert_allclose(np.load(tmp_path / "fit" / "B.npy"), model.B_, rtol=1e-10)
+    np.testing.assert_allclose(np.load(tmp_path / "fit" / "H.npy"), model.components_, rtol=1e-10)
+    bad = run("fit", tmp_path / "x.zarr", "--method", "nmf", "--model", "DD", "--rank", "3", cwd=tmp_path)
+    assert bad.returncode == 2 and "ssnmf only" in bad.stderr

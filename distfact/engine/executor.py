@@ -31,6 +31,7 @@ import scipy.sparse as sp
 import zarr
 
 from ..store.format import Block
+from ..store.grouped import compressed, write_arrays
 from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce
 
 
@@ -91,15 +92,33 @@ def map_local_one(fn, block, local, args, spill, generation):
 
 
 def save_local(directory: str, block, local) -> None:
-    """Write one block's local factor under ``directory`` (run where the factor lives)."""
-    local = np.asarray(local)
-    arr = zarr.open_array(os.path.join(directory, f"{block.index:06d}"), mode="w", shape=local.shape,
-                          dtype=local.dtype, chunks=local.shape, zarr_format=3)
-    arr[...] = local
+    """Write one block's local factor under ``directory`` (run where the factor lives): one Zarr
+    array, or for a local state of several named row-aligned parts (a dict of dense arrays and
+    CSR matrices) one Zarr group with an array, or a data/indices/indptr group, per part."""
+    path = os.path.join(directory, f"{block.index:06d}")
+    if not isinstance(local, dict):  # an array on its own path: blocks written concurrently share no node
+        local = np.asarray(local)
+        zarr.open_array(path, mode="w", shape=local.shape, dtype=local.dtype, chunks=local.shape,
+                        zarr_format=3)[...] = local
+        return
+    node = zarr.open_group(path, mode="w", zarr_format=3)
+    for name, part in local.items():
+        if sp.issparse(part):
+            part = sp.csr_matrix(part)
+            sub = node.create_group(name)
+            sub.attrs["shape"] = list(part.shape)
+            write_arrays(sub, data=part.data, indices=part.indices, indptr=part.indptr)
+        else:
+            write_arrays(node, **{name: np.asarray(part)})
 
 
 def load_local(directory: str, block):
-    return zarr.open_array(os.path.join(directory, f"{block.index:06d}"), mode="r")[...]
+    node = zarr.open(os.path.join(directory, f"{block.index:06d}"), mode="r")
+    if isinstance(node, zarr.Array):
+        return node[...]
+    return {name: (compressed(part, sp.csr_matrix, tuple(part.attrs["shape"])) if isinstance(part, zarr.Group)
+                   else part[...])
+            for name, part in node.members()}
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from .fairer_nmf import FairerNMF
 from .nmf import NMF
 from .stratified_nmf import StratifiedNMF
+from .ssnmf import SSNMF, SSNMFClassifier
 from .wl1_nmf import WeightedL1NMF
 
-__all__ = ["FairerNMF", "NMF", "StratifiedNMF", "WeightedL1NMF"]
+__all__ = ["FairerNMF", "NMF", "SSNMF", "SSNMFClassifier", "StratifiedNMF", "WeightedL1NMF"]

@@ -105,10 +105,14 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
         if not hasattr(self, "components_"):
             raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit first")
 
-    def _custom_start(self, data, executor, W, rank: int, dtype, global_state: dict):
+    def _custom_start(self, data, executor, W, rank: int, dtype, global_state: dict, local_inputs=None):
         """init='custom': ``W`` (X's row order) checked and split into the store's blocks; the start
-        puts each block's rows where the block lives and returns ``global_state``."""
+        puts each block's rows where the block lives and returns ``global_state``. With
+        ``local_inputs`` (per block, a dict of row-aligned inputs) a block's local state is that dict
+        plus "W"."""
         W_blocks = self._blocks_from_rows(data, check_factor(W, (data.shape[0], rank), "W", dtype))
+        if local_inputs is not None:
+            W_blocks = [{**inputs, "W": W_b} for inputs, W_b in zip(local_inputs, W_blocks)]
 
         def start():
             executor.init_local(given_block, W_blocks)

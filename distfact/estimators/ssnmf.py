@@ -1,0 +1,317 @@
+"""``distfact.SSNMF`` and ``distfact.SSNMFClassifier``: semi-supervised NMF (ssnmf.txt)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClassifierMixin
+
+from ..engine import fit as run_loop
+from ..engine.driver import initialise
+from ..methods.ssnmf import MODELS, SSNMFMethod
+from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
+
+INITS = ("random", "custom")
+
+
+def _check_weights(values, shape, name: str):
+    """A mask or target: the right shape, finite, non-negative."""
+    if values.shape != shape:
+        raise ValueError(f"{name} has shape {values.shape}, expected {shape} (one row per row of X)")
+    data = values.data if sp.issparse(values) else values
+    if not np.all(np.isfinite(data)):
+        raise ValueError(f"{name} has NaN or infinite values")
+    if (data < 0).any():
+        raise ValueError(f"{name} has negative values; it must be non-negative")
+
+
+def one_hot(y, n_rows: int):
+    """Class labels (-1: unlabelled, scikit-learn's convention) as (Y one-hot, L rows, classes)."""
+    y = np.asarray(y)
+    if y.shape != (n_rows,):
+        raise ValueError(f"y has shape {y.shape}, expected ({n_rows},): one label per row of X")
+    labelled = ~pd.Series(y).isin([-1, "-1"]).to_numpy()
+    if not labelled.any():
+        raise ValueError("y has no labelled row (every label is -1)")
+    classes, codes = np.unique(y[labelled], return_inverse=True)
+    Y = np.zeros((n_rows, len(classes)))
+    Y[np.flatnonzero(labelled), codes] = 1.0
+    return Y, labelled, classes
+
+
+class SSNMF(FactorEstimator):
+    """Semi-supervised NMF (ssnmf.txt): X ~ W H and Y ~ W B jointly, W, H, B >= 0, minimising
+
+        R(M o X, M o W H) + lam * S(L o Y, L o W B),   R, S: Frobenius^2 ("F") or I-divergence ("D")
+
+    by the paper's multiplicative updates (H, then B, then W each iteration; ``eps`` added to every
+    denominator). Rows are samples (the paper's columns): W (n_samples x r) is the representation,
+    H (r x n_features) the dictionary, B (r x n_targets) the supervision model. ``model`` names
+    (R, S): 'FF' (eq. 3), 'FD' (eq. 7, Algorithm 1), 'DF' (eq. 8, Algorithm 2), 'DD' (eq. 9, Algorithm 3).
+    Without Y (or y) it is NMF with a data mask, with R = ``model[0]``. Each iteration reads X once;
+    sparse X stays sparse, masks are sparse or implicit (all ones is never built) and the I-divergence
+    is evaluated on the non-zeros only. See ``distfact.methods.ssnmf``.
+
+    Parameters
+    ----------
+    n_components : int
+    model : {'FF', 'FD', 'DF', 'DD'}
+    lam : float >= 0
+        Weight of the supervision term.
+    max_iter : int
+    tol : float
+        The reference package's rule: stop once the objective fell by less than ``tol`` times its value
+        after the first iteration; 0 never stops early.
+    eps : float
+    init : {'random', 'custom'}
+        'random': W, H, B uniform on [0, 1) (the package's start); 'custom': W, H, B passed to ``fit``.
+    random_state, block_rows, checkpoint_dir, checkpoint_every, resume, callback, n_threads, local_memory_budget :
+        as in :class:`distfact.NMF`.
+
+    Attributes
+    ----------
+    components_ : ndarray (r, n_features)
+        H (the paper's A^T).
+    B_ : ndarray (r, n_targets) or None
+        The supervision model (the paper's B^T); Y ~ W B.
+    classes_ : ndarray or None
+        The classes, in the order of B's columns, when fitted with y.
+    loss_history_ : ndarray (n_iter_ + 1, 3)
+        Per iteration (the first row at the start): the objective, its reconstruction part R and its
+        supervision part S (Frobenius terms squared, I-divergence unsquared).
+    group_names_ : list of str
+    group_losses_ : ndarray (n_groups,)
+        The objective restricted to each group's rows; ``group_loss_parts_`` (n_groups, 2) its R and S.
+    group_errors_ : ndarray (n_groups,)
+        The reconstruction per group, relative to the group's data: sqrt(R_l) / ||X_l||_F (F), or
+        R_l / sum(X_l) (D).
+    n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, n_features_in_.
+    """
+
+    def __init__(self, n_components, *, model="FF", lam=1.0, max_iter=100, tol=1e-4, eps=1e-10, init="random",
+                 random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10, resume=False,
+                 callback=None, n_threads=None, local_memory_budget=None):
+        self.n_components = n_components
+        self.model = model
+        self.lam = lam
+        self.max_iter = max_iter
+        self.tol = tol
+        self.eps = eps
+        self.init = init
+        self.random_state = random_state
+        self.block_rows = block_rows
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.callback = callback
+        self.n_threads = n_threads
+        self.local_memory_budget = local_memory_budget
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X, Y=None, y=None, data_mask=None, label_mask=None, W=None, H=None, B=None, groups=None,
+            client=None, W_out=None):
+        """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with targets Y
+        (n_samples x n_targets, non-negative; regression allowed) or class labels y (-1: unlabelled),
+        or neither (NMF with a data mask). ``data_mask`` (n_samples x n_features, sparse or dense) and
+        ``label_mask`` (n_samples x n_targets) weight the entries; all ones when None. W (X's row order),
+        H, B: init='custom'. ``groups``: row labels for per-group losses."""
+        self._fit(X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W=False, W_out=W_out)
+        return self
+
+    def fit_transform(self, X, Y=None, y=None, data_mask=None, label_mask=None, W=None, H=None, B=None,
+                      groups=None, client=None):
+        """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
+        return self._fit(X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W=True)
+
+    def _check_params(self):
+        check_iteration_params(self.max_iter, self.tol)
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if not isinstance(self.lam, numbers.Real) or not np.isfinite(self.lam) or self.lam < 0:
+            raise ValueError(f"lam must be a finite non-negative number, got {self.lam!r}")
+        if not isinstance(self.eps, numbers.Real) or not np.isfinite(self.eps) or self.eps <= 0:
+            raise ValueError(f"eps must be a positive number, got {self.eps!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+
+    def _local_inputs(self, data, Y, y, data_mask, label_mask):
+        """Per block, in the store's row order: the rows of Y, of the label mask and of the data mask."""
+        m, n = data.shape
+        if Y is not None and y is not None:
+            raise ValueError("pass either Y (a target matrix) or y (class labels), not both")
+        classes, labelled = None, None
+        if y is not None:
+            Y, labelled, classes = one_hot(y, m)
+        elif Y is not None:
+            Y = np.asarray(Y.toarray() if sp.issparse(Y) else Y, dtype=np.float64)
+            Y = Y[:, None] if Y.ndim == 1 else Y
+            _check_weights(Y, (m, Y.shape[1]), "Y")
+        if label_mask is not None:
+            if Y is None:
+                raise ValueError("label_mask needs Y or y")
+            label_mask = np.asarray(label_mask.toarray() if sp.issparse(label_mask) else label_mask, dtype=np.float64)
+            _check_weights(label_mask, Y.shape, "label_mask")
+        if labelled is not None and not labelled.all():  # unlabelled rows weigh nothing in the label term
+            label_mask = (np.ones_like(Y) if label_mask is None else label_mask) * labelled[:, None]
+        if data_mask is not None:
+            data_mask = sp.csr_matrix(data_mask, dtype=np.float64)
+            _check_weights(data_mask, (m, n), "data_mask")
+            data_mask.sum_duplicates()
+            data_mask.eliminate_zeros()
+        stored = data.row_index()
+        inputs = [{} for _ in data.blocks]
+        for name, values in (("Y", Y), ("L", label_mask), ("M", data_mask)):
+            if values is not None:
+                values = values[stored]
+                for block, entry in zip(data.blocks, inputs):
+                    entry[name] = values[block.row_start:block.row_stop]
+        return inputs, (0 if Y is None else Y.shape[1]), classes
+
+    def _fit(self, X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W, W_out=None):
+        self._check_params()
+        if (W is not None or H is not None or B is not None) and self.init != "custom":
+            raise ValueError("W, H and B are used only with init='custom'")
+        data = self._grouped(X, groups)
+        r = check_rank(self.n_components, data.shape)
+        inputs, n_targets, classes = self._local_inputs(data, Y, y, data_mask, label_mask)
+        model = self.model if n_targets else self.model[0]
+        method = SSNMFMethod(r, model, float(self.lam), float(self.eps), float(self.tol))
+        executor = self._executor(data, client, r + 2 * n_targets, np.float64)  # W, and the rows of Y and L
+        try:
+            config = {"estimator": "SSNMF", "method": method.__dict__, "init": self.init,
+                      "random_state": self.random_state, "data": data_fingerprint(data), "targets": n_targets}
+            state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
+                             start=self._start(method, data, executor, inputs, n_targets, W, H, B),
+                             checkpointer=self._checkpointer(config), resume=self.resume)
+            self._set_results(method, data, state, executor, classes)
+            if want_W:
+                return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
+            if W_out is not None:  # W alone, one array per block as for the other estimators
+                executor.map_local(_representation)
+                self._save_local_factors(executor, W_out)
+        finally:
+            executor.close()
+        return None
+
+    def _start(self, method, data, executor, inputs, n_targets, W, H, B):
+        if self.init == "random":
+            return lambda: initialise(method, data, executor, self.random_state, inputs, n_targets=n_targets)
+        if W is None or H is None or (n_targets and B is None):
+            raise ValueError("init='custom' needs W and H (and B when there are targets)")
+        r, n = method.n_components, data.shape[1]
+        G = {"H": check_factor(H, (r, n), "H", np.float64)}
+        if n_targets:
+            G["B"] = check_factor(B, (r, n_targets), "B", np.float64)
+        return self._custom_start(data, executor, W, r, np.float64, G, inputs)
+
+    def _set_results(self, method, data, state, executor, classes):
+        parts = np.stack(state.group_objectives)  # (iterations + 1, groups, 2)
+        self.components_ = state.global_state["H"]
+        self.B_ = state.global_state.get("B")
+        self.classes_ = classes
+        self.loss_history_ = np.column_stack([state.objectives, parts[:, :, 0].sum(axis=1), parts[:, :, 1].sum(axis=1)])
+        self.group_names_ = data.group_names
+        self.group_loss_parts_ = parts[-1]
+        self.group_losses_ = parts[-1, :, 0] + method.lam * parts[-1, :, 1]
+        tiny = np.finfo(np.float64).tiny
+        if method.losses[0] == "F":  # relative to the whole of X_l, whatever the data mask
+            self.group_errors_ = np.sqrt(parts[-1, :, 0] / np.maximum(data.group_sq_norms, tiny))
+        else:
+            self.group_errors_ = parts[-1, :, 0] / np.maximum(data.group_totals, tiny)
+        self._set_run_facts(method, data, state, executor)
+
+    # ------------------------------------------------------------ transform
+    def transform(self, X, data_mask=None, groups=None, client=None, max_iter=500, tol=1e-6):
+        """W for new rows with H fixed (Section 2.3, step 2): exact non-negative least squares per row
+        for a Frobenius reconstruction, multiplicative updates of the I-divergence (or masked Frobenius)
+        otherwise; one read of X."""
+        self._check_fitted()
+        data = self._grouped(X, groups)
+        if data.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        inputs, _, _ = self._local_inputs(data, None, None, data_mask, None)
+        executor = self._executor(data, client)
+        try:
+            blocks = executor.map_blocks(_represent_block, self._method, self.components_, inputs, max_iter, tol)
+        finally:
+            executor.close()
+        return self._rows_in_caller_order(data, blocks)
+
+    def predict_targets(self, X, **kwargs):
+        """W_new B: the supervision model applied to new rows' representation."""
+        self._check_fitted()
+        if self.B_ is None:
+            raise ValueError("this SSNMF was fitted without targets (Y or y); there is nothing to predict")
+        return self.transform(X, **kwargs) @ self.B_
+
+
+def _representation(local, block):
+    return local["W"]
+
+
+def _represent_block(X_b, _local, block, method, H, inputs, max_iter, tol):
+    W0 = np.full((block.n_rows, H.shape[0]), 1.0)
+    return method.represent(X_b, H, inputs[block.index].get("M"), max_iter, tol, W0)
+
+
+class SSNMFClassifier(ClassifierMixin, BaseEstimator):
+    """A classifier from SSNMF (ssnmf.txt, Section 2.3): fit SSNMF with the training labels, represent
+    new rows with the dictionary H fixed, predict argmax(W_new B).
+
+    Parameters are those of :class:`SSNMF`; ``transform_max_iter`` and ``transform_tol`` bound the
+    representation of new rows (for I-divergence models). ``predict_proba`` normalises W_new B's rows.
+    """
+
+    def __init__(self, n_components=10, *, model="FF", lam=1.0, max_iter=100, tol=1e-4, eps=1e-10,
+                 random_state=None, transform_max_iter=500, transform_tol=1e-6, n_threads=None):
+        self.n_components = n_components
+        self.model = model
+        self.lam = lam
+        self.max_iter = max_iter
+        self.tol = tol
+        self.eps = eps
+        self.random_state = random_state
+        self.transform_max_iter = transform_max_iter
+        self.transform_tol = transform_tol
+        self.n_threads = n_threads
+
+    def fit(self, X, y, client=None):
+        """Fit on X with class labels y (-1 marks unlabelled rows, used for the reconstruction only)."""
+        self.ssnmf_ = SSNMF(self.n_components, model=self.model, lam=self.lam, max_iter=self.max_iter, tol=self.tol,
+                            eps=self.eps, random_state=self.random_state, n_threads=self.n_threads)
+        self.ssnmf_.fit(X, y=y, client=client)
+        self.classes_ = self.ssnmf_.classes_
+        self.n_features_in_ = self.ssnmf_.n_features_in_
+        return self
+
+    def transform(self, X, client=None):
+        self._check_fitted()
+        return self.ssnmf_.transform(X, client=client, max_iter=self.transform_max_iter, tol=self.transform_tol)
+
+    def decision_function(self, X, client=None):
+        """W_new B (n_samples x n_classes)."""
+        return self.transform(X, client=client) @ self.ssnmf_.B_
+
+    def predict_proba(self, X, client=None):
+        scores = self.decision_function(X, client=client)
+        totals = scores.sum(axis=1, keepdims=True)
+        uniform = np.full_like(scores, 1.0 / scores.shape[1])
+        return np.divide(scores, totals, out=uniform, where=totals > 0)
+
+    def predict(self, X, client=None):
+        return self.classes_[np.argmax(self.decision_function(X, client=client), axis=1)]
+
+    def score(self, X, y, sample_weight=None):
+        """Accuracy; labels the model has not seen are an error (they could never be predicted)."""
+        self._check_fitted()
+        unseen = sorted(set(np.asarray(y).tolist()) - set(self.classes_.tolist()))
+        if unseen:
+            raise ValueError(f"y has classes {unseen} that were not seen in fit; known classes: {self.classes_.tolist()}")
+        return super().score(X, y, sample_weight=sample_weight)
+
+    def _check_fitted(self):
+        if not hasattr(self, "ssnmf_"):
+            raise ValueError("this SSNMFClassifier is not fitted yet; call fit first")

@@ -1,0 +1,132 @@
+"""Semi-supervised NMF (Amjad, Haddock, Molitor, Needell et al., ssnmf.txt) on the engine.
+
+In distfact's orientation (rows are samples): X (m x n) ~ W H and Y (m x k) ~ W B, W >= 0 local (the
+paper's S^T), H >= 0 and B >= 0 global (the paper's A^T and B^T). The objective (eqs. 3, 7, 8, 9):
+
+    R(M o X, M o W H) + lam * S(L o Y, L o W B),   R, S in {F: ||.||_F^2, D: I-divergence}
+
+with the data mask M and the label mask L (all ones when not given, and then never built). Models
+"FF" (eq. 3, updates of the paper's reference [28]), "FD" (eq. 7, Algorithm 1), "DF" (eq. 8,
+Algorithm 2), "DD" (eq. 9, Algorithm 3); without Y, plain NMF with a data mask, F or D.
+
+One iteration, in the paper's order (lines 3, 4, 5 of Algorithms 1-3):
+
+    global step   H <- update from the data term's statistics (line 3, the paper's A)
+                  B <- update from the label term's statistics (line 4)
+    local step    W_b <- W_b / (eps + c_R den_R + lam c_S den_S) o (c_R num_R + lam c_S num_S)   (line 5)
+                  with (c_R, c_S) = (1, 1) for FF and DD, (2, 1) for FD (Algorithm 1), (1, 2) for DF
+                  (Algorithm 2): the factor 2 of a squared Frobenius term's gradient
+    statistics    per group, at the new W and the current H, B: each term's numerator and denominator
+                  for its global update, and its loss (``kernels/ssnmf.py``)
+
+``eps`` (default 1e-10) is added to every denominator as in the reference package. A block's local
+state is a dict: W, and the rows of Y, of L and of M that belong to the block (row-aligned inputs
+that stay with it). Stopping rule (the reference package's): after the second iteration, stop once the
+objective fell by less than ``tol`` times its value after the first iteration (for plain F-NMF
+the value compared is the unsquared norm, as there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernels import ssnmf as k
+from ..kernels.nnls import nnls_gram
+
+MODELS = ("FF", "FD", "DF", "DD")
+PLAIN = ("F", "D")
+TERM_WEIGHTS = {"FF": (1.0, 1.0), "FD": (2.0, 1.0), "DF": (1.0, 2.0), "DD": (1.0, 1.0)}
+
+
+@dataclass(frozen=True)
+class SSNMFMethod:
+    n_components: int
+    model: str = "FF"  # one of MODELS, or "F" / "D" without labels
+    lam: float = 1.0
+    eps: float = 1e-10
+    tol: float = 1e-4
+
+    @property
+    def supervised(self) -> bool:
+        return len(self.model) == 2
+
+    @property
+    def losses(self) -> tuple[str, str | None]:
+        return self.model[0], (self.model[1] if self.supervised else None)
+
+    # -- start (uniform on [0, 1), as the reference package) --------------------------
+    def initial_global(self, data, rng, n_targets: int = 0):
+        G = {"H": rng.random((self.n_components, data.shape[1]))}
+        if self.supervised:
+            G["B"] = rng.random((self.n_components, n_targets))
+        return G
+
+    def initial_local(self, block, G, rows, inputs):
+        return {**inputs[block.index], "W": rows.uniform(self.n_components)}
+
+    # -- pass -------------------------------------------------------------------
+    def _terms(self, X_b, local, G):
+        """(loss, data, factor, mask, prefix, weight) for the data term and, if any, the label term."""
+        R, S = self.losses
+        c_R, c_S = TERM_WEIGHTS.get(self.model, (1.0, 0.0))
+        terms = [(R, X_b, G["H"], local.get("M"), "R", c_R)]
+        if S is not None:
+            terms.append((S, local["Y"], G["B"], local.get("L"), "S", self.lam * c_S))
+        return terms
+
+    def block_stats(self, X_b, local, block, G):
+        """Each term's statistics for its global update and its loss, at (W_b, H, B)."""
+        W = local["W"]
+        stats = {}
+        for loss, Z, F, mask, prefix, _ in self._terms(X_b, local, G):
+            stats.update(k.term_stats(Z, W, F, mask, loss, self.eps, prefix))
+            stats[f"{prefix}_loss"] = np.float64(k.term_loss(Z, W, F, mask, loss, self.eps))
+        return stats
+
+    def local_step(self, X_b, local, block, G):
+        """Line 5: W_b from both terms at the current H and B; then the new W_b's statistics."""
+        parts = [(weight, k.term_update_parts(Z, local["W"], F, mask, loss, self.eps))
+                 for loss, Z, F, mask, _, weight in self._terms(X_b, local, G)]
+        local = {**local, "W": k.w_update(local["W"], parts, self.eps)}
+        return local, self.block_stats(X_b, local, block, G)
+
+    # -- global -------------------------------------------------------------------
+    def global_step(self, G, stats, data):
+        """Lines 3 and 4: H, then B, each from its term's statistics summed over the groups."""
+        total = {name: sum(s[name] for s in stats) for name in stats[0]}
+        R, S = self.losses
+        G = {**G, "H": k.global_update(G["H"], total, R, self.eps, "R")}
+        if S is not None:
+            G["B"] = k.global_update(G["B"], total, S, self.eps, "S")
+        return G
+
+    # -- objective and stopping -------------------------------------------------------
+    def objective(self, G, stats, data):
+        """R + lam S, and per group its two parts (reconstruction, supervision)."""
+        parts = np.array([[float(s["R_loss"]), float(s.get("S_loss", 0.0))] for s in stats])
+        return float(parts[:, 0].sum() + self.lam * parts[:, 1].sum()), parts
+
+    def converged(self, objectives, group_objectives):
+        if self.tol <= 0 or len(objectives) < 3:
+            return False
+        values = np.sqrt(objectives) if self.model == "F" else np.asarray(objectives)
+        return bool((values[-2] - values[-1]) / values[1] < self.tol)
+
+    # -- new rows (Section 2.3) -------------------------------------------------------
+    def represent(self, X_b, H, mask, max_iter: int, tol: float, W0):
+        """W for new rows with H fixed, from the reconstruction term only: exact non-negative least
+        squares per row for F (without a mask), I-divergence (or masked F) multiplicative updates
+        otherwise, until the relative change of W is below ``tol`` or ``max_iter`` updates."""
+        R = self.losses[0]
+        if R == "F" and mask is None:  # rows solve min ||x_i - w H|| on the Gram form: H H^T, X H^T
+            return nnls_gram(H @ H.T, np.asarray(X_b @ H.T))
+        W = W0
+        for _ in range(max_iter):
+            W_new = k.w_update(W, [(1.0, k.term_update_parts(X_b, W, H, mask, R, self.eps))], self.eps)
+            change = np.abs(W_new - W).sum() / max(np.abs(W).sum(), np.finfo(float).tiny)
+            W = W_new
+            if change < tol:
+                break
+        return W
