@@ -93,9 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     _add_scheduler_options(p)
 
-    p = sub.add_parser("report", help="a method paper's views: --fairness (Fairer-NMF) or --stratified "
-                                      "(Stratified-NMF)",
-                       description="--fairness (fairer-nmf.txt, Figs. 2, 3, 5): for each rank, fit standard NMF "
+    p = sub.add_parser("report", help="a method paper's views: --fairness (Fairer-NMF), --stratified "
+                                      "(Stratified-NMF) or --ssnmf (SSNMF)",
+                       description="--ssnmf (ssnmf.txt, Fig. 2 and Table 5): fit SSNMF with the groups (or --labels) "
+                                   "as classes and write the normalised B, the top features of each topic and an "
+                                   "HTML page. "
+                                   "--fairness (fairer-nmf.txt, Figs. 2, 3, 5): for each rank, fit standard NMF "
                                    "and Fairer-NMF on STORE and write fairness.csv/json, the figures and an HTML "
                                    "page. --stratified (stratified-nmf.txt, Figs. 1, 3-6): fit Stratified-NMF "
                                    "with the groups as strata and write the normalised strata features, images "
@@ -104,12 +107,16 @@ def _parser() -> argparse.ArgumentParser:
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--fairness", action="store_true", help="the Fairer-NMF fairness report")
     kind.add_argument("--stratified", action="store_true", help="the Stratified-NMF report")
+    kind.add_argument("--ssnmf", action="store_true", help="the SSNMF report (B heat map, top features per topic)")
     p.add_argument("--ranks", default="1:10", help="fairness: ranks as FIRST:LAST (inclusive)")
     p.add_argument("--solver", default="mu", choices=["mu", "am"], help="fairness: the Fairer-NMF scheme")
-    p.add_argument("--rank", "-r", type=int, default=10, help="stratified: number of topics")
+    p.add_argument("--rank", "-r", type=int, default=10, help="stratified, ssnmf: number of topics")
+    p.add_argument("--model", default="DF", choices=["FF", "FD", "DF", "DD"], help="ssnmf: the losses (R, S)")
+    p.add_argument("--lam", type=float, default=1.0, help="ssnmf: weight of the supervision term")
+    p.add_argument("--labels", default="groups", help="ssnmf: 'groups' or a file of class labels (as for fit)")
     p.add_argument("--image-shape", help="stratified: features are pixels of HEIGHTxWIDTH images, e.g. 8x8")
-    p.add_argument("--top", type=int, default=10, help="stratified: top features listed per stratum and topic")
-    p.add_argument("--max-iter", type=int, help="iterations (default: 5000 fairness, 100 stratified)")
+    p.add_argument("--top", type=int, default=10, help="stratified, ssnmf: top features listed per stratum and topic")
+    p.add_argument("--max-iter", type=int, help="iterations (default: 5000 fairness, 100 stratified and ssnmf)")
     p.add_argument("--tol", type=float, default=1e-6, help="fairness: the stopping tolerance of both methods")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", "-o", default="distfact-report")
@@ -261,7 +268,7 @@ def cmd_fit(args):
         bar.close()
     # Files appear only after a successful fit; metrics.json is written last and marks the output complete.
     os.makedirs(args.output, exist_ok=True)
-    for stale in ("W.npy", "v.npy", "rows.npy", "metrics.json"):
+    for stale in ("W.npy", "v.npy", "B.npy", "rows.npy", "metrics.json"):
         if os.path.exists(os.path.join(args.output, stale)):
             os.remove(os.path.join(args.output, stale))
     written = [os.path.join(args.output, "H.npy")]
@@ -289,7 +296,7 @@ def cmd_fit(args):
             written.append(os.path.join(args.output, "B.npy"))
             np.save(written[-1], model.B_)  # Y ~ W B; columns in metrics' "classes" order
             metrics["classes"] = [str(c) for c in model.classes_]
-        metrics.update(model=args.model, lam=args.lam, reconstruction=float(model.loss_history_[-1, 1]),
+        metrics.update(model=model._method.model, lam=args.lam, reconstruction=float(model.loss_history_[-1, 1]),
                        supervision=float(model.loss_history_[-1, 2]))
     elif args.method == "wl1-nmf":  # the L1 error, ||X - WH||_1; the groups' relative_error is its share
         metrics.update(lam=model.lam, l1_error=model.reconstruction_err_, timed_out=model.timed_out_)
@@ -340,6 +347,20 @@ def cmd_report(args):
 
     data = open_store(args.store)
     name = os.path.basename(os.path.normpath(data.path))
+    if args.ssnmf:
+        from .estimators import SSNMF
+        from .ssnmf_report import write_ssnmf_report
+
+        labels = _ssnmf_labels(args.labels, data)
+        if labels is None:
+            raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
+        model = SSNMF(args.rank, model=args.model, lam=args.lam, max_iter=100 if args.max_iter is None else args.max_iter,
+                      random_state=args.seed)
+        with client_for(args.scheduler, args.local_cluster) as client:
+            model.fit(data, y=labels, client=client)
+        paths = write_ssnmf_report(args.output, model, top=args.top, title=f"SSNMF ({args.model}): {name}")
+        print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
+        return
     if args.stratified:
         from .estimators import StratifiedNMF
         from .stratified_report import write_stratified_report

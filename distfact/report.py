@@ -44,6 +44,18 @@ def html_figures(images) -> str:
                    for name, png in images)
 
 
+def write_page(paths: dict, out_dir, title: str, body: str, images) -> dict:
+    """Write each (name, PNG) of ``images`` into ``out_dir`` (its path added to ``paths``) and the HTML page
+    ``paths["html"]``: ``body`` then the figures, embedded. Returns ``paths``."""
+    for name, png in images:
+        paths[name] = os.path.join(out_dir, name)
+        with open(paths[name], "wb") as f:
+            f.write(png)
+    with open(paths["html"], "w") as f:
+        f.write(html_page(title, f"{body}<h2>Figures</h2>{html_figures(images)}"))
+    return paths
+
+
 def _loss_plot(model) -> bytes:
     import matplotlib
 

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from .report import figure_png, html_figures, html_page, html_table
+from .report import figure_png, html_table, write_page
 
 
 def normalised_strata_features(model) -> np.ndarray:
@@ -121,15 +121,8 @@ def write_stratified_report(out_dir, model, *, feature_names=None, image_shape=N
                    ("fig5_topics_images.png",
                     image_grid(model.components_, [f"topic {k}" for k in range(model.n_components_)],
                                image_shape, "topics (rows of H)"))]
-    for name, png in images:
-        paths[name] = os.path.join(out_dir, name)
-        with open(paths[name], "wb") as f:
-            f.write(png)
     body = (f"<p>{len(model.strata_names_)} strata, rank {model.n_components_}, {model.n_iter_} iterations "
             f"({model.n_passes_} passes over X); normalised loss {model.loss_history_[-1, 1]:.4g}.</p>"
             f"<h2>Top features of each stratum's v(i)</h2>{html_table(columns, table)}"
-            f"<h2>Top features of each topic</h2>{html_table(['topic', *range(1, len(topics[0]))], topics)}"
-            f"<h2>Figures</h2>{html_figures(images)}")
-    with open(paths["html"], "w") as f:
-        f.write(html_page(title, body))
-    return paths
+            f"<h2>Top features of each topic</h2>{html_table(['topic', *range(1, len(topics[0]))], topics)}")
+    return write_page(paths, out_dir, title, body, images)

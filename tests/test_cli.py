@@ -167,3 +167,21 @@ def test_fit_ssnmf_with_the_groups_as_classes(npz_source, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "fit" / "H.npy"), model.components_, rtol=1e-10)
     bad = run("fit", tmp_path / "x.zarr", "--method", "nmf", "--model", "DD", "--rank", "3", cwd=tmp_path)
     assert bad.returncode == 2 and "ssnmf only" in bad.stderr
+
+
+def test_report_ssnmf(tmp_path):
+    from distfact.datasets import load_digits_grouped
+
+    X, groups, _ = load_digits_grouped()
+    keep = np.isin(groups, ["digit 0", "digit 1", "digit 7"])
+    np.savez(tmp_path / "d.npz", X=X[keep], groups=groups[keep])
+    assert run("ingest", tmp_path / "d.npz", tmp_path / "d.zarr", cwd=tmp_path).returncode == 0
+    out = run("report", tmp_path / "d.zarr", "--ssnmf", "--rank", "4", "--max-iter", "30", "--top", "3",
+              "--output", tmp_path / "rep", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "rep" / "ssnmf.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "digit 7" in page
+    rows = (tmp_path / "rep" / "top_features.csv").read_text().splitlines()
+    assert rows[0] == "topic,class,1,2,3" and len(rows) == 5
+    B = np.array(json.loads((tmp_path / "rep" / "ssnmf.json").read_text())["normalised_B"])
+    assert B.shape == (3, 4) and np.allclose(B.sum(axis=0), 1.0)

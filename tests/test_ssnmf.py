@@ -13,12 +13,16 @@ M, N, K, R = 60, 25, 3, 4
 
 
 def problem(seed=0, density=None, masks=False):
-    """X (rows = samples), class labels with a few unlabelled rows, optional data / label masks."""
+    """X (rows = samples), class labels, optional data / label masks: binary (``masks=True``) or
+    certainty weights (``masks="weighted"``: 0, 0.5 or 2)."""
     X, groups = grouped_data(m=M, n=N, density=density, seed=seed)
     rng = np.random.default_rng(seed + 100)
     y = rng.integers(0, K, size=M)
     data_mask = (rng.random((M, N)) < 0.8).astype(float) if masks else None
     label_mask = (rng.random((M, K)) < 0.9).astype(float) if masks else None
+    if masks == "weighted":
+        data_mask *= rng.choice([0.5, 2.0], size=(M, N))
+        label_mask *= rng.choice([0.5, 2.0], size=(M, K))
     W0, H0, B0 = rng.random((M, R)), rng.random((R, N)), rng.random((R, K))
     return X, groups, y, data_mask, label_mask, (W0, H0, B0)
 
@@ -34,7 +38,7 @@ def reference(X, Y, start, model, lam, data_mask=None, label_mask=None, n_iter=6
 
 
 @pytest.mark.parametrize("model", ["FF", "FD", "DF", "DD"])
-@pytest.mark.parametrize("masks", [False, True])
+@pytest.mark.parametrize("masks", [False, True, "weighted"])
 def test_iterates_equal_the_papers_updates(model, masks):
     X, groups, y, data_mask, label_mask, start = problem(1, masks=masks)
     Y = np.eye(K)[y]
@@ -50,7 +54,7 @@ def test_iterates_equal_the_papers_updates(model, masks):
 
 
 @pytest.mark.parametrize("loss", ["F", "D"])
-@pytest.mark.parametrize("masks", [False, True])
+@pytest.mark.parametrize("masks", [False, True, "weighted"])
 def test_without_targets_it_is_nmf_with_a_data_mask(loss, masks):
     X, groups, _, data_mask, _, start = problem(2, masks=masks)
     est = distfact.SSNMF(R, model=loss * 2, init="custom", max_iter=5, tol=0, block_rows=11)
@@ -190,3 +194,23 @@ def test_bitwise_identical_on_threads_and_on_a_local_cluster(local_cluster_clien
     cluster = _fit_ssnmf(store, y, data_mask, client=local_cluster_client)
     for ours, theirs in zip(threads, cluster):
         assert np.array_equal(ours, theirs)
+
+
+def test_transform_with_a_data_mask_equals_the_masked_updates():
+    """Section 2.3 with missing data: the masked reconstruction's updates, H fixed, each block's own mask rows."""
+    X, groups, y, data_mask, _, _ = problem(12, masks=True)
+    est = distfact.SSNMF(R, model="DF", max_iter=20, tol=0, random_state=2, block_rows=8).fit(X, y=y)
+    W = est.transform(X, data_mask=data_mask, max_iter=7, tol=0)
+    H, W_ref = est.components_, np.ones((M, R))
+    for _ in range(7):  # the I-divergence S update of Algorithm 2 without the label term, rows as samples
+        Q = (data_mask * X) / (1e-10 + data_mask * (W_ref @ H)) * data_mask
+        W_ref = W_ref / (1e-10 + data_mask @ H.T) * (Q @ H.T)
+    np.testing.assert_allclose(W, W_ref, rtol=1e-10)
+
+
+def test_resume_refuses_other_labels(tmp_path):
+    X, groups, y, _, _, _ = problem(13)
+    kwargs = dict(model="FF", max_iter=4, tol=0, random_state=0, checkpoint_dir=tmp_path / "run", checkpoint_every=2)
+    distfact.SSNMF(R, **kwargs).fit(X, y=y)
+    with pytest.raises(ValueError, match="configuration"):
+        distfact.SSNMF(R, resume=True, **kwargs).fit(X, y=(y + 1) % K)

@@ -1,6 +1,8 @@
 """distfact.WeightedL1NMF on the engine: Algorithm 6.2's iterates against the dense coordinate-descent
 oracle, objective and per-group errors against direct recomputation, passes, start, schedulers, resume."""
 
+import time
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -122,12 +124,29 @@ def test_transform_equals_w_sweeps_with_h_fixed():
                 rest = Xd[i] - W_ref[i] @ H + W_ref[i, t] * H[t]
                 W_ref[i, t] = lad_brute_force(weight[i] * rest, weight[i] * H[t])
     np.testing.assert_allclose(W, W_ref, rtol=1e-12, atol=1e-12)
+    # with a tolerance: sweeps until the objective falls by less than tol (relative), not just one
+    W_tol = model.transform(X, groups, max_iter=200, tol=1e-9)
+    once = model.transform(X, groups, max_iter=1, tol=0)
+    assert direct_objective(Xd, W_tol, H, lam) < direct_objective(Xd, once, H, lam)
+    assert direct_objective(Xd, W_tol, H, lam) <= direct_objective(Xd, W, H, lam) * (1 + 1e-12)
 
 
 def test_time_limit_stops_the_fit():
     X, groups = sparse_grouped(m=200, n=80, seed=9)
     model = distfact.WeightedL1NMF(5, max_iter=10_000, tol=0, time_limit=0.5, random_state=0).fit(X, groups)
     assert model.timed_out_ and 0 < model.n_iter_ < 10_000
+    # the limit covers the HALS start too
+    started = time.perf_counter()
+    model = distfact.WeightedL1NMF(5, hals_iter=10**7, tol=0, time_limit=0.5, random_state=0).fit(X, groups)
+    assert model.timed_out_ and model.n_iter_ == 0 and time.perf_counter() - started < 30
+
+
+def test_a_bad_rank_writes_nothing_into_the_store(tmp_path):
+    X, groups = sparse_grouped(seed=14)
+    store = distfact.from_arrays(X, groups, tmp_path / "x.zarr")
+    with pytest.raises(ValueError, match="n_components=100 is larger"):
+        distfact.WeightedL1NMF(100).fit(store.path)
+    assert not distfact.open(store.path).has_column_blocks
 
 
 def test_resume_gives_the_uninterrupted_result(tmp_path):

@@ -116,21 +116,19 @@ class BlockSeeds:
         return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(0,)))
 
 
-def _initial_block(block, method, entropy, global_state, local_inputs=None):
-    rows = RowStream(entropy, block.row_start, block.row_stop)
-    if local_inputs is None:
-        return method.initial_local(block, global_state, rows)
-    return method.initial_local(block, global_state, rows, local_inputs)
+def _initial_block(block, method, entropy, global_state, *inputs):
+    return method.initial_local(block, global_state, RowStream(entropy, block.row_start, block.row_stop), *inputs)
 
 
 def initialise(method, data, executor, random_state, local_inputs: list | None = None, **global_args) -> dict:
     """Global state and local factors of every block, from ``random_state``.
 
     ``local_inputs``: per block (by index), row-aligned inputs that become part of its local state
-    (SSNMF's targets and masks); ``global_args`` go to ``method.initial_global``."""
+    (SSNMF's targets and masks; each block's task receives its own); ``global_args`` go to
+    ``method.initial_global``."""
     seeds = BlockSeeds(random_state)
     global_state = method.initial_global(data, seeds.global_rng(), **global_args)
-    executor.init_local(_initial_block, method, seeds.entropy, global_state, local_inputs)
+    executor.init_local(_initial_block, method, seeds.entropy, global_state, per_block=local_inputs)
     return global_state
 
 

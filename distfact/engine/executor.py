@@ -150,8 +150,10 @@ def materialise(local):
     return local.load() if isinstance(local, SpilledLocal) else local
 
 
-def _init_one(fn, block, args, spill):
-    local = fn(block, *aligned(args))
+def _init_one(fn, block, args, spill, *own):
+    """A block's first local factor: ``fn(block, *args)``, or ``fn(block, *args, own)`` with the
+    block's own input (``init_local``'s ``per_block``)."""
+    local = fn(block, *aligned(args), *aligned(own))
     return local if spill is None else spill.store(block, local, 0)
 
 
@@ -254,8 +256,11 @@ class InProcessExecutor(Executor):
         graph = {("block", i): (task,) for i, task in enumerate(tasks)}
         return dask.threaded.get(graph, list(graph), num_workers=self.n_threads)
 
-    def init_local(self, fn, *args) -> None:
-        self.locals = self._map([functools.partial(_init_one, fn, block, args, self.spill) for block in self.blocks])
+    def init_local(self, fn, *args, per_block: list | None = None) -> None:
+        """``local_b <- fn(block, *args[, per_block[b]])`` for every block, where it will live."""
+        own = [()] * len(self.blocks) if per_block is None else [(item,) for item in per_block]
+        self.locals = self._map([functools.partial(_init_one, fn, block, args, self.spill, *own[block.index])
+                                 for block in self.blocks])
 
     def run_pass(self, fn, *args, update: bool) -> list[dict]:
         data_blocks = self.data._blocks
@@ -347,9 +352,11 @@ class DistributedExecutor(Executor):
     def _broadcast(self, args):
         return self.client.scatter([args], broadcast=True, hash=False)[0]
 
-    def init_local(self, fn, *args) -> None:
+    def init_local(self, fn, *args, per_block: list | None = None) -> None:
         args_ref = self._broadcast(args)
-        self.locals = [self.client.submit(_init_one, fn, block, args_ref, self.spill, pure=False)
+        own = ([()] * len(self.blocks) if per_block is None
+               else [(item,) for item in self.client.scatter(list(per_block), hash=False)])
+        self.locals = [self.client.submit(_init_one, fn, block, args_ref, self.spill, *own[block.index], pure=False)
                        for block in self.blocks]
 
     def run_pass(self, fn, *args, update: bool) -> list[dict]:

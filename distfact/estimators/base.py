@@ -43,9 +43,9 @@ def check_factor(F, shape, name: str, dtype) -> np.ndarray:
     return np.ascontiguousarray(F, dtype=dtype)
 
 
-def given_block(block, W_blocks):
-    """Local factor of a block from factors given per block (init='custom')."""
-    return W_blocks[block.index]
+def given_local(block, local):
+    """A block's local factor as given (init='custom')."""
+    return local
 
 
 def data_fingerprint(data) -> dict:
@@ -115,7 +115,7 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
             W_blocks = [{**inputs, "W": W_b} for inputs, W_b in zip(local_inputs, W_blocks)]
 
         def start():
-            executor.init_local(given_block, W_blocks)
+            executor.init_local(given_local, per_block=W_blocks)
             return global_state
         return start
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 
 import numpy as np
@@ -12,7 +13,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
-from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
+                   given_local)
 
 INITS = ("random", "custom")
 
@@ -163,11 +165,15 @@ class SSNMF(FactorEstimator):
             data_mask.eliminate_zeros()
         stored = data.row_index()
         inputs = [{} for _ in data.blocks]
+        digest = hashlib.sha1()  # identifies the targets and masks in a checkpoint's configuration
         for name, values in (("Y", Y), ("L", label_mask), ("M", data_mask)):
             if values is not None:
                 values = values[stored]
+                for part in ((values.data, values.indices, values.indptr) if sp.issparse(values) else (values,)):
+                    digest.update(name.encode() + np.ascontiguousarray(part).tobytes())
                 for block, entry in zip(data.blocks, inputs):
                     entry[name] = values[block.row_start:block.row_stop]
+        self._inputs_digest = digest.hexdigest()
         return inputs, (0 if Y is None else Y.shape[1]), classes
 
     def _fit(self, X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W, W_out=None):
@@ -182,7 +188,8 @@ class SSNMF(FactorEstimator):
         executor = self._executor(data, client, r + 2 * n_targets, np.float64)  # W, and the rows of Y and L
         try:
             config = {"estimator": "SSNMF", "method": method.__dict__, "init": self.init,
-                      "random_state": self.random_state, "data": data_fingerprint(data), "targets": n_targets}
+                      "random_state": self.random_state, "data": data_fingerprint(data),
+                      "targets_and_masks": self._inputs_digest}
             state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
                              start=self._start(method, data, executor, inputs, n_targets, W, H, B),
                              checkpointer=self._checkpointer(config), resume=self.resume)
@@ -235,7 +242,8 @@ class SSNMF(FactorEstimator):
         inputs, _, _ = self._local_inputs(data, None, None, data_mask, None)
         executor = self._executor(data, client)
         try:
-            blocks = executor.map_blocks(_represent_block, self._method, self.components_, inputs, max_iter, tol)
+            executor.init_local(given_local, per_block=inputs)  # each block's rows of the mask, where it runs
+            blocks = executor.map_blocks(_represent_block, self._method, self.components_, max_iter, tol)
         finally:
             executor.close()
         return self._rows_in_caller_order(data, blocks)
@@ -252,9 +260,9 @@ def _representation(local, block):
     return local["W"]
 
 
-def _represent_block(X_b, _local, block, method, H, inputs, max_iter, tol):
+def _represent_block(X_b, inputs, block, method, H, max_iter, tol):
     W0 = np.full((block.n_rows, H.shape[0]), 1.0)
-    return method.represent(X_b, H, inputs[block.index].get("M"), max_iter, tol, W0)
+    return method.represent(X_b, H, inputs.get("M"), max_iter, tol, W0)
 
 
 class SSNMFClassifier(ClassifierMixin, BaseEstimator):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import time
 import warnings
 
 import numpy as np
@@ -142,22 +143,31 @@ class WeightedL1NMF(FactorEstimator):
             X = sp.csr_matrix(np.asarray(X))
         return super()._grouped(X, groups)
 
-    def _data(self, X, groups) -> GroupedMatrix:
-        """X as a grouped matrix with CSC column blocks."""
+    def _data(self, X, groups) -> tuple[GroupedMatrix, int]:
+        """X as a grouped matrix with CSC column blocks (checked first: nothing is written for bad input),
+        and the rank."""
         data = self._grouped(X, groups)
+        r = check_rank(self.n_components, data.shape)
         if data.group_totals.sum() <= 0:
             raise ValueError("X is all zeros: weighted L1-NMF needs at least one positive entry")
         if data.in_memory:
             return data.with_column_blocks(n_blocks=min(self.column_blocks or self.n_threads or os.cpu_count() or 1,
-                                                        data.shape[1]))
-        return data.with_column_blocks(n_blocks=self.column_blocks)
+                                                        data.shape[1])), r
+        if data.has_column_blocks and self.column_blocks is not None:
+            warnings.warn(f"the store already has {len(data.column_blocks)} column blocks; column_blocks="
+                          f"{self.column_blocks} is not used", UserWarning, stacklevel=4)
+        try:
+            return data.with_column_blocks(n_blocks=self.column_blocks), r
+        except OSError as exc:
+            raise ValueError(f"store {data.path!r} has no column blocks and they cannot be added to it ({exc}); "
+                             "write a copy with them: distfact ingest ... --column-blocks") from exc
 
     def _fit(self, X, groups, W, H, client, want_W, W_out=None):
         self._check_params()
         if (W is not None or H is not None) and self.init != "custom":
             raise ValueError("W and H are used only with init='custom'")
-        data = self._data(X, groups)
-        r = check_rank(self.n_components, data.shape)
+        self._deadline = None if self.time_limit is None else time.perf_counter() + self.time_limit
+        data, r = self._data(X, groups)
         method = WeightedL1SCD(r, float(self.lam), float(self.tol))
         executor = self._executor(data, client, r, np.float64)
         try:
@@ -166,7 +176,7 @@ class WeightedL1NMF(FactorEstimator):
             state = run_loop(method, data, executor, max_iter=self.max_iter,
                              start=self._start(method, data, executor, W, H, config), callback=self.callback,
                              checkpointer=self._checkpointer(config, "scd"), resume=self.resume,
-                             time_limit=self.time_limit)
+                             time_limit=self._time_left())
             self._set_results(method, data, state, executor)
             if not (state.converged or state.timed_out) and self.tol > 0 and self.max_iter > 0:
                 warnings.warn(f"WeightedL1NMF stopped at max_iter={self.max_iter} before the normalised objective "
@@ -191,10 +201,15 @@ class WeightedL1NMF(FactorEstimator):
         hals = HALSStart(method.n_components, dtype=str(data.dtype))
         state = run_loop(hals, data, executor, max_iter=self.hals_iter,
                          start=lambda: initialise(hals, data, executor, self.random_state),
-                         checkpointer=self._checkpointer(config, "start"), resume=self.resume)
+                         checkpointer=self._checkpointer(config, "start"), resume=self.resume,
+                         time_limit=self._time_left())
         d, H = l1_balance(state.global_state["H"], sum(s["Wsum"] for s in state.stats))
         executor.map_local(scale_columns, d)
         return method.with_derived(H, data)
+
+    def _time_left(self) -> float | None:
+        """Seconds left of ``time_limit`` (counted from the call to fit), for each loop."""
+        return None if self._deadline is None else max(self._deadline - time.perf_counter(), 1e-9)
 
     def _set_results(self, method, data, state, executor):
         G = state.global_state

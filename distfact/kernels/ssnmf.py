@@ -41,10 +41,11 @@ def _on_support(S: sp.csr_matrix, values) -> sp.csr_matrix:
 
 
 def _mask_terms(X, W, H, mask):
-    """On the mask's non-zeros (a CSR matrix): its values m, x there, and m * (W H) there."""
+    """On the mask's stored entries (a CSR matrix), in its data order: its values m, x there, and
+    m * (W H) there."""
     mask = sp.csr_matrix(mask)
-    rows, cols = mask.nonzero()
-    x = np.asarray(X[rows, cols]).ravel()
+    rows = np.repeat(np.arange(mask.shape[0]), np.diff(mask.indptr))  # aligned with mask.data, zeros included
+    x = np.asarray(X[rows, mask.indices]).ravel()
     return mask, mask.data, x, mask.data * wh_at_nonzeros(mask, W, H)
 
 
@@ -81,8 +82,8 @@ def term_update_parts(X, W, H, mask, loss: str, eps: float):
         return np.asarray(X @ H.T), W @ (H @ H.T)
     if _dense_path(X, mask):
         return (mask * X) @ H.T, (mask * (W @ H)) @ H.T
-    mask, m, _, mwh = _mask_terms(X, W, H, mask)
-    return np.asarray(_masked_x(X, mask) @ H.T), np.asarray(_on_support(mask, m * mwh) @ H.T)
+    mask, _, _, mwh = _mask_terms(X, W, H, mask)
+    return np.asarray(_masked_x(X, mask) @ H.T), np.asarray(_on_support(mask, mwh) @ H.T)
 
 
 def _wt(W, Z):
@@ -99,8 +100,8 @@ def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
         return {f"{prefix}_num": _wt(W, X), f"{prefix}_WtW": W.T @ W}
     if _dense_path(X, mask):
         return {f"{prefix}_num": W.T @ (mask * X), f"{prefix}_den": W.T @ (mask * (W @ H))}
-    mask, m, _, mwh = _mask_terms(X, W, H, mask)
-    return {f"{prefix}_num": _wt(W, _masked_x(X, mask)), f"{prefix}_den": _wt(W, _on_support(mask, m * mwh))}
+    mask, _, _, mwh = _mask_terms(X, W, H, mask)
+    return {f"{prefix}_num": _wt(W, _masked_x(X, mask)), f"{prefix}_den": _wt(W, _on_support(mask, mwh))}
 
 
 def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
@@ -115,9 +116,15 @@ def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
     return F / (eps + den) * num
 
 
-def term_loss(X, W, H, mask, loss: str, eps: float) -> float:
+def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, prefix: str = "") -> float:
     """The term's value at (W, H): ||M o (X - W H)||_F^2 or D(M o X || M o W H), with the package's
-    x log((x + eps) / (wh + eps)); a sparse X is only read at its non-zeros."""
+    x log((x + eps) / (wh + eps)); a sparse X is only read at its non-zeros. Without a mask, a Frobenius
+    term comes from the term's statistics at (W, H) (``term_stats``), never forming W H:
+    ||X - W H||^2 = ||X||^2 - 2 <W^T X, H> + <W^T W, H H^T>."""
+    if loss == "F" and mask is None and stats is not None:
+        sq_norm = float(X.multiply(X).sum()) if sp.issparse(X) else float(np.vdot(X, X))
+        value = sq_norm - 2.0 * np.vdot(stats[f"{prefix}_num"], H) + np.vdot(stats[f"{prefix}_WtW"], H @ H.T)
+        return max(float(value), 0.0)
     if _dense_path(X, mask):
         MX = X if mask is None else mask * X
         MWH = W @ H if mask is None else mask * (W @ H)

@@ -64,7 +64,8 @@ class SSNMFMethod:
         return G
 
     def initial_local(self, block, G, rows, inputs):
-        return {**inputs[block.index], "W": rows.uniform(self.n_components)}
+        """The block's inputs (its rows of Y, L, M) and W uniform on [0, 1)."""
+        return {**inputs, "W": rows.uniform(self.n_components)}
 
     # -- pass -------------------------------------------------------------------
     def _terms(self, X_b, local, G):
@@ -82,7 +83,7 @@ class SSNMFMethod:
         stats = {}
         for loss, Z, F, mask, prefix, _ in self._terms(X_b, local, G):
             stats.update(k.term_stats(Z, W, F, mask, loss, self.eps, prefix))
-            stats[f"{prefix}_loss"] = np.float64(k.term_loss(Z, W, F, mask, loss, self.eps))
+            stats[f"{prefix}_loss"] = np.float64(k.term_loss(Z, W, F, mask, loss, self.eps, stats, prefix))
         return stats
 
     def local_step(self, X_b, local, block, G):

@@ -125,11 +125,11 @@ class WeightedL1SCD:
         X_b = as_csr(X_b)
         W_b = np.full((block.n_rows, Ht.shape[1]), scale)
         H_rowsum = Ht.sum(axis=0)
-        previous = np.inf
+        previous = None
         for _ in range(max_iter):
             abs_residual, fitted = l1.scd_sweep_rows(X_b.indptr, X_b.indices, X_b.data, W_b, Ht, self.lam, ONE_GROUP)
             value = l1.wl1_objective(abs_residual[0], fitted[0], self.lam, W_b.sum(axis=0), H_rowsum)
-            if previous - value <= tol * abs(previous):
+            if previous is not None and previous - value <= tol * abs(previous):
                 break
             previous = value
         return W_b
