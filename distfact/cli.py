@@ -17,7 +17,7 @@ import numpy as np
 EXIT_BAD_INPUT = 2
 # per method: its solvers (the first is the default), its inits (likewise), default max_iter and tol
 FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",), "wl1-nmf": ("scd",),
-               "ssnmf": ("mu",)}
+               "ssnmf": ("mu",), "multigroup-svd": ("auto", "fw", "brent", "sdp")}
 FIT_INITS = {"nmf": ("random", "nndsvda"), "fairer-nmf": ("random",), "stratified-nmf": ("random",),
              "wl1-nmf": ("hals", "random"), "ssnmf": ("random",)}
 FIT_MAX_ITER = {"wl1-nmf": 30}
@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--block-rows", type=int, help="rows per block (default: ~128 MiB blocks)")
     p.add_argument("--column-blocks", action="store_true",
                    help="also write X by CSC column blocks (what wl1-nmf sweeps; fit adds them otherwise)")
+    p.add_argument("--signed", action="store_true",
+                   help="allow negative values (arrays and tables; for --method multigroup-svd only)")
     p.add_argument("--overwrite", action="store_true")
 
     p = sub.add_parser("info", help="groups, sizes, nnz and norms of a store")
@@ -64,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="nmf; fairer-nmf (min-max relative group loss); stratified-nmf (shared topics plus a "
                         "shift per group, the groups being the strata); wl1-nmf (weighted L1 loss by sparse "
                         "coordinate descent, robust to outliers and false zeros); ssnmf (semi-supervised NMF: "
-                        "X ~ W H and the labels ~ W B jointly)")
+                        "X ~ W H and the labels ~ W B jointly); multigroup-svd (consistent multigroup singular "
+                        "vectors: min-max group loss, signed data, one pass)")
     p.add_argument("--n-estimates", type=int, default=5, help="fairer-nmf: NMF runs per group for E_l")
     p.add_argument("--v-updates", type=int, default=2, help="stratified-nmf: v updates per iteration (M)")
     p.add_argument("--lam", type=float, default=1.0, help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF); "
@@ -77,8 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hals-iter", type=int, default=10, help="wl1-nmf: HALS iterations of --init hals")
     p.add_argument("--time-limit", type=float, help="wl1-nmf: seconds after which no new iteration starts")
     p.add_argument("--rank", "-r", type=int, required=True, help="number of components")
-    p.add_argument("--solver", choices=["mu", "hals", "am", "scd"],
-                   help="nmf: mu (default) or hals; fairer-nmf: mu (default) or am; stratified-nmf: mu; wl1-nmf: scd")
+    p.add_argument("--solver", choices=["mu", "hals", "am", "scd", "auto", "fw", "brent", "sdp"],
+                   help="nmf: mu (default) or hals; fairer-nmf: mu (default) or am; stratified-nmf: mu; wl1-nmf: scd; "
+                        "multigroup-svd: auto (default: brent for two groups, fw otherwise), fw, brent or sdp")
+    p.add_argument("--center", action="store_true", help="multigroup-svd: subtract the column means")
+    p.add_argument("--scale", action="store_true", help="multigroup-svd: divide the columns by their std")
     p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
     p.add_argument("--init", choices=["random", "nndsvda", "hals"],
                    help="random (default), or nndsvda for nmf; wl1-nmf: hals (default) or random")
@@ -94,8 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_scheduler_options(p)
 
     p = sub.add_parser("report", help="a method paper's views: --fairness (Fairer-NMF), --stratified "
-                                      "(Stratified-NMF) or --ssnmf (SSNMF)",
-                       description="--ssnmf (ssnmf.txt, Fig. 2 and Table 5): fit SSNMF with the groups (or --labels) "
+                                      "(Stratified-NMF), --ssnmf (SSNMF) or --multigroup (multigroup SVD)",
+                       description="--multigroup (multigroup-lowrank.txt, Figs. 2 and 3): fit the multigroup SVD "
+                                   "of rank --rank and write the marginal, incremental and reconstruction loss by "
+                                   "rank per group beside the standard SVD's, the primal and dual objectives by "
+                                   "rank, and an HTML page. "
+                                   "--ssnmf (ssnmf.txt, Fig. 2 and Table 5): fit SSNMF with the groups (or --labels) "
                                    "as classes and write the normalised B, the top features of each topic and an "
                                    "HTML page. "
                                    "--fairness (fairer-nmf.txt, Figs. 2, 3, 5): for each rank, fit standard NMF "
@@ -108,9 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     kind.add_argument("--fairness", action="store_true", help="the Fairer-NMF fairness report")
     kind.add_argument("--stratified", action="store_true", help="the Stratified-NMF report")
     kind.add_argument("--ssnmf", action="store_true", help="the SSNMF report (B heat map, top features per topic)")
+    kind.add_argument("--multigroup", action="store_true",
+                      help="the multigroup SVD report (losses by rank per group against the SVD, duality gaps)")
     p.add_argument("--ranks", default="1:10", help="fairness: ranks as FIRST:LAST (inclusive)")
-    p.add_argument("--solver", default="mu", choices=["mu", "am"], help="fairness: the Fairer-NMF scheme")
-    p.add_argument("--rank", "-r", type=int, default=10, help="stratified, ssnmf: number of topics")
+    p.add_argument("--solver", choices=["mu", "am", "auto", "fw", "brent", "sdp"],
+                   help="fairness: the Fairer-NMF scheme, mu (default) or am; multigroup: auto (default), fw, brent, sdp")
+    p.add_argument("--rank", "-r", type=int, default=10, help="stratified, ssnmf: number of topics; multigroup: d")
+    p.add_argument("--center", action="store_true", help="multigroup: subtract the column means")
+    p.add_argument("--scale", action="store_true", help="multigroup: divide the columns by their std")
     p.add_argument("--model", default="DF", choices=["FF", "FD", "DF", "DD"], help="ssnmf: the losses (R, S)")
     p.add_argument("--lam", type=float, default=1.0, help="ssnmf: weight of the supervision term")
     p.add_argument("--labels", default="groups", help="ssnmf: 'groups' or a file of class labels (as for fit)")
@@ -151,15 +166,17 @@ def cmd_ingest(args):
     if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
         if not args.group_column:
             raise ValueError("a table source needs --group-column")
-        data = store.from_table(src, args.group_column, args.dest, **common)
+        data = store.from_table(src, args.group_column, args.dest, signed=args.signed, **common)
     elif lower.endswith(JSONL_SUFFIXES) or os.path.isdir(src):
+        if args.signed:
+            raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
         data = store.from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
                                  vectorizer=args.vectorizer, max_features=args.max_features, **common)
     elif lower.endswith(".npz"):
         X, groups = _load_npz(src)
         if args.groups_file:
             groups = _read_labels(args.groups_file)
-        data = store.from_arrays(X, groups, args.dest, **common)
+        data = store.from_arrays(X, groups, args.dest, signed=args.signed, **common)
     else:
         raise ValueError(f"source {src!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
                          f"{', '.join(PARQUET_SUFFIXES)}) or a corpus ({', '.join(JSONL_SUFFIXES)}))")
@@ -253,6 +270,10 @@ def cmd_fit(args):
     from .store import open_store
 
     data = open_store(args.store)
+    if args.method == "multigroup-svd":
+        return _fit_multigroup(args, data)
+    if args.center or args.scale:
+        raise ValueError("--center and --scale are available for multigroup-svd only")
     bar = _progress(args, _max_iter(args))
     model = _fit_model(args, bar)
     with client_for(args.scheduler, args.local_cluster) as client:
@@ -307,6 +328,38 @@ def cmd_fit(args):
     print(f"wrote {', '.join(written)}")
 
 
+def _multigroup_model(args, solver):
+    from .estimators import MultigroupSVD
+
+    return MultigroupSVD(args.rank, solver=solver, center=args.center, scale=args.scale,
+                         **({} if args.tol is None else {"tol": args.tol}),
+                         **({} if args.max_iter is None else {"max_iter": args.max_iter}))
+
+
+def _fit_multigroup(args, data):
+    """``fit --method multigroup-svd``: V.npy (components), group_losses.csv and metrics.json (written last)."""
+    from .engine.cluster import client_for
+
+    model = _multigroup_model(args, _method_choice(args, "--solver", args.solver, FIT_SOLVERS))
+    with client_for(args.scheduler, args.local_cluster) as client:
+        model.fit(data, client=client)
+    os.makedirs(args.output, exist_ok=True)
+    if os.path.exists(os.path.join(args.output, "metrics.json")):
+        os.remove(os.path.join(args.output, "metrics.json"))
+    written = [os.path.join(args.output, name) for name in ("V.npy", "group_losses.csv", "metrics.json")]
+    np.save(written[0], model.components_)
+    model.group_losses_.to_csv(written[1], index=False)
+    metrics = {"method": args.method, "rank": args.rank, "solver": model.solver_, "center": args.center,
+               "scale": args.scale, "n_passes": model.n_passes_, "n_iter": model.n_iter_.tolist(),
+               "mu": model.mu_.tolist(), "duality_gap": model.duality_gap_.tolist(),
+               "primal": model.primal_objective_.tolist(), "dual": model.dual_objective_.tolist(),
+               "groups": model.group_names_, "scheduler": model.scheduler_, "store": os.path.abspath(args.store)}
+    with open(written[2], "w") as f:
+        json.dump(metrics, f, indent=2, default=str)
+    print(model.group_losses_[model.group_losses_["rank"] == args.rank].to_string(index=False))
+    print(f"wrote {', '.join(written)}")
+
+
 def _ssnmf_labels(option: str, data):
     """Class labels in the input's row order: the store's groups, none, or a file."""
     if option == "none":
@@ -347,6 +400,21 @@ def cmd_report(args):
 
     data = open_store(args.store)
     name = os.path.basename(os.path.normpath(data.path))
+    if args.multigroup:
+        from .multigroup_report import write_multigroup_report
+
+        if args.solver in ("mu", "am"):
+            raise ValueError(f"--solver {args.solver} is for --fairness; --multigroup takes auto, fw, brent or sdp")
+        model = _multigroup_model(args, args.solver or "auto")
+        with client_for(args.scheduler, args.local_cluster) as client:
+            model.fit(data, client=client)
+        paths = write_multigroup_report(args.output, model, title=f"Multigroup SVD: {name}")
+        print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
+        return
+    if args.center or args.scale:
+        raise ValueError("--center and --scale are available for --multigroup only")
+    if args.solver in ("auto", "fw", "brent", "sdp"):
+        raise ValueError(f"--solver {args.solver} is for --multigroup; --fairness takes mu or am")
     if args.ssnmf:
         from .estimators import SSNMF
         from .ssnmf_report import write_ssnmf_report
@@ -380,7 +448,7 @@ def cmd_report(args):
 
     ranks = _parse_ranks(args.ranks)
     with client_for(args.scheduler, args.local_cluster) as client:
-        rows = fairness_table(data, ranks=ranks, solver=args.solver, tol=args.tol,
+        rows = fairness_table(data, ranks=ranks, solver=args.solver or "mu", tol=args.tol,
                               max_iter=5000 if args.max_iter is None else args.max_iter,
                               random_state=args.seed, client=client,
                               progress=lambda r: print(f"rank {r} done", file=sys.stderr))

@@ -185,3 +185,39 @@ def test_report_ssnmf(tmp_path):
     assert rows[0] == "topic,class,1,2,3" and len(rows) == 5
     B = np.array(json.loads((tmp_path / "rep" / "ssnmf.json").read_text())["normalised_B"])
     assert B.shape == (3, 4) and np.allclose(B.sum(axis=0), 1.0)
+
+
+def test_multigroup_svd_from_a_signed_table(tmp_path):
+    """ingest --signed a CSV with negative values, fit --method multigroup-svd, report --multigroup."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((90, 5)) @ rng.standard_normal((5, 5)) - 1.0
+    sex = np.where(rng.random(90) < 0.6, "M", "F")
+    pd.DataFrame(X, columns=list("abcde")).assign(sex=sex).to_csv(tmp_path / "t.csv", index=False)
+    refused = run("ingest", tmp_path / "t.csv", tmp_path / "x.zarr", "--group-column", "sex", cwd=tmp_path)
+    assert refused.returncode == 2 and "negative value" in refused.stderr and not (tmp_path / "x.zarr").exists()
+    assert run("ingest", tmp_path / "t.csv", tmp_path / "x.zarr", "--group-column", "sex", "--signed",
+               cwd=tmp_path).returncode == 0
+    nmf = run("fit", tmp_path / "x.zarr", "--rank", "2", "--no-progress", cwd=tmp_path)
+    assert nmf.returncode == 2 and "signed=True" in nmf.stderr
+    fit = run("fit", tmp_path / "x.zarr", "--method", "multigroup-svd", "--rank", "3", "--center", "--scale",
+              "--output", tmp_path / "fit", cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr
+    import distfact
+
+    direct = distfact.MultigroupSVD(3, center=True, scale=True).fit(X, sex)
+    np.testing.assert_allclose(np.load(tmp_path / "fit" / "V.npy"), direct.components_, atol=1e-12)
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["solver"] == "brent" and metrics["n_passes"] == 1 and max(map(abs, metrics["duality_gap"])) < 1e-8
+    report = run("report", tmp_path / "x.zarr", "--multigroup", "--rank", "3", "--center", "--scale",
+                 "--output", tmp_path / "rep", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "rep" / "multigroup.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "Primal and dual objective" in page
+    table = pd.read_csv(tmp_path / "rep" / "group_losses.csv")
+    assert len(table) == 6 and {"incremental", "incremental_svd"} <= set(table.columns)
+    np.testing.assert_allclose(table.groupby("rank").incremental.agg(np.ptp), 0, atol=1e-8)  # Lemma 7.3
+    bad = run("fit", tmp_path / "x.zarr", "--method", "multigroup-svd", "--rank", "2", "--solver", "hals",
+              cwd=tmp_path)
+    assert bad.returncode == 2 and "not available for multigroup-svd" in bad.stderr

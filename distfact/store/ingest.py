@@ -62,12 +62,12 @@ def _take_rows(X, rows: np.ndarray):
 
 def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=None, layout=None,
                 block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, overwrite=False,
-                column_blocks=False) -> GroupedMatrix:
+                column_blocks=False, signed=False) -> GroupedMatrix:
     """Build a grouped matrix from X (numpy, scipy.sparse, dask array or DataFrame) and row labels.
 
     Parameters
     ----------
-    X : array-like of shape (m, n), non-negative
+    X : array-like of shape (m, n), non-negative unless ``signed``
     groups : array-like of shape (m,), optional
         One label per row; ``None`` puts all rows in one group ``"all"``.
     path : str or os.PathLike, optional
@@ -86,6 +86,9 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         Also store X by column blocks (CSC, about ``block_bytes`` each), for methods that
         sweep over columns: see :meth:`GroupedMatrix.with_column_blocks`. They are added
         to the committed store, so if building them fails the store is left without them.
+    signed : bool
+        Allow negative entries (for :class:`distfact.MultigroupSVD`); the store records it and
+        the NMF methods refuse such a store.
 
     Rows are stored group by group (stable within a group); values are validated
     block by block and a failure leaves nothing at ``path``.
@@ -120,7 +123,7 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     per_block = rows_per_block(n, dtype.itemsize, nnz_per_row, block_rows, block_bytes)
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-    with StoreWriter(path, n, dtype, layout, overwrite=overwrite) as writer:
+    with StoreWriter(path, n, dtype, layout, overwrite=overwrite, signed=signed) as writer:
         for g, name in enumerate(names):
             for rows in split_rows(order[bounds[g]:bounds[g + 1]], per_block):
                 writer.add_block(name, _take_rows(X, rows), rows)

@@ -141,9 +141,9 @@ def _numeric_chunk(frame: pd.DataFrame, columns: list[str], dtype: np.dtype, off
 
 
 def _check_values(values: np.ndarray, columns: list[str], codes: np.ndarray, names: list[str], offset: int,
-                  where: str) -> None:
-    """Refuse NaN / inf / negative values, naming the first bad row (source order) and column."""
-    bad = ~np.isfinite(values) | (values < 0)
+                  where: str, signed: bool = False) -> None:
+    """Refuse NaN / inf / (unless ``signed``) negative values, naming the first bad row (source order) and column."""
+    bad = ~np.isfinite(values) if signed else ~np.isfinite(values) | (values < 0)
     if not bad.any():
         return
     i, j = divmod(int(np.flatnonzero(bad.ravel())[0]), values.shape[1])
@@ -151,7 +151,8 @@ def _check_values(values: np.ndarray, columns: list[str], codes: np.ndarray, nam
     what = "NaN (a missing value)" if np.isnan(value) else ("an infinite value" if np.isinf(value)
                                                            else "a negative value")
     raise ValueError(f"{where} has {what} ({float(value)!r}) at row {offset + i}, column {columns[j]!r} "
-                     f"(group {names[codes[i]]!r}); distfact factors non-negative finite data")
+                     f"(group {names[codes[i]]!r}); " + ("values must be finite" if signed else
+                                                          "distfact factors non-negative finite data"))
 
 
 def _chunk_codes(labels: pd.Series, group_column: str, offset: int, where: str, lookup: dict | None):
@@ -186,7 +187,7 @@ def _parquet_chunks(pf, group_column: str, columns: list[str], chunk_rows: int):
 
 def from_table(source, group_column: str, path=None, *, columns=None, feature_names=None, group_names=None,
                block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, chunk_rows: int = 100_000,
-               overwrite: bool = False) -> GroupedMatrix:
+               overwrite: bool = False, signed: bool = False) -> GroupedMatrix:
     """Build a grouped matrix from a CSV or Parquet file with a group column, streamed in chunks.
 
     Parameters
@@ -210,6 +211,8 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
         Rows read from the file at a time.
     overwrite : bool
         Replace an existing store at ``path``.
+    signed : bool
+        Allow negative values (for :class:`distfact.MultigroupSVD`), as in :func:`from_arrays`.
 
     The layout is dense; the dtype is float32 when every value column of a Parquet file
     is float32, float64 otherwise. Rows are stored group by group, in file order within a
@@ -263,7 +266,7 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
     group_names = None if lookup is None else list(lookup)
     per_block = rows_per_block(n, dtype.itemsize, None, block_rows, block_bytes)
 
-    with StoreWriter(path, n, dtype, "dense", overwrite=overwrite, where=where) as writer:
+    with StoreWriter(path, n, dtype, "dense", overwrite=overwrite, where=where, signed=signed) as writer:
         buffers = GroupBuffers(writer, per_block)
         offset, seen = 0, set()
         for frame in chunks:
@@ -271,7 +274,7 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
                 continue
             codes, names = _chunk_codes(frame[group_column], group_column, offset, where, lookup)
             values = _numeric_chunk(frame, columns, dtype, offset, where)
-            _check_values(values, columns, codes, names, offset, where)
+            _check_values(values, columns, codes, names, offset, where, signed)
             del frame
             order = np.argsort(codes, kind="stable")
             bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))

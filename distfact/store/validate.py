@@ -22,16 +22,17 @@ def working_dtype(dtype, where: str = "X") -> np.dtype:
     raise ValueError(f"{where} has dtype {dtype}, which is not numeric; expected real numbers")
 
 
-def check_block_values(block, group_name: str, source_rows: np.ndarray, where: str = "X") -> None:
-    """Refuse NaN, infinite and negative entries; name the first offending entry.
+def check_block_values(block, group_name: str, source_rows: np.ndarray, where: str = "X",
+                       signed: bool = False) -> None:
+    """Refuse NaN, infinite and (unless ``signed``) negative entries; name the first offending entry.
 
     ``source_rows[i]`` is the caller's row number of the block's i-th row.
     """
     values = block.data if sp.issparse(block) else block
-    bad_nan = np.isnan(values)
-    bad_inf = np.isinf(values)
-    bad_neg = values < 0
-    for mask, what in ((bad_nan, "NaN"), (bad_inf, "an infinite value"), (bad_neg, "a negative value")):
+    checks = [(np.isnan(values), "NaN"), (np.isinf(values), "an infinite value")]
+    if not signed:
+        checks.append((values < 0, "a negative value"))
+    for mask, what in checks:
         if not mask.any():
             continue
         flat = int(np.flatnonzero(mask.ravel())[0])
@@ -44,7 +45,8 @@ def check_block_values(block, group_name: str, source_rows: np.ndarray, where: s
             value = block[row, col]
         raise ValueError(
             f"{where} has {what} ({float(value)!r}) at row {int(source_rows[row])}, column {col} "
-            f"(group {group_name!r}); distfact factors non-negative finite data"
+            f"(group {group_name!r}); " + ("X must be finite" if signed else
+                                           "distfact factors non-negative finite data")
         )
 
 

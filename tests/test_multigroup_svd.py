@@ -1,0 +1,246 @@
+"""MultigroupSVD (multigroup-lowrank.txt) against independent oracles: numpy's SVD, brute force over
+the unit circle and over the dual simplex, losses recomputed from the data, a second code path."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import distfact
+
+
+def groups_data(sizes=(60, 40), n=8, seed=0, shift=3.0):
+    """Groups with different covariances and means (so centring and the groups matter)."""
+    rng = np.random.default_rng(seed)
+    blocks = [rng.standard_normal((m, n)) @ rng.standard_normal((n, n)) + shift * rng.standard_normal(n)
+              for m in sizes]
+    labels = np.concatenate([[f"g{i}"] * m for i, m in enumerate(sizes)])
+    X = np.concatenate(blocks)
+    order = rng.permutation(len(X))  # groups interleaved in the input
+    return X[order], labels[order]
+
+
+def standardised_groups(X, labels):
+    """Section 8.1's standardisation, directly: columns centred and divided by their population std."""
+    Z = (X - X.mean(axis=0)) / X.std(axis=0)
+    return [Z[labels == g] for g in np.unique(labels)]
+
+
+def primal(groups, v):
+    """f(v) = max_l sigma_1^2(A_l) - ||A_l v||^2, from the data."""
+    return max(np.linalg.norm(A, 2) ** 2 - np.linalg.norm(A @ v) ** 2 for A in groups)
+
+
+def test_one_group_is_the_svd():
+    X, _ = groups_data((90,), n=7)
+    for data in (X, sp.csr_matrix(X)):
+        model = distfact.MultigroupSVD(5).fit(data)
+        _, S, Vt = np.linalg.svd(X, full_matrices=False)
+        signs = np.sign(np.sum(model.components_ * Vt[:5], axis=1))
+        np.testing.assert_allclose(model.components_ * signs[:, None], Vt[:5], atol=1e-9)
+        np.testing.assert_allclose(model.singular_values_[0], S[:5], rtol=1e-10)
+        np.testing.assert_allclose(model.duality_gap_, 0, atol=1e-9 * S[0] ** 2)
+
+
+def test_two_groups_equal_incremental_losses_and_zero_gap():
+    X, labels = groups_data((70, 30), n=9)
+    model = distfact.MultigroupSVD(8, center=True, scale=True).fit(X, labels)
+    assert model.solver_ == "brent" and model.n_passes_ == 1
+    losses = model.group_losses_.pivot(index="rank", columns="group", values="incremental").to_numpy()
+    np.testing.assert_allclose(losses[:, 0], losses[:, 1], rtol=1e-9, atol=1e-9)  # Lemma 7.3
+    assert np.all(np.abs(model.duality_gap_) < 1e-8)
+    np.testing.assert_allclose(model.components_ @ model.components_.T, np.eye(8), atol=1e-12)
+
+
+def test_losses_recomputed_from_the_standardised_data():
+    X, labels = groups_data((50, 40, 30), n=6)
+    model = distfact.MultigroupSVD(4, center=True, scale=True).fit(X, labels)
+    groups = standardised_groups(X, labels)
+    V = model.components_
+    for l, A in enumerate(groups):
+        sigma2 = np.linalg.svd(A, compute_uv=False) ** 2
+        rows = model.group_losses_[model.group_losses_.group == f"g{l}"]
+        for r in range(1, 5):
+            captured = np.linalg.norm(A @ V[:r].T) ** 2
+            assert rows.reconstruction.iloc[r - 1] == pytest.approx(np.linalg.norm(A - A @ V[:r].T @ V[:r]) ** 2,
+                                                                    rel=1e-10)
+            assert rows.marginal.iloc[r - 1] == pytest.approx(sigma2[:r].sum() - captured, rel=1e-9, abs=1e-9)
+        # incremental: the sum of the rank-1 losses on the data deflated by the earlier vectors
+        incremental, P = 0.0, np.eye(6)
+        for r in range(4):
+            Ad = A @ P
+            incremental += np.linalg.norm(Ad, 2) ** 2 - np.linalg.norm(Ad @ V[r]) ** 2
+            assert rows.incremental.iloc[r] == pytest.approx(incremental, rel=1e-9, abs=1e-9)
+            P = P - np.outer(V[r], V[r])
+        np.testing.assert_allclose(model.explained_variance_[l], np.linalg.norm(A @ V.T, axis=0) ** 2 / len(A),
+                                   rtol=1e-10)
+
+
+@pytest.mark.parametrize("solver", ["brent", "fw", "sdp"])
+def test_rank_one_optimum_by_brute_force_on_the_unit_circle(solver):
+    X, labels = groups_data((40, 25), n=2, seed=3)
+    groups = [X[labels == g] for g in ("g0", "g1")]
+    model = distfact.MultigroupSVD(1, solver=solver, tol=1e-10).fit(X, labels)
+    theta = np.linspace(0, np.pi, 200_001)
+    circle = np.stack([np.cos(theta), np.sin(theta)])
+    values = np.max([np.linalg.norm(A, 2) ** 2 - np.sum((A @ circle) ** 2, axis=0) for A in groups], axis=0)
+    best = values.min()
+    found = primal(groups, model.components_[0])
+    assert found <= best + 1e-9 * max(1.0, abs(best))
+    assert found >= best - 1e-4 * max(1.0, abs(best))  # the grid's resolution
+    assert model.primal_objective_[0] == pytest.approx(found, rel=1e-9, abs=1e-9)
+
+
+def test_frank_wolfe_dual_is_the_simplex_maximum_on_three_groups():
+    X, labels = groups_data((40, 30, 35), n=5, seed=1)
+    model = distfact.MultigroupSVD(1, solver="fw", tol=1e-12).fit(X, labels)
+    grams = np.stack([X[labels == g].T @ X[labels == g] for g in ("g0", "g1", "g2")])
+    s = np.array([np.linalg.eigvalsh(G)[-1] for G in grams])
+    grid = np.linspace(0, 1, 301)
+    duals = [mu1 * s[0] + mu2 * s[1] + (1 - mu1 - mu2) * s[2]
+             - np.linalg.eigvalsh(mu1 * grams[0] + mu2 * grams[1] + (1 - mu1 - mu2) * grams[2])[-1]
+             for mu1 in grid for mu2 in grid if mu1 + mu2 <= 1]
+    assert model.dual_objective_[0] >= max(duals) - 1e-9 * s.max()
+    assert model.dual_objective_[0] <= model.primal_objective_[0] + 1e-9 * s.max()  # weak duality
+    assert np.isclose(model.mu_[0].sum(), 1) and (model.mu_[0] >= 0).all()
+
+
+def test_paper_step_rule_reaches_the_line_search_dual():
+    X, labels = groups_data((40, 30, 35), n=5, seed=1)
+    line = distfact.MultigroupSVD(2, solver="fw", tol=1e-10).fit(X, labels)
+    paper = distfact.MultigroupSVD(2, solver="fw", fw_step="2/(t+2)", tol=1e-4, max_iter=20000).fit(X, labels)
+    np.testing.assert_allclose(paper.dual_objective_[0], line.dual_objective_[0], rtol=1e-5)
+
+
+def test_sdp_gap_no_larger_than_frank_wolfe_on_three_groups():
+    X, labels = groups_data((40, 30, 35), n=6, seed=5)
+    fw = distfact.MultigroupSVD(3, solver="fw", tol=1e-8).fit(X, labels)
+    sdp = distfact.MultigroupSVD(3, solver="sdp", tol=1e-9).fit(X, labels)
+    scale = max(np.linalg.norm(X[labels == g], 2) ** 2 for g in ("g0", "g1", "g2"))
+    assert np.all(np.isfinite(fw.duality_gap_)) and np.all(np.isfinite(sdp.duality_gap_))
+    assert sdp.duality_gap_[0] <= fw.duality_gap_[0] + 1e-6 * scale
+    # the first component solves the same problem on the same data
+    assert sdp.primal_objective_[0] <= fw.primal_objective_[0] + 1e-6 * scale
+
+
+def test_sdp_is_tight_for_two_groups():
+    X, labels = groups_data((40, 30), n=5, seed=2)
+    exact = distfact.MultigroupSVD(2, solver="brent").fit(X, labels)
+    sdp = distfact.MultigroupSVD(2, solver="sdp", tol=1e-10).fit(X, labels)
+    np.testing.assert_allclose(sdp.primal_objective_, exact.primal_objective_, rtol=1e-5)  # Lemma 7.2
+
+
+@pytest.mark.parametrize("solver", ["brent", "fw"])
+def test_consistency_prefixes_equal_lower_rank_fits(solver):
+    sizes = (50, 40) if solver == "brent" else (50, 40, 45)
+    X, labels = groups_data(sizes, n=10, seed=4)
+    full = distfact.MultigroupSVD(8, solver=solver, center=True, tol=1e-12).fit(X, labels)
+    for d in (1, 3, 5):
+        part = distfact.MultigroupSVD(d, solver=solver, center=True, tol=1e-12).fit(X, labels)
+        np.testing.assert_allclose(part.components_, full.components_[:d], atol=1e-9)
+        np.testing.assert_allclose(part.group_losses_.set_index(["group", "rank"]).to_numpy(),
+                                   full.group_losses_[full.group_losses_["rank"] <= d]
+                                   .set_index(["group", "rank"]).to_numpy(), rtol=1e-9, atol=1e-9)
+
+
+def test_one_read_of_x_on_the_gram_path(tmp_path):
+    X, labels = groups_data((300, 200, 100), n=12)
+    store = distfact.from_arrays(X, labels, tmp_path / "x.zarr", block_rows=64, signed=True)
+    reads = []
+    reader = store.reader()
+    store.reader = lambda: (lambda block: reads.append(block.index) or reader(block))
+    model = distfact.MultigroupSVD(4, center=True, scale=True, n_threads=2).fit(store)
+    assert sorted(reads) == list(range(store.n_blocks)) and model.n_passes_ == 1
+    in_memory = distfact.MultigroupSVD(4, center=True, scale=True).fit(X, labels)
+    np.testing.assert_allclose(model.components_, in_memory.components_, atol=1e-10)
+
+
+def test_sparse_equals_dense_and_centring_does_not_densify():
+    rng = np.random.default_rng(7)
+    X = sp.random(200, 15, density=0.2, random_state=7, format="csr") * 3
+    labels = rng.choice(["a", "b"], 200)  # two groups: a unique optimum, so the vectors can be compared
+    for center, scale in ((False, False), (True, True)):
+        sparse = distfact.MultigroupSVD(4, center=center, scale=scale, tol=1e-12).fit(X, labels)
+        dense = distfact.MultigroupSVD(4, center=center, scale=scale, tol=1e-12).fit(X.toarray(), labels)
+        np.testing.assert_allclose(sparse.components_, dense.components_, atol=1e-8)
+        np.testing.assert_allclose(sparse.transform(X), dense.transform(X.toarray()), atol=1e-8)
+
+
+def test_transform_and_inverse_transform():
+    X, labels = groups_data((60, 50), n=6)
+    model = distfact.MultigroupSVD(6, center=True, scale=True).fit(X, labels)
+    Z = model.transform(X)
+    np.testing.assert_allclose(Z, ((X - X.mean(0)) / X.std(0)) @ model.components_.T, atol=1e-10)
+    np.testing.assert_allclose(model.inverse_transform(Z), X, atol=1e-9)  # d = n: exact
+    data = distfact.from_arrays(X, labels, block_rows=16, signed=True)
+    np.testing.assert_allclose(model.transform(data), Z, atol=1e-10)  # block by block, input row order
+    with pytest.raises(ValueError, match="5 features"):
+        model.transform(X[:, :5])
+
+
+def test_wide_sketch_equals_the_gram_path_on_low_rank_groups():
+    rng = np.random.default_rng(11)
+    n = 400
+    blocks = [rng.standard_normal((m, 4)) @ rng.standard_normal((4, n)) for m in (80, 60)]
+    X = np.concatenate(blocks)
+    labels = np.repeat(["a", "b"], [80, 60])
+    gram = distfact.MultigroupSVD(3, center=True, scale=True).fit(X, labels)
+    wide = distfact.MultigroupSVD(3, center=True, scale=True, max_gram_features=100, sketch_size=12,
+                                  random_state=0).fit(X, labels)
+    assert wide.sketched_ and not gram.sketched_
+    assert wide.n_passes_ == 3 + wide.power_iterations and gram.n_passes_ == 1
+    signs = np.sign(np.sum(wide.components_ * gram.components_, axis=1))
+    np.testing.assert_allclose(wide.components_ * signs[:, None], gram.components_, atol=1e-7)
+    np.testing.assert_allclose(wide.group_losses_.iloc[:, 2:].to_numpy(), gram.group_losses_.iloc[:, 2:].to_numpy(),
+                               rtol=1e-7, atol=1e-6)
+
+
+@pytest.mark.cluster
+def test_same_result_on_a_local_cluster(local_cluster_client, tmp_path):
+    X, labels = groups_data((300, 200, 150), n=10)
+    store = distfact.from_arrays(X, labels, tmp_path / "x.zarr", block_rows=50, signed=True)
+    here = distfact.MultigroupSVD(5, center=True, scale=True, n_threads=2).fit(store)
+    there = distfact.MultigroupSVD(5, center=True, scale=True).fit(store, client=local_cluster_client)
+    assert np.array_equal(here.components_, there.components_)
+    assert there.scheduler_["scheduler"] != "in-process"
+
+
+def test_bad_input():
+    X, labels = groups_data((30, 20), n=5)
+    with pytest.raises(ValueError, match="group 'lonely' has 1 row"):
+        distfact.MultigroupSVD(2).fit(np.vstack([X, X[:1]]), np.append(labels, "lonely"))
+    Xc = X.copy()
+    Xc[:, 3] = 7.0
+    with pytest.raises(ValueError, match=r"column\(s\) 3 of X are constant"):
+        distfact.MultigroupSVD(2, center=True, scale=True).fit(Xc, labels)
+    with pytest.raises(ValueError, match="n_components=6 is larger than the number of features n=5"):
+        distfact.MultigroupSVD(6).fit(X, labels)
+    with pytest.raises(ValueError, match="exactly two groups"):
+        distfact.MultigroupSVD(2, solver="brent").fit(*groups_data((20, 20, 20), n=4))
+    with pytest.raises(ValueError, match="NaN"):
+        Xn = X.copy()
+        Xn[4, 2] = np.nan
+        distfact.MultigroupSVD(2).fit(Xn, labels)
+
+
+def test_signed_stores_are_refused_by_the_nmf_methods(tmp_path):
+    X, labels = groups_data((30, 20), n=5)
+    with pytest.raises(ValueError, match="negative value"):
+        distfact.from_arrays(X, labels)
+    store = distfact.from_arrays(X, labels, tmp_path / "signed.zarr", signed=True)
+    assert distfact.open(tmp_path / "signed.zarr").meta.signed
+    with pytest.raises(ValueError, match="signed=True"):
+        distfact.NMF(2).fit(store)
+    with pytest.raises(ValueError, match="signed=True"):
+        distfact.NMF(2).fit(str(tmp_path / "signed.zarr"))
+    assert distfact.MultigroupSVD(2).fit(store).components_.shape == (2, 5)
+
+
+def test_deflation_matches_the_projection():
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((20, 6))
+    v = rng.standard_normal(6)
+    v /= np.linalg.norm(v)
+    P = np.eye(6) - np.outer(v, v)
+    from distfact.kernels.gram import deflate
+
+    np.testing.assert_allclose(deflate(A.T @ A, v), (A @ P).T @ (A @ P), atol=1e-12)
