@@ -9,7 +9,8 @@
     synthetic with Table 1's shape and ranks (group l: a random n_l x r_l times r_l x n Gaussian product plus
     1e-3 Gaussian noise, so the data are numerically of rank r_l). Standardised as Section 8.1 (``center=True,
     scale=True``); 'auto' solver (Brent for two groups, Frank-Wolfe for more), defaults otherwise. Timed:
-    ``MultigroupSVD.fit`` on the numpy array (the pass over X included), best of 3; the paper's figures are
+    ``MultigroupSVD.fit`` on the numpy array (the pass over X included), best of 3 (of up to 30 for runs under
+    a second in all: the machine's noise is larger than a 10 ms fit); the paper's figures are
     from a 32-core node. Goal: a third of Table 2 or less. The largest relative duality gap is reported.
 (b) A 10,000,000 x 100 dense float64 matrix (4 groups) in a Zarr store: the fit (``center=True, scale=True``,
     d = 8) against one raw read pass (every block read from the store, in two threads, nothing computed).
@@ -63,7 +64,7 @@ def table2(repeats=3):
     for name, (n, rows, ranks, paper) in TABLE.items():
         X, groups = REAL[name]()[:2] if name in REAL else synthetic(n, rows, ranks)
         times = []
-        for _ in range(repeats):
+        while len(times) < repeats or (sum(times) < 1.0 and len(times) < 10 * repeats):  # short cases: more runs
             start = time.perf_counter()
             model = distfact.MultigroupSVD(8, center=True, scale=True).fit(X, groups)
             times.append(time.perf_counter() - start)
@@ -71,7 +72,7 @@ def table2(repeats=3):
         out[name] = {"shape": list(X.shape), "groups": len(rows), "source": "real" if name in REAL else "synthetic",
                      "solver": model.solver_, "seconds": min(times), "paper_seconds": paper,
                      "ratio_to_paper": min(times) / paper, "max_relative_duality_gap": gap,
-                     "iterations": model.n_iter_.tolist()}
+                     "iterations": model.n_iter_.tolist(), "runs": len(times)}
         print(name, out[name], flush=True)
     return out
 

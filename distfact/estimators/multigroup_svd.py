@@ -39,8 +39,8 @@ class MultigroupSVD(FactorEstimator):
         'brent' for two groups, 'fw' otherwise.
     tol : float
         'fw': stop when ||mu^(t+1) - mu^(t)|| < tol (Algorithm 2, line 11) or the duality gap is below
-        tol * max_l sigma_1^2(A^l); 'brent': the tolerance on mu; 'sdp': the solver's gap and
-        feasibility tolerances.
+        tol * max_l sigma_1^2(A^l); 'sdp': the solver's gap and feasibility tolerances. 'brent' does not
+        use it: it is exact to rounding.
     max_iter : int
         Frank-Wolfe iterations (or Brent iterations) per component. Frank-Wolfe converges slowly where
         lambda_max(A(mu)) is repeated (g is not smooth there); when it stops with a gap, the primal vector
@@ -124,6 +124,9 @@ class MultigroupSVD(FactorEstimator):
         """Fit on X (array, sparse matrix, DataFrame, GroupedMatrix or store path) with row ``groups``
         (None for a GroupedMatrix or store; for an array, None means a single group: the SVD)."""
         check_iteration_params(self.max_iter, self.tol)
+        if self.max_iter < 1 or self.tol <= 0:
+            raise ValueError(f"max_iter must be at least 1 and tol positive, got max_iter={self.max_iter!r}, "
+                             f"tol={self.tol!r}")
         if self.fw_step not in mg.FW_STEPS:
             raise ValueError(f"fw_step must be one of {mg.FW_STEPS}, got {self.fw_step!r}")
         data = as_grouped(X, groups, block_rows=self.block_rows, n_threads=self.n_threads, signed=True)
@@ -173,12 +176,15 @@ class MultigroupSVD(FactorEstimator):
         return self.solver
 
     def _gram_path(self, data, executor, mean, centre):
-        """One pass: each group's Gram about ``centre``; scaled from its diagonal."""
-        stats = executor.run_pass(mg.gram_block, centre, update=False)
+        """One pass: each group's Gram about ``centre`` and its columns' squared deviations from the mean."""
+        stats = executor.run_pass(mg.gram_block, centre, mean, update=False)
         grams = np.stack([s["gram"] for s in stats])
+        if self.center:  # the direct sums are exact where a sparse block's Gram had to cancel large terms
+            for gram, s in zip(grams, stats):
+                np.fill_diagonal(gram, s["sq_dev"])
         if not self.scale:
             return grams, np.ones(data.shape[1])
-        std = mg.column_scale(grams.sum(axis=0).diagonal(), mean, centre, data.shape[0], data.feature_names)
+        std = mg.column_scale(sum(s["sq_dev"] for s in stats), mean, data.shape[0], data.feature_names)
         return grams / np.outer(std, std), std
 
     def _sketch_path(self, data, executor, mean, centre, d):
@@ -187,11 +193,13 @@ class MultigroupSVD(FactorEstimator):
         m, n = data.shape
         k = data.n_groups
         size = self.sketch_size or d + 20
-        stats = executor.run_pass(mg.square_sums_block, update=False)
-        sums = np.stack([s["sum"] for s in stats])
-        sq_about_centre = np.stack([s["sq"] for s in stats]) - 2 * centre * sums + np.outer(data.group_sizes, centre ** 2)
-        std = (mg.column_scale(sq_about_centre.sum(axis=0), mean, centre, m, data.feature_names) if self.scale
-               else np.ones(n))
+        stats = executor.run_pass(mg.deviations_block, mean, update=False)
+        sq_dev = np.stack([s["sq_dev"] for s in stats])
+        std = mg.column_scale(sq_dev.sum(axis=0), mean, m, data.feature_names) if self.scale else np.ones(n)
+        # ||A_l||^2 about the centre: sum (x - c)^2 = sum (x - mean)^2 + 2 (mean - c) sum (x - mean) + n_l (mean - c)^2
+        offset = mean - centre
+        sums_about_mean = np.stack([s["sum"] for s in stats]) - np.outer(data.group_sizes, mean)
+        sq_about_centre = sq_dev + 2 * offset * sums_about_mean + np.outer(data.group_sizes, offset ** 2)
         traces = (sq_about_centre / std ** 2).sum(axis=1)
         rng = np.random.default_rng(self.random_state)
         omegas = np.broadcast_to(rng.standard_normal((n, size)), (k, n, size))
@@ -206,7 +214,7 @@ class MultigroupSVD(FactorEstimator):
         return np.stack([s["gram"] for s in stats]), std, basis, traces
 
     def _set_results(self, data, executor, result, grams, basis, traces, mean, col_scale, solver):
-        self._grams, self._basis, self._traces = grams, basis, traces  # for losses_of (small: k x n x n at most)
+        self._grams, self._basis, self._traces = grams, basis, traces  # for losses_of: k n^2 doubles
         losses = mg.group_losses(grams, result.components, result.s, traces)
         self.components_ = result.components if basis is None else result.components @ basis.T
         self.mu_ = result.mu
@@ -234,8 +242,13 @@ class MultigroupSVD(FactorEstimator):
         """``group_losses_`` for any orthonormal rows ``components`` (d x n) on the fitted data, e.g. the
         standard SVD's (``svd_components()``), to compare with the multigroup vectors."""
         self._check_fitted()
-        V = np.asarray(components, dtype=np.float64)
-        V = V if self._basis is None else V @ self._basis  # coordinates in the sketch's basis
+        V = np.atleast_2d(np.asarray(components, dtype=np.float64))
+        if V.shape[1] != self.n_features_in_ or not np.allclose(V @ V.T, np.eye(len(V)), atol=1e-8):
+            raise ValueError(f"components must be orthonormal rows of length {self.n_features_in_}")
+        if self._basis is not None:  # coordinates in the sketch's basis, which must hold the components
+            V = V @ self._basis
+            if not np.allclose(np.linalg.norm(V, axis=1), 1.0, atol=1e-8):
+                raise ValueError("components outside the span of the wide-data sketch: their losses are unknown")
         s = mg.deflated_top_eigenvalues(self._grams, V)
         return self._loss_frame(mg.group_losses(self._grams, V, s, self._traces))
 

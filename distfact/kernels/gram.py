@@ -26,6 +26,18 @@ def centred_gram(X_b, centre: np.ndarray) -> np.ndarray:
     return Xc.T @ Xc  # numpy calls SYRK for a transposed self-product
 
 
+def squared_deviations(X_b, mean: np.ndarray) -> np.ndarray:
+    """sum_i (x_ij - mean_j)^2 per column, summed directly (no cancellation); a CSR block adds its implicit
+    zeros as (rows - nnz_j) mean_j^2 without densifying."""
+    if sp.issparse(X_b):
+        csr = X_b.tocsr()
+        deviations = csr.data.astype(np.float64) - mean[csr.indices]
+        out = np.bincount(csr.indices, weights=deviations ** 2, minlength=X_b.shape[1])
+        zeros = X_b.shape[0] - np.bincount(csr.indices, minlength=X_b.shape[1])
+        return out + zeros * mean ** 2
+    return np.square(np.asarray(X_b, dtype=np.float64) - mean).sum(axis=0)
+
+
 def sketch_products(X_b, centre: np.ndarray, omega: np.ndarray) -> np.ndarray:
     """(X_b - 1 c^T)^T (X_b - 1 c^T) Omega, without forming the centred block."""
     Y = X_b @ omega - centre @ omega  # rows x s

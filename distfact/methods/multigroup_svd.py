@@ -31,18 +31,24 @@ import scipy.linalg
 import scipy.optimize
 import scipy.sparse as sp
 
-from ..kernels.gram import centred_gram, deflate, projected_gram, sketch_products, top_eigenpair, top_eigenvalue
+from ..kernels.gram import (centred_gram, deflate, projected_gram, sketch_products, squared_deviations, top_eigenpair,
+                            top_eigenvalue)
 
 log = logging.getLogger(__name__)
 SOLVERS = ("auto", "fw", "brent", "sdp")
+REFINE_EVERY = 10  # Frank-Wolfe iterations between two eigenspace refinements (each a 2k x 2k SDP, ~50 ms)
 FW_STEPS = ("line-search", "2/(t+2)")
 
 
 # -- the pass over X (block statistics; the engine sums them per group) ---------------------------
 
-def gram_block(X_b, local, block, centre):
-    """One block's contribution to its group's Gram matrix about ``centre``."""
-    return {"gram": centred_gram(X_b, centre)}
+def gram_block(X_b, local, block, centre, mean):
+    """One block's contribution to its group's Gram matrix about ``centre``, and to its columns' sums of
+    squared deviations from ``mean`` (the scale, free of the cancellation of sum x^2 - m mean^2)."""
+    gram = centred_gram(X_b, centre)
+    if not sp.issparse(X_b) and np.array_equal(centre, mean):  # a dense block centred on the mean: the
+        return {"gram": gram, "sq_dev": gram.diagonal().copy()}  # diagonal is these sums already
+    return {"gram": gram, "sq_dev": squared_deviations(X_b, mean)}
 
 
 def sketch_block(X_b, local, block, centre, omegas):
@@ -55,19 +61,18 @@ def projected_gram_block(X_b, local, block, centre, basis):
     return {"gram": projected_gram(X_b, centre, basis)}
 
 
-def square_sums_block(X_b, local, block):
-    """One block's column sums and sums of squares (the wide path has no Gram diagonal to scale by)."""
-    X64 = X_b.astype(np.float64)
-    squared = X64.multiply(X64) if sp.issparse(X64) else np.square(X64)
-    return {"sum": np.asarray(X64.sum(axis=0)).ravel(), "sq": np.asarray(squared.sum(axis=0)).ravel()}
+def deviations_block(X_b, local, block, mean):
+    """One block's column sums and sums of squared deviations from ``mean`` (the wide path's scale and
+    its groups' ||A_l||_F^2)."""
+    return {"sum": np.asarray(X_b.sum(axis=0, dtype=np.float64)).ravel(), "sq_dev": squared_deviations(X_b, mean)}
 
 
-def column_scale(square_sums: np.ndarray, mean: np.ndarray, centre: np.ndarray, n_rows: int, feature_names) -> np.ndarray:
-    """Population standard deviation of every column (Section 8.1's standardisation), from the sums of
-    squares about ``centre``: var_j = sum_i (x_ij - c_j)^2 / m - (mean_j - c_j)^2. Constant columns
-    cannot be scaled: a ``ValueError`` names them."""
-    var = square_sums / n_rows - (mean - centre) ** 2
-    constant = var <= 1e-12 * np.maximum(mean ** 2, np.finfo(np.float64).tiny)
+def column_scale(sq_dev: np.ndarray, mean: np.ndarray, n_rows: int, feature_names) -> np.ndarray:
+    """Population standard deviation of every column (Section 8.1's standardisation) from the sums of
+    squared deviations from the mean. A column is constant when its deviations are rounding (below
+    64 eps |mean|): it cannot be scaled, and a ``ValueError`` names it."""
+    var = sq_dev / n_rows
+    constant = var <= (64 * np.finfo(np.float64).eps * np.maximum(np.abs(mean), np.finfo(np.float64).tiny)) ** 2
     if constant.any():
         idx = np.flatnonzero(constant)
         names = [str(feature_names[i]) if feature_names is not None else str(i) for i in idx[:10]]
@@ -119,9 +124,13 @@ def frank_wolfe(grams, s, tol: float, max_iter: int, step: str = "line-search") 
     ||mu^(t+1) - mu^(t)|| < tol (line 11) or when the duality gap f - g falls below ``tol * max(s)``
     (then v is optimal), or after ``max_iter`` iterations.
 
-    Then, if a gap remains, :func:`eigenspace_primal` looks for a better v among the top
-    eigenvectors of A(mu): near a dual optimum where lambda_max(A(mu)) is (nearly) repeated, the
-    single eigenvector v(mu) can be far from the primal optimum although the span holds it.
+    Frank-Wolfe needs a smooth objective; g has kinks where lambda_max(A(mu)) is repeated, which is where
+    its optimum tends to lie with 3+ groups: there the iterates crawl (the paper's step) or stall (the
+    line search), and the single eigenvector v(mu) can be far from the primal optimum although the span of
+    the top eigenvectors holds it. So if a gap remains, :func:`eigenspace_primal` solves the problem within
+    the top 2k eigenvectors of A(mu) (Algorithm 3 on 2k x 2k matrices), every ``REFINE_EVERY`` iterations
+    and at the end: its v and its mu (g evaluated on the full Grams, a valid bound) replace FW's when
+    better, and the loop stops as soon as the gap is closed.
     Returns the best v and the best mu met (each v bounds the optimum from above, each mu from below).
     """
     k = len(s)
@@ -140,6 +149,10 @@ def frank_wolfe(grams, s, tol: float, max_iter: int, step: str = "line-search") 
             best_mu, best_dual = mu, dual
         if best_primal - best_dual <= tol * scale:
             break
+        if t % REFINE_EVERY == 0:
+            best_v, best_primal, best_mu, best_dual = _refined(grams, s, tol, best_v, best_primal, best_mu, best_dual)
+            if best_primal - best_dual <= tol * scale:
+                break
         direction = -mu
         direction[int(np.argmax(h))] += 1.0
         gamma = 2.0 / (t + 1) if step == "2/(t+2)" else _line_search(grams, s, mu, direction, float(direction @ h))
@@ -149,25 +162,73 @@ def frank_wolfe(grams, s, tol: float, max_iter: int, step: str = "line-search") 
         mu = mu_next
         if moved < tol:
             break
-    if best_primal - best_dual > tol * scale and k > 1:
-        refined = eigenspace_primal(grams, s, best_mu, tol)
-        if refined.primal < best_primal:
-            best_v, best_primal = refined.v, refined.primal
+    if best_primal - best_dual > tol * scale:
+        best_v, best_primal, best_mu, best_dual = _refined(grams, s, tol, best_v, best_primal, best_mu, best_dual)
     return RankOne(best_v, best_mu, best_primal, best_dual, t)
 
 
+def _refined(grams, s, tol, v, primal, mu, dual):
+    """The better of FW's (v, mu) and :func:`eigenspace_primal`'s at mu, each side separately."""
+    if len(s) < 2:
+        return v, primal, mu, dual
+    refined = eigenspace_primal(grams, s, mu, tol)
+    if refined.primal < primal:
+        v, primal = refined.v, refined.primal
+    if refined.dual > dual:
+        mu, dual = refined.mu, refined.dual
+    return v, primal, mu, dual
+
+
 def eigenspace_primal(grams, s, mu, tol: float) -> RankOne:
-    """Problem 1 restricted to the span U of the top k eigenvectors of A(mu) (k = number of groups),
-    solved by Algorithm 3 on the k x k matrices U^T G_l U: a primal v for a dual mu. At a dual optimum
+    """Problem 1 restricted to the span U of the top 2k eigenvectors of A(mu) (k = number of groups),
+    solved by Algorithm 3 on the 2k x 2k matrices U^T G_l U: a primal v for a dual mu, and the SDP's own
+    weights mu (whose g, on the full Grams, is a lower bound like any mu's). At a dual optimum
     with a repeated lambda_max the optimal v is a combination of the eigenvectors, not one of them."""
     n = grams.shape[1]
-    k = min(len(s), n)
+    k = min(2 * len(s), n)
     _, U = scipy.linalg.eigh(np.tensordot(mu, grams, axes=1), subset_by_index=[n - k, n - 1], driver="evx",
                              check_finite=False)
-    reduced = sdp_relaxation(np.stack([U.T @ G @ U for G in grams]), s, tol)
-    v = U @ reduced.v
+    reduced = np.stack([U.T @ G @ U for G in grams])
+    X, dual_mu = _solve_sdp(reduced, s, tol)
+    v = U @ _rounded(reduced, s, X)
     v /= np.linalg.norm(v)
-    return RankOne(v, mu, float(constraint_values(grams, s, v).max()), reduced.dual, 1)
+    return RankOne(v, dual_mu, float(constraint_values(grams, s, v).max()), dual_value(grams, s, dual_mu), 1)
+
+
+def best_on_circle(grams, s, U: np.ndarray) -> np.ndarray:
+    """The exact minimiser of max_l h_l(v) over the unit circle of span(U), U n x 2 orthonormal.
+
+    With v = cos(phi/2) u_1 + sin(phi/2) u_2, h_l = a_l + b_l cos(phi) + c_l sin(phi), so the minimum of
+    their maximum is at the minimum of one h_l or where two of them cross: O(k^2) candidates, all checked.
+    This is Problem 1 where lambda_max(A(mu)) is double: the optimum mixes the two eigenvectors."""
+    B = np.einsum("ia,lij,jb->lab", U, grams, U)
+    a = s - (B[:, 0, 0] + B[:, 1, 1]) / 2
+    b = -(B[:, 0, 0] - B[:, 1, 1]) / 2
+    c = -B[:, 0, 1]
+    candidates = [np.arctan2(-c, -b)]  # each h_l's minimum
+    i, j = np.triu_indices(len(s), k=1)
+    da, db, dc = a[i] - a[j], b[i] - b[j], c[i] - c[j]
+    radius, shift = np.hypot(db, dc), np.arctan2(dc, db)
+    crossing = radius >= np.abs(da)  # da + radius cos(phi - shift) = 0 has a solution
+    angle = np.arccos(np.clip(-da[crossing] / np.where(crossing, radius, 1.0)[crossing], -1.0, 1.0))
+    candidates += [shift[crossing] + angle, shift[crossing] - angle]
+    phi = np.concatenate(candidates)
+    values = (a[:, None] + b[:, None] * np.cos(phi) + c[:, None] * np.sin(phi)).max(axis=0)
+    best = phi[int(np.argmin(values))]
+    return np.cos(best / 2) * U[:, 0] + np.sin(best / 2) * U[:, 1]
+
+
+def _rounded(grams, s, X: np.ndarray) -> np.ndarray:
+    """A unit v from a PSD solution X of Algorithm 3: its top eigenvector (lines 3-4), or, when X has a
+    second eigenvalue above 1e-6 of the first, the best v on the circle of its top two eigenvectors if
+    that is better (X of rank 2 is what the relaxation returns when the optimum mixes two directions)."""
+    values, vectors = np.linalg.eigh((X + X.T) / 2)
+    v = vectors[:, -1]
+    if len(values) > 1 and values[-2] > 1e-6 * values[-1]:
+        w = best_on_circle(grams, s, vectors[:, -2:])
+        if constraint_values(grams, s, w).max() < constraint_values(grams, s, v).max():
+            v = w
+    return v
 
 
 def _line_search(grams, s, mu, direction, slope_at_0: float) -> float:
@@ -187,12 +248,16 @@ class _Root(Exception):
     """Raised inside Brent's iteration when q is zero to rounding: no need to narrow the bracket further."""
 
 
-def brent_two_groups(grams, s, tol: float, max_iter: int, top_vectors=None) -> RankOne:
+def brent_two_groups(grams, s, max_iter: int, top_vectors=None) -> RankOne:
     """Section 7 and Lemma E.1: for two groups the dual optimum mu* (weight of group 1) is the root of
     q(mu) = s_1 - s_2 - v(mu)^T (G_1 - G_2) v(mu) (eq. 11) on [0, 1], found by Brent's method; there
     h_1 = h_2 and the duality gap is zero (Theorem 7.1). The gap is at most |q| at the returned mu, so
-    Brent runs until |q| <= 1e-14 max(s) or mu is bracketed to ``min(tol, 1e-15)``. ``top_vectors``: the
-    groups' top eigenvectors, which are v(1) and v(0)."""
+    Brent runs until |q| <= 1e-14 max(s) or mu is bracketed to 1e-15 (exact to rounding).
+
+    Theorem 7.1 assumes lambda_max(C(mu)) simple. Where it is double at mu* (the groups' Grams commute,
+    e.g. groups on disjoint columns), q jumps across 0 instead of crossing it, and the optimum mixes the
+    two eigenvectors: :func:`best_on_circle` finds it exactly. ``top_vectors``: the groups' top
+    eigenvectors, which are v(1) and v(0)."""
     scale = max(float(s.max()), np.finfo(np.float64).tiny)
     seen = {}
 
@@ -210,21 +275,46 @@ def brent_two_groups(grams, s, tol: float, max_iter: int, top_vectors=None) -> R
         q0, q1 = q(0.0), q(1.0)
         # q(0) < 0 or q(1) > 0 happens only by rounding: that endpoint's vector serves both groups
         mu_star = 0.0 if q0 < 0 else 1.0 if q1 > 0 else scipy.optimize.brentq(
-            q, 0.0, 1.0, xtol=min(tol, 1e-15), maxiter=max_iter, disp=False)
+            q, 0.0, 1.0, xtol=1e-15, maxiter=max_iter, disp=False)
     except _Root as root:
         mu_star = root.args[0]
     q(mu_star) if mu_star not in seen else None
     v, h = seen[mu_star]
+    n_evaluations = len(seen)
+    if abs(h[0] - h[1]) > 1e-10 * scale and grams.shape[1] > 1:  # a jump: lambda_max double at mu*
+        n = grams.shape[1]
+        _, U = scipy.linalg.eigh(mu_star * grams[0] + (1.0 - mu_star) * grams[1], subset_by_index=[n - 2, n - 1],
+                                 driver="evx", check_finite=False)
+        w = best_on_circle(grams, s, U)
+        h_w = constraint_values(grams, s, w)
+        if h_w.max() < h.max():
+            v, h = w, h_w
     mu = np.array([mu_star, 1.0 - mu_star])
-    return RankOne(v, mu, float(h.max()), dual_value(grams, s, mu), len(seen))
+    return RankOne(v, mu, float(h.max()), dual_value(grams, s, mu), n_evaluations)
 
 
 def sdp_relaxation(grams, s, tol: float) -> RankOne:
-    """Algorithm 3: min z s.t. s_l - Tr(G_l X) <= z, X PSD, Tr(X) <= 1 (cvxpy); v is the top eigenvector
-    of X (lines 3-4) and mu the constraints' dual values (the weights of Problem 2).
+    """Algorithm 3: min z s.t. s_l - Tr(G_l X) <= z, X PSD, Tr(X) <= 1 (cvxpy); v from X's top eigenvector
+    (lines 3-4, see :func:`_rounded`) and mu the constraints' dual values (the weights of Problem 2). When X
+    is not of rank one (the relaxation is not tight, possible with 3+ groups) the primal is also searched
+    within the top eigenvectors of A(mu) (:func:`eigenspace_primal`), as Frank-Wolfe's is.
 
     The paper's constraint [[X, x], [x^T, 1]] >= 0 with x free is X - x x^T >= 0 for some x, which x = 0
-    makes X >= 0: the same feasible set for X. The Grams are divided by max(s) for the solver's sake."""
+    makes X >= 0: the same feasible set for X."""
+    X, mu = _solve_sdp(grams, s, tol)
+    v = _rounded(grams, s, X)
+    primal = float(constraint_values(grams, s, v).max())
+    dual = dual_value(grams, s, mu)
+    if primal - dual > tol * max(float(s.max()), np.finfo(np.float64).tiny):  # X of rank > 1: also search
+        refined = eigenspace_primal(grams, s, mu, tol)                          # near the dual optimum's vectors
+        if refined.primal < primal:
+            v, primal = refined.v, refined.primal
+    return RankOne(v, mu, primal, dual, 1)
+
+
+def _solve_sdp(grams, s, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 3's program; returns X and the weights mu (dual values, on the simplex). The Grams are
+    divided by max(s) for the solver's sake."""
     import cvxpy as cp
 
     k, n, _ = grams.shape
@@ -234,18 +324,16 @@ def sdp_relaxation(grams, s, tol: float) -> RankOne:
     group_constraints = [s[l] / scale - cp.trace((grams[l] / scale) @ X) <= z for l in range(k)]
     problem = cp.Problem(cp.Minimize(z), group_constraints + [cp.trace(X) <= 1])
     try:
-        _solve_sdp(problem, tol)
+        _run_solver(problem, tol)
     except cp.error.SolverError as exc:
         raise RuntimeError(f"the SDP solver failed ({exc}); try solver='fw'") from exc
     if problem.status not in ("optimal", "optimal_inaccurate") or X.value is None:
         raise RuntimeError(f"the SDP relaxation ended with status {problem.status!r}; try solver='fw'")
-    _, v = top_eigenpair((X.value + X.value.T) / 2)
     mu = np.clip(np.array([float(c.dual_value) for c in group_constraints]), 0.0, None)
-    mu = mu / mu.sum() if mu.sum() > 0 else np.full(k, 1.0 / k)
-    return RankOne(v, mu, float(constraint_values(grams, s, v).max()), dual_value(grams, s, mu), 1)
+    return X.value, (mu / mu.sum() if mu.sum() > 0 else np.full(k, 1.0 / k))
 
 
-def _solve_sdp(problem, tol: float) -> None:
+def _run_solver(problem, tol: float) -> None:
     """Clarabel (interior point, accurate) when installed, else SCS."""
     import cvxpy as cp
 
@@ -257,7 +345,7 @@ def _solve_sdp(problem, tol: float) -> None:
 
 def solve_rank_one(grams, s, solver: str, tol: float, max_iter: int, fw_step: str, top_vectors=None) -> RankOne:
     if solver == "brent":
-        return brent_two_groups(grams, s, tol, max_iter, top_vectors)
+        return brent_two_groups(grams, s, max_iter, top_vectors)
     if solver == "sdp":
         return sdp_relaxation(grams, s, tol)
     return frank_wolfe(grams, s, tol, max_iter, fw_step)
@@ -288,6 +376,7 @@ def multigroup_vectors(grams: np.ndarray, n_components: int, solver: str, tol: f
         s = np.array([value for value, _ in tops])
         sol = solve_rank_one(current, s, solver, tol, max_iter, fw_step, [vector for _, vector in tops])
         V[r] = _orthogonal_to(sol.v, V[:r])
+        sol.primal = float(constraint_values(current, s, V[r]).max())  # of the vector kept (rounding moves it)
         current = np.stack([deflate(G, V[r]) for G in current])
         for name, value in (("mu", sol.mu), ("primal", sol.primal), ("dual", sol.dual), ("s", s),
                             ("n_iter", sol.n_iter)):

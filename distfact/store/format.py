@@ -17,6 +17,8 @@ import numpy as np
 
 FORMAT_NAME = "distfact.grouped-matrix"
 FORMAT_VERSION = 1
+SIGNED_FORMAT_VERSION = 2  # a signed store: readers that predate the flag must refuse it, not give NMF negative data
+READ_VERSIONS = (FORMAT_VERSION, SIGNED_FORMAT_VERSION)
 LAYOUTS = ("dense", "csr")
 
 
@@ -78,7 +80,7 @@ class Metadata:
     def to_json(self) -> dict:
         return {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": SIGNED_FORMAT_VERSION if self.signed else FORMAT_VERSION,
             "shape": list(self.shape),
             "dtype": self.dtype,
             "layout": self.layout,
@@ -95,10 +97,10 @@ class Metadata:
         if doc.get("format") != FORMAT_NAME:
             raise ValueError(f"{where}: not a distfact store (format {doc.get('format')!r})")
         version = doc.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise ValueError(
                 f"{where}: store format version {version!r} is not supported "
-                f"(this distfact reads version {FORMAT_VERSION})"
+                f"(this distfact reads versions {', '.join(map(str, READ_VERSIONS))})"
             )
         try:
             meta = cls(
@@ -110,7 +112,7 @@ class Metadata:
                 has_feature_names=bool(doc.get("has_feature_names", False)),
                 source=dict(doc.get("source", {})),
                 column_blocks=[ColumnBlock(**c) for c in doc.get("column_blocks", [])],  # older stores have none
-                signed=bool(doc.get("signed", False)),  # older stores are non-negative
+                signed=version == SIGNED_FORMAT_VERSION,
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{where}: corrupt store metadata ({exc!r})") from exc
