@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -137,11 +138,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default="distfact-report")
     _add_scheduler_options(p)
 
-    p = sub.add_parser("demo", help="ingest a bundled real data set, factor it, print and write a per-group report")
+    p = sub.add_parser("run", help="run a pipeline spec (TOML): ingest -> fit -> evaluate -> report -> publish",
+                       description="Run the pipeline SPEC into ROOT/<name>/<date>/, each stage committed by a marker "
+                                   "written last. A rerun with the same spec and data does nothing; a changed "
+                                   "section redoes its stage and what follows. Exit status: 0 done or nothing to "
+                                   "do, 2 a bad spec (nothing run), 1 a failed stage (named; earlier stages stay "
+                                   "committed). See docs/pipelines.md.")
+    p.add_argument("spec", help="the pipeline's TOML file")
+    p.add_argument("--date", help="the run's date, YYYY-MM-DD (default: today)")
+    p.add_argument("--output", metavar="ROOT", help="root of the runs, a path or an fsspec URL (default: the "
+                                                    "spec's [output] root)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted fit from its newest checkpoint")
+    p.add_argument("--force", action="store_true", help="redo every stage")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address or scheduler file (overrides "
+                                                          "the spec's [cluster])")
+
+    p = sub.add_parser("demo", help="run the demo pipeline: NMF of a bundled real data set, per-group report",
+                       description="Runs the pipeline shipped as distfact/pipeline/demo.toml (scikit-learn's "
+                                   "bundled digits, grouped by digit, NMF at ranks 5 and 10) into "
+                                   "OUTPUT/demo/<date>/ and prints the per-digit errors.")
     p.add_argument("--output", "-o", default="distfact-demo")
-    p.add_argument("--rank", "-r", type=int, default=10)
-    p.add_argument("--no-progress", action="store_true")
-    _add_scheduler_options(p)
+    p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
     return parser
 
 
@@ -288,10 +305,7 @@ def cmd_fit(args):
     if bar is not None:
         bar.close()
     # Files appear only after a successful fit; metrics.json is written last and marks the output complete.
-    os.makedirs(args.output, exist_ok=True)
-    for stale in ("W.npy", "v.npy", "B.npy", "rows.npy", "metrics.json"):
-        if os.path.exists(os.path.join(args.output, stale)):
-            os.remove(os.path.join(args.output, stale))
+    _remove_outputs(args.output, [name for name in FIT_OUTPUTS if name != "W"])  # W/ is this fit's (W_out)
     written = [os.path.join(args.output, "H.npy")]
     np.save(written[0], model.components_)
     np.save(os.path.join(args.output, "rows.npy"), data.row_index())  # W's stored row -> input row
@@ -328,10 +342,24 @@ def cmd_fit(args):
     print(f"wrote {', '.join(written)}")
 
 
+FIT_OUTPUTS = ("metrics.json", "H.npy", "W.npy", "W", "v.npy", "B.npy", "rows.npy", "V.npy", "group_losses.csv")
+
+
+def _remove_outputs(directory, names) -> None:
+    """An earlier fit's files in ``directory`` (metrics.json first: the output is incomplete from here)."""
+    os.makedirs(directory, exist_ok=True)
+    for name in names:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
 def _multigroup_model(args, solver):
     from .estimators import MultigroupSVD
 
-    return MultigroupSVD(args.rank, solver=solver, center=args.center, scale=args.scale,
+    return MultigroupSVD(args.rank, solver=solver, center=args.center, scale=args.scale, random_state=args.seed,
                          **({} if args.tol is None else {"tol": args.tol}),
                          **({} if args.max_iter is None else {"max_iter": args.max_iter}))
 
@@ -340,12 +368,15 @@ def _fit_multigroup(args, data):
     """``fit --method multigroup-svd``: V.npy (components), group_losses.csv and metrics.json (written last)."""
     from .engine.cluster import client_for
 
+    nmf_only = {"--init": args.init is not None, "--beta-loss": args.beta_loss != "frobenius",
+                "--checkpoint-every": bool(args.checkpoint_every), "--resume": args.resume}
+    if any(nmf_only.values()):
+        raise ValueError(f"{', '.join(k for k, v in nmf_only.items() if v)} do not apply to multigroup-svd "
+                         "(one pass, no iterations over X)")
     model = _multigroup_model(args, _method_choice(args, "--solver", args.solver, FIT_SOLVERS))
     with client_for(args.scheduler, args.local_cluster) as client:
         model.fit(data, client=client)
-    os.makedirs(args.output, exist_ok=True)
-    if os.path.exists(os.path.join(args.output, "metrics.json")):
-        os.remove(os.path.join(args.output, "metrics.json"))
+    _remove_outputs(args.output, FIT_OUTPUTS)
     written = [os.path.join(args.output, name) for name in ("V.npy", "group_losses.csv", "metrics.json")]
     np.save(written[0], model.components_)
     model.group_losses_.to_csv(written[1], index=False)
@@ -456,29 +487,40 @@ def cmd_report(args):
     print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
 
 
+def cmd_run(args):
+    from .pipeline import StageFailed, run_pipeline
+
+    try:
+        result = run_pipeline(args.spec, date=args.date, root=args.output, resume=args.resume, force=args.force,
+                              scheduler=args.scheduler)
+    except StageFailed as exc:
+        print(f"distfact run: {exc}", file=sys.stderr)
+        return 1
+    if result["ran"]:
+        print(f"{result['run_dir']}: ran {', '.join(result['ran'])}; report: "
+              f"{os.path.join(result['run_dir'], 'report', 'report.html')}")
+    else:
+        print(f"{result['run_dir']}: up to date (spec and data unchanged), nothing to do")
+    return 0
+
+
 def cmd_demo(args):
     from .demo import run_demo
-    from .engine.cluster import client_for
 
-    bar = _progress(args, 1000)
-    with client_for(args.scheduler, args.local_cluster) as client:
-        run_demo(args.output, n_components=args.rank, client=client, callback=bar,
-                 echo=lambda s: (bar.bar.write(s) if bar is not None else print(s)))
-    if bar is not None:
-        bar.close()
+    run_demo(args.output, scheduler=args.scheduler)
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "demo": cmd_demo}
+    commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
+                "demo": cmd_demo}
     try:
-        commands[args.command](args)
+        return commands[args.command](args) or 0
     except ValueError as exc:
         print(f"distfact {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return 0
 
 
 if __name__ == "__main__":

@@ -73,21 +73,25 @@ def test_bad_input_exits_2_with_a_message(npz_source, tmp_path):
 
 
 def test_every_command_has_help(tmp_path):
-    for command in ("ingest", "info", "fit", "demo"):
+    for command in ("ingest", "info", "fit", "report", "run", "demo"):
         out = run(command, "--help", cwd=tmp_path)
         assert out.returncode == 0 and "usage: distfact" in out.stdout
 
 
-def test_demo_writes_a_report(tmp_path):
-    out = run("demo", "--output", tmp_path / "demo", "--no-progress", cwd=tmp_path)
+def test_demo_runs_the_demo_pipeline(tmp_path):
+    import datetime
+
+    out = run("demo", "--output", tmp_path / "demo", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "digit 0" in out.stdout and "relative_error" in out.stdout
-    report = tmp_path / "demo" / "report"
-    metrics = json.loads((report / "metrics.json").read_text())
-    assert [g["group"] for g in metrics["groups"]] == [f"digit {d}" for d in range(10)]
-    assert all(0 < g["relative_error"] < 1 for g in metrics["groups"])
-    page = (report / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and "digit 9" in page
+    run_dir = tmp_path / "demo" / "demo" / datetime.date.today().isoformat()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    errors = [row for row in metrics["worst_group"] if row["metric"] == "relative_error"]
+    assert [row["rank"] for row in errors] == [5, 10] and all(0 < row["value"] < 1 for row in errors)
+    page = (run_dir / "report" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 4 and "digit 9" in page
+    again = run("demo", "--output", tmp_path / "demo", cwd=tmp_path)
+    assert again.returncode == 0 and "nothing was rerun" in again.stdout
 
 
 def test_fit_fairer_nmf(npz_source, tmp_path):

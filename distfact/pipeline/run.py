@@ -1,0 +1,394 @@
+"""``distfact run SPEC``: ingest -> fit -> evaluate -> report -> publish into ``<root>/<name>/<date>/``.
+
+Each stage writes into ``<stage>.partial/`` and is committed by writing ``COMMITTED`` (its input hash,
+timings) last and renaming the directory to ``<stage>/``: a stage that fails leaves earlier stages committed
+and nothing of its own (its partial directory is removed); a process killed mid-stage leaves only a partial
+directory, which the next run discards, except the fit's with ``--resume``, whose checkpoints continue.
+
+A stage's input hash chains the spec's sections it depends on and the upstream hashes, starting from a
+content hash of the data: a rerun with the same spec and data finds every stage committed with its hash and
+does nothing; a changed section redoes its stage and everything downstream; ``--force`` redoes all.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import inspect
+import json
+import os
+import pickle
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from .. import __version__
+from .spec import METRICS, Spec, estimator_class, load_spec
+
+STAGES = ("ingest", "fit", "evaluate", "report", "publish")
+MARKER = "COMMITTED"
+
+
+class StageFailed(RuntimeError):
+    """A stage raised; ``stage`` names it (the CLI exits with status 1 and says which)."""
+
+    def __init__(self, stage: str, error: BaseException):
+        super().__init__(f"stage {stage!r} failed: {type(error).__name__}: {error}")
+        self.stage = stage
+
+
+class RunLog:
+    """Structured log lines (one JSON object per line) on stderr and, once a stage runs, in ``log.jsonl``."""
+
+    def __init__(self, run_dir: str, name: str, date: str, stream=None):
+        self.path, self.name, self.date = os.path.join(run_dir, "log.jsonl"), name, date
+        self.stream = stream if stream is not None else sys.stderr
+        self.to_file = False
+
+    def __call__(self, stage: str, event: str, **fields) -> None:
+        line = json.dumps({"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
+                           "pipeline": self.name, "date": self.date, "stage": stage, "event": event, **fields},
+                          default=str)
+        print(line, file=self.stream, flush=True)
+        if self.to_file:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+
+# -- hashes -----------------------------------------------------------------------------------------
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(json.dumps(part, sort_keys=True, default=str).encode() if not isinstance(part, bytes) else part)
+    return h.hexdigest()
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def data_digest(spec: Spec) -> str:
+    """A content hash of the input: the file(s) of a source, the metadata and column sums of a store
+    (which change with any ingest: per-group norms, sums, non-zeros), or the bundled data set's name."""
+    kind, value = spec.input["kind"], spec.input["value"]
+    if kind == "dataset":
+        return _digest("dataset", value, __version__)
+    path = spec.input["path"]
+    if kind == "store":
+        files = [os.path.join(path, "zarr.json"), *sorted(_walk(os.path.join(path, "column_sums")))]
+    else:
+        files = sorted(_walk(path)) if os.path.isdir(path) else [path]
+    return _digest(kind, *[(os.path.relpath(f, path) if os.path.isdir(path) else "", _file_digest(f)) for f in files])
+
+
+def _walk(path):
+    for directory, _, names in os.walk(path):
+        for name in names:
+            yield os.path.join(directory, name)
+
+
+def stage_hashes(spec: Spec) -> dict:
+    labels = [_file_digest(spec.resolve(f.labels)) for f in spec.fits if f.labels not in (None, "groups", "none")]
+    fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "labels": f.labels}
+            for f in spec.fits]
+    out = {"ingest": _digest("ingest", data_digest(spec), {k: v for k, v in spec.input.items() if k != "path"})}
+    out["fit"] = _digest("fit", out["ingest"], fits, labels)
+    out["evaluate"] = _digest("evaluate", out["fit"], spec.metrics)
+    out["report"] = _digest("report", out["evaluate"], spec.report, spec.description)
+    out["publish"] = _digest("publish", out["report"], spec.root)
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None, resume: bool = False,
+                 force: bool = False, scheduler: str | None = None, stream=None) -> dict:
+    """Run (or skip, if committed with the same inputs) every stage. Returns ``{"run_dir", "ran", "skipped"}``.
+    Spec problems raise :class:`distfact.pipeline.spec.SpecError` before any work; a stage that raises
+    becomes :class:`StageFailed`."""
+    spec = load_spec(spec_path)
+    date = date or dt.date.today().isoformat()
+    try:
+        dt.date.fromisoformat(date)
+    except ValueError as exc:
+        raise ValueError(f"--date must be YYYY-MM-DD, got {date!r}") from exc
+    root = os.path.abspath(root) if root is not None and "://" not in root else root or spec.resolve(spec.root)
+    remote = "://" in root and not root.startswith("file://")
+    local_root = os.path.expanduser("~/.cache/distfact/runs") if remote else root.removeprefix("file://")
+    run_dir = os.path.join(local_root, spec.name, date)
+    log = RunLog(run_dir, spec.name, date, stream)
+    hashes = stage_hashes(spec)
+    context = {"spec": spec, "run_dir": run_dir, "root": root, "remote": remote, "resume": resume,
+               "scheduler": scheduler, "log": log, "date": date}
+    ran, skipped, upstream_ran = [], [], False
+    for stage in STAGES:
+        committed = _read_marker(os.path.join(run_dir, stage))
+        if not force and not upstream_ran and committed is not None and committed.get("hash") == hashes[stage]:
+            skipped.append(stage)
+            log(stage, "skip", hash=hashes[stage][:12], reason="committed with the same inputs")
+            continue
+        if not ran:
+            os.makedirs(run_dir, exist_ok=True)
+            log.to_file = True
+            shutil.copyfile(spec.path, os.path.join(run_dir, "spec.toml"))
+        _run_stage(stage, hashes[stage], context)
+        ran.append(stage)
+        upstream_ran = True
+    if not ran:
+        log("run", "up-to-date", message=f"{run_dir}: every stage is committed with the same spec and data; "
+                                         "nothing to do (--force redoes it)")
+    return {"run_dir": run_dir, "ran": ran, "skipped": skipped}
+
+
+def _read_marker(stage_dir: str):
+    path = os.path.join(stage_dir, MARKER)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _run_stage(stage: str, digest: str, context: dict) -> None:
+    run_dir, log = context["run_dir"], context["log"]
+    final, partial = os.path.join(run_dir, stage), os.path.join(run_dir, f"{stage}.partial")
+    if os.path.exists(partial) and not (stage == "fit" and context["resume"]):
+        log(stage, "discard", message=f"removing {partial} left by an interrupted run"
+                                      + (" (--resume continues an interrupted fit)" if stage == "fit" else ""))
+        shutil.rmtree(partial)
+    os.makedirs(partial, exist_ok=True)
+    log(stage, "start", hash=digest[:12])
+    started = time.perf_counter()
+    try:
+        facts = STAGE_FUNCTIONS[stage](partial, context) or {}
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        log(stage, "fail", seconds=round(time.perf_counter() - started, 3), error=f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise StageFailed(stage, exc) from exc
+    seconds = time.perf_counter() - started
+    with open(os.path.join(partial, MARKER), "w") as f:  # written last: the stage's outputs are complete
+        json.dump({"stage": stage, "hash": digest, "seconds": seconds, "finished": dt.datetime.now(dt.timezone.utc)
+                   .isoformat(), "distfact": __version__, **facts}, f, indent=1, default=str)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    log(stage, "done", seconds=round(seconds, 3), hash=digest[:12])
+
+
+# -- the stages -------------------------------------------------------------------------------------
+
+def open_input(run_dir: str):
+    """The grouped matrix the ingest stage committed."""
+    from ..store import open_store
+
+    with open(os.path.join(run_dir, "ingest", "input.json")) as f:
+        store = json.load(f)["store"]
+    return open_store(store if os.path.isabs(store) else os.path.join(run_dir, "ingest", store))
+
+
+def stage_ingest(out: str, context: dict) -> dict:
+    from .. import datasets
+    from ..store import from_arrays, from_corpus, from_table, open_store
+    from ..store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
+
+    spec = context["spec"]
+    kind, options = spec.input["kind"], spec.input
+    common = {"block_rows": options.get("block_rows")}
+    target = os.path.join(out, "data.zarr")
+    if kind == "store":
+        data = open_store(options["path"])
+        store = os.path.abspath(options["path"])
+    elif kind == "dataset":
+        loader = {"digits": datasets.load_digits_grouped, "heart": datasets.load_heart_disease,
+                  "heart-multigroup": datasets.load_heart_multigroup,
+                  "fairer-synthetic": lambda: (*datasets.make_fairer_synthetic(), None),
+                  "stratified-synthetic": lambda: (*datasets.make_stratified_synthetic()[:2], None)}[options["value"]]
+        X, groups, names = loader()
+        data = from_arrays(X, groups, target, feature_names=names, signed=options["value"] == "heart-multigroup",
+                           **common)
+        store = "data.zarr"
+    else:
+        source = options["path"]
+        lower = source.lower()
+        if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
+            data = from_table(source, options["group_column"], target, signed=options.get("signed", False), **common)
+        elif lower.endswith(".npz"):
+            from ..cli import _load_npz
+
+            X, groups = _load_npz(source)
+            data = from_arrays(X, groups, target, signed=options.get("signed", False), **common)
+        else:
+            data = from_corpus(source, target, text_field=options.get("text_field", "text"),
+                               group_field=options.get("group_field", "group"),
+                               vectorizer=options.get("vectorizer", "tfidf"),
+                               max_features=options.get("max_features", 20000), **common)
+        store = "data.zarr"
+    if options.get("column_blocks") and not data.has_column_blocks:
+        data = data.with_column_blocks()
+    with open(os.path.join(out, "input.json"), "w") as f:
+        json.dump({"store": store, "shape": list(data.shape), "groups": dict(zip(data.group_names,
+                                                                               data.group_sizes.tolist())),
+                   "layout": data.layout, "nnz": int(data.nnz)}, f, indent=1)
+    return {"shape": list(data.shape), "n_groups": data.n_groups}
+
+
+def fit_runs(spec: Spec) -> list[tuple[str, object, int]]:
+    """``(directory name, fit spec, rank)`` of every fit: one per rank, except the multigroup SVD, whose
+    consistent components give every rank from one fit at the largest."""
+    names = [f.method for f in spec.fits]
+    out = []
+    for i, fit in enumerate(spec.fits):
+        suffix = f"-{i + 1}" if names.count(fit.method) > 1 else ""
+        ranks = [max(fit.ranks)] if fit.method == "multigroup-svd" else fit.ranks
+        out += [(f"{fit.method}{suffix}-r{rank}", fit, rank) for rank in ranks]
+    return out
+
+
+def stage_fit(out: str, context: dict) -> dict:
+    from ..engine.cluster import client_for
+
+    spec, log = context["spec"], context["log"]
+    data = open_input(context["run_dir"])
+    cluster = spec.cluster
+    address = context["scheduler"] or cluster.get("address") or cluster.get("scheduler_file")
+    workers = cluster["workers"] if cluster["kind"] == "local" and not context["scheduler"] else None
+    facts = {}
+    with client_for(address if (context["scheduler"] or cluster["kind"] == "scheduler") else None, workers) as client:
+        facts["scheduler"] = "in-process" if client is None else client.scheduler.address
+        facts["workers"] = 0 if client is None else len(client.scheduler_info()["workers"])
+        for name, fit, rank in fit_runs(spec):
+            directory = os.path.join(out, name)
+            if os.path.exists(os.path.join(directory, "DONE")):
+                log("fit", "skip-fit", fit=name, reason="finished before the interruption")
+                continue
+            os.makedirs(directory, exist_ok=True)
+            started = time.perf_counter()
+            model = _fit_one(fit, rank, data, directory, client, spec, context["resume"])
+            seconds = time.perf_counter() - started
+            np.save(os.path.join(directory, "components.npy"), model.components_)
+            with open(os.path.join(directory, "model.pkl"), "wb") as f:
+                pickle.dump(model, f)
+            n_iter = model.n_iter_.tolist() if isinstance(model.n_iter_, np.ndarray) else int(model.n_iter_)
+            with open(os.path.join(directory, "fit.json"), "w") as f:
+                json.dump({"method": fit.method, "rank": rank, "seconds": seconds, "n_iter": n_iter,
+                           "n_passes": int(model.n_passes_), "scheduler": model.scheduler_}, f, indent=1, default=str)
+            open(os.path.join(directory, "DONE"), "w").close()
+            log("fit", "fit-done", fit=name, seconds=round(seconds, 3), n_iter=n_iter, n_passes=int(model.n_passes_))
+    return facts
+
+
+def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool):
+    cls = estimator_class(fit.method)
+    accepted = inspect.signature(cls.__init__).parameters
+    options = dict(fit.params)
+    options["random_state"] = fit.seed
+    if "checkpoint_dir" in accepted and spec.checkpoint_every:
+        options.update(checkpoint_dir=directory, checkpoint_every=spec.checkpoint_every,  # -> directory/checkpoints/
+                       resume=resume)
+    model = cls(rank, **options)
+    fit_args = {"client": client}
+    if "W_out" in inspect.signature(model.fit).parameters:
+        fit_args["W_out"] = os.path.join(directory, "W")
+    if fit.method == "ssnmf":
+        from ..cli import _ssnmf_labels
+
+        labels = fit.labels if fit.labels in ("groups", "none") else spec.resolve(fit.labels)
+        fit_args["y"] = _ssnmf_labels(labels, data)
+    return model.fit(data, **fit_args)
+
+
+def load_fits(run_dir: str, spec: Spec) -> list[dict]:
+    """Every committed fit: its name, spec, rank, model and facts."""
+    out = []
+    for name, fit, rank in fit_runs(spec):
+        directory = os.path.join(run_dir, "fit", name)
+        with open(os.path.join(directory, "model.pkl"), "rb") as f:
+            model = pickle.load(f)
+        with open(os.path.join(directory, "fit.json")) as f:
+            facts = json.load(f)
+        out.append({"name": name, "fit": fit, "rank": rank, "model": model, "facts": facts})
+    return out
+
+
+def group_metric_rows(entry: dict, metrics: list[str]) -> list[dict]:
+    """Long rows (fit, method, rank, group, metric, value) of one fit's per-group metrics."""
+    model, fit = entry["model"], entry["fit"]
+    rows = []
+    if fit.method == "multigroup-svd":
+        table = model.group_losses_
+        for _, row in table[table["rank"].isin(fit.ranks)].iterrows():
+            rows += [{"fit": entry["name"], "method": fit.method, "rank": int(row["rank"]), "group": row["group"],
+                      "metric": metric, "value": float(row[metric])} for metric in metrics]
+        return rows
+    for metric in metrics:
+        values = np.atleast_1d(getattr(model, METRICS[fit.method][metric]))
+        rows += [{"fit": entry["name"], "method": fit.method, "rank": entry["rank"], "group": str(group),
+                  "metric": metric, "value": float(value)} for group, value in zip(model.group_names_, values)]
+    return rows
+
+
+def stage_evaluate(out: str, context: dict) -> dict:
+    import pandas as pd
+
+    spec = context["spec"]
+    fits = load_fits(context["run_dir"], spec)
+    rows = [row for entry in fits for row in group_metric_rows(entry, spec.metrics[entry["fit"].method])]
+    table = pd.DataFrame(rows)
+    table.to_csv(os.path.join(out, "group_metrics.csv"), index=False)
+    worst = table.loc[table.groupby(["fit", "rank", "metric"], sort=False)["value"].idxmax()]  # in fit order
+    summary = {"fits": [{"fit": e["name"], "method": e["fit"].method, "rank": e["rank"], **e["facts"]} for e in fits],
+               "worst_group": worst.to_dict(orient="records")}
+    with open(os.path.join(out, "metrics.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    return {"rows": len(table)}
+
+
+def stage_report(out: str, context: dict) -> dict:
+    from .report import write_pipeline_report
+
+    paths = write_pipeline_report(out, context)
+    return {"html": os.path.relpath(paths["html"], out)}
+
+
+def stage_publish(out: str, context: dict) -> dict:
+    """The run's ``metrics.json`` (stage timings, run facts, the evaluation) at the run's top, and a ``LATEST``
+    pointer beside the dated runs; with an fsspec URL root, the report, tables and metrics uploaded there,
+    ``PUBLISHED`` last."""
+    run_dir, spec = context["run_dir"], context["spec"]
+    stages = {stage: _read_marker(os.path.join(run_dir, stage)) for stage in STAGES[:-1]}
+    with open(os.path.join(run_dir, "evaluate", "metrics.json")) as f:
+        evaluation = json.load(f)
+    metrics = {"pipeline": spec.name, "date": context["date"], "distfact": __version__,
+               "stage_seconds": {s: m["seconds"] for s, m in stages.items()},
+               "input": stages["ingest"], "fit": stages["fit"], **evaluation}
+    with open(os.path.join(run_dir, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=1, default=str)
+    with open(os.path.join(os.path.dirname(run_dir), "LATEST"), "w") as f:
+        f.write(context["date"] + "\n")
+    destination = None
+    if context["remote"]:
+        import fsspec
+
+        destination = f"{context['root'].rstrip('/')}/{spec.name}/{context['date']}"
+        fs, target = fsspec.core.url_to_fs(destination)
+        fs.makedirs(target, exist_ok=True)
+        fs.put(os.path.join(run_dir, "report"), target + "/report", recursive=True)
+        for name in ("metrics.json",):
+            fs.put(os.path.join(run_dir, name), f"{target}/{name}")
+        fs.put(os.path.join(run_dir, "evaluate", "group_metrics.csv"), f"{target}/group_metrics.csv")
+        with fs.open(f"{target}/PUBLISHED", "w") as f:
+            f.write(json.dumps({"date": context["date"], "published": dt.datetime.now(dt.timezone.utc).isoformat()}))
+    open(os.path.join(out, "published.txt"), "w").write(destination or run_dir)
+    return {"destination": destination or run_dir}
+
+
+STAGE_FUNCTIONS = {"ingest": stage_ingest, "fit": stage_fit, "evaluate": stage_evaluate, "report": stage_report,
+                   "publish": stage_publish}

@@ -1,0 +1,328 @@
+"""Pipeline specs: TOML files validated before any work, with errors that name the key and the line.
+
+A spec (see ``pipelines/*.toml`` and docs/pipelines.md)::
+
+    name = "digits-nmf"                     # runs go to <root>/<name>/<date>/
+    [input]                                 # one of: store, source, dataset
+    dataset = "digits"
+    [[fit]]                                 # one table per method to run (several: compared in the report)
+    method = "nmf"
+    ranks = [5, 10]
+    solver = "hals"                         # any parameter of the method's estimator
+    [evaluate]
+    metrics = ["relative_error"]            # default: all the method's per-group metrics
+    [report]
+    title = "..."
+    [output]
+    root = "runs"                           # a local path or an fsspec URL
+    checkpoint_every = 10
+    [cluster]
+    kind = "in-process"                     # or "local" (workers = N), or "scheduler" (address / scheduler_file)
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+
+DATASETS = ("digits", "heart", "heart-multigroup", "fairer-synthetic", "stratified-synthetic")
+SOURCE_SUFFIXES = (".npz", ".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq", ".jsonl", ".jsonl.gz")
+# parameters the pipeline sets itself, refused in a [[fit]] table
+RESERVED = {"n_components", "random_state", "checkpoint_dir", "checkpoint_every", "resume", "callback", "n_threads",
+            "local_memory_budget", "block_rows"}
+# per method, its per-group metrics: name -> estimator attribute (multigroup-svd: columns of group_losses_)
+METRICS = {
+    "nmf": {"relative_error": "group_errors_", "loss": "group_losses_"},
+    "fairer-nmf": {"relative_error": "group_errors_", "relative_loss": "group_losses_"},
+    "stratified-nmf": {"relative_error": "group_errors_", "loss": "group_losses_"},
+    "wl1-nmf": {"relative_l1_error": "group_errors_", "objective": "group_losses_"},
+    "ssnmf": {"relative_error": "group_errors_", "loss": "group_losses_"},
+    "multigroup-svd": {"marginal": "marginal", "incremental": "incremental", "reconstruction": "reconstruction"},
+}
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; the message names the file, the line and the key."""
+
+
+def estimator_class(method: str):
+    from .. import estimators
+
+    return {"nmf": estimators.NMF, "fairer-nmf": estimators.FairerNMF, "stratified-nmf": estimators.StratifiedNMF,
+            "wl1-nmf": estimators.WeightedL1NMF, "ssnmf": estimators.SSNMF,
+            "multigroup-svd": estimators.MultigroupSVD}[method]
+
+
+@dataclass
+class FitSpec:
+    method: str
+    ranks: list[int]
+    seed: int
+    params: dict
+    labels: str | None = None  # ssnmf: "groups", "none" or a file
+
+
+@dataclass
+class Spec:
+    path: str
+    name: str
+    description: str
+    input: dict
+    fits: list[FitSpec]
+    metrics: dict  # method -> list of metric names
+    report: dict
+    root: str
+    checkpoint_every: int
+    cluster: dict
+    text: str = field(repr=False, default="")
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(os.path.abspath(self.path))
+
+    def resolve(self, path: str) -> str:
+        """A path of the spec, relative to the spec's directory."""
+        return path if os.path.isabs(path) or "://" in path else os.path.join(self.directory, path)
+
+
+# -- where keys are: a line locator for TOML text ---------------------------------------------------
+
+HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')((?:\s*\.\s*(?:[A-Za-z0-9_\-]+|\"[^\"]*\"))*)\s*=")
+
+
+def key_lines(text: str) -> dict:
+    """``path -> line`` for tables, array-of-table entries and keys, e.g. ``("fit", 0, "method") -> 12``.
+    Keys of inline tables get their parent's line."""
+    lines, table, counts = {}, (), {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = HEADER.match(line)
+        if header:
+            path = tuple(part.strip().strip('"') for part in header.group(2).split("."))
+            if header.group(1) == "[[":
+                index = counts.get(path, -1) + 1
+                counts[path] = index
+                table = (*path, index)
+            else:
+                table = path
+            lines.setdefault(table, number)
+            continue
+        key = KEY.match(line)
+        if key:
+            parts = [key.group(1).strip("\"'")] + [p.strip().strip('"') for p in key.group(2).split(".") if p.strip()]
+            path = (*table, *parts)
+            lines.setdefault(path, number)
+            for inner in re.findall(r"([A-Za-z0-9_\-]+)\s*=", line[key.end():]):  # inline table keys
+                lines.setdefault((*path, inner), number)
+    return lines
+
+
+class Checker:
+    """Type and key checks that raise :class:`SpecError` with ``file:line``."""
+
+    def __init__(self, path: str, text: str):
+        self.path, self.lines = path, key_lines(text)
+
+    def where(self, *path) -> str:
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.lines:
+                return f"{self.path}:{self.lines[path[:end]]}"
+        return f"{self.path}"
+
+    @staticmethod
+    def label(*path) -> str:
+        """``fit #2 key 'solver'``-style names: array entries counted from 1, as a reader counts tables."""
+        out = ""
+        for part in path:
+            out += f" #{part + 1}" if isinstance(part, int) else (f" key {part!r}" if out else f"[{part}]")
+        return out
+
+    def fail(self, path: tuple, message: str):
+        raise SpecError(f"{self.where(*path)}: {self.label(*path)}: {message}")
+
+    def keys(self, table: dict, path: tuple, allowed, required=()) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, list(allowed), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                self.fail((*path, key), f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})")
+        for key in required:
+            if key not in table:
+                self.fail(path, f"missing key {key!r}")
+
+    def typed(self, table: dict, path: tuple, key: str, kind, default=None):
+        if key not in table:
+            return default
+        value = table[key]
+        names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
+                 dict: "a table"}
+        ok = (isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))) or \
+             (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            self.fail((*path, key), f"expected {names.get(kind, kind.__name__)}, got {type(value).__name__} "
+                                    f"{value!r}")
+        return float(value) if kind is float else value
+
+
+# -- the spec -------------------------------------------------------------------------------------
+
+def load_spec(path) -> Spec:
+    """Read and validate ``path``; every problem found before any work is a :class:`SpecError`."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise SpecError(f"{path}: no such pipeline spec")
+    with open(path, "rb") as f:
+        raw = f.read()
+    text = raw.decode("utf-8")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+    check = Checker(path, text)
+    check.keys(doc, (), {"name", "description", "input", "fit", "evaluate", "report", "output", "cluster"},
+               required=("name", "input", "fit"))
+    name = check.typed(doc, (), "name", str)
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        check.fail(("name",), f"{name!r}: use letters, digits, '_', '-' and '.' (it names a directory)")
+    spec = Spec(path=path, name=name, description=check.typed(doc, (), "description", str, ""),
+                input={}, fits=[], metrics={}, report={}, root="", checkpoint_every=10, cluster={}, text=text)
+    spec.input = _input(check, spec, check.typed(doc, (), "input", dict))
+    fits = check.typed(doc, (), "fit", list)
+    if not fits:
+        check.fail(("fit",), "at least one [[fit]] table is needed")
+    spec.fits = [_fit(check, spec, item, i) for i, item in enumerate(fits)]
+    spec.metrics = _evaluate(check, doc.get("evaluate", {}), spec.fits)
+    spec.report = _report(check, doc.get("report", {}))
+    output = check.typed(doc, (), "output", dict, {})
+    check.keys(output, ("output",), {"root", "checkpoint_every"})
+    spec.root = check.typed(output, ("output",), "root", str, "runs")
+    spec.checkpoint_every = check.typed(output, ("output",), "checkpoint_every", int, 10)
+    if spec.checkpoint_every < 0:
+        check.fail(("output", "checkpoint_every"), "must be >= 0 (0: no checkpoints)")
+    spec.cluster = _cluster(check, check.typed(doc, (), "cluster", dict, {}))
+    return spec
+
+
+def _input(check: Checker, spec: Spec, table: dict) -> dict:
+    path = ("input",)
+    check.keys(table, path, {"store", "source", "dataset", "group_column", "signed", "text_field", "group_field",
+                             "vectorizer", "max_features", "block_rows", "column_blocks"})
+    given = [key for key in ("store", "source", "dataset") if key in table]
+    if len(given) != 1:
+        check.fail(path, "give exactly one of 'store', 'source' or 'dataset'"
+                         + (f" (got {', '.join(given)})" if given else ""))
+    kind = given[0]
+    out = {"kind": kind, "value": check.typed(table, path, kind, str)}
+    for key, typ in (("group_column", str), ("signed", bool), ("text_field", str), ("group_field", str),
+                     ("vectorizer", str), ("max_features", int), ("block_rows", int), ("column_blocks", bool)):
+        if key in table:
+            out[key] = check.typed(table, path, key, typ)
+    if kind == "dataset":
+        if out["value"] not in DATASETS:
+            check.fail((*path, "dataset"), f"unknown data set {out['value']!r} (known: {', '.join(DATASETS)})")
+        return out
+    location = spec.resolve(out["value"])
+    out["path"] = location
+    if "://" not in location and not os.path.exists(location):
+        check.fail((*path, kind), f"{out['value']!r} does not exist (paths are relative to the spec's directory)")
+    if kind == "source":
+        lower = location.lower()
+        if not (lower.endswith(SOURCE_SUFFIXES) or os.path.isdir(location)):
+            check.fail((*path, "source"), f"unknown kind of source {out['value']!r} (expected one of "
+                                          f"{', '.join(SOURCE_SUFFIXES)} or a directory of .jsonl files)")
+        if lower.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq")) and "group_column" not in out:
+            check.fail(path, "a table source needs 'group_column'")
+    return out
+
+
+def _fit(check: Checker, spec: Spec, table, index: int) -> FitSpec:
+    path = ("fit", index)
+    if not isinstance(table, dict):
+        check.fail(path, "each [[fit]] entry must be a table")
+    method = check.typed(table, path, "method", str)
+    if method is None:
+        check.fail(path, "missing key 'method'")
+    if method not in METRICS:
+        close = difflib.get_close_matches(method, list(METRICS), n=1)
+        check.fail((*path, "method"), f"unknown method {method!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                   + f" (methods: {', '.join(METRICS)})")
+    signature = inspect.signature(estimator_class(method).__init__)
+    params = {name: p.default for name, p in signature.parameters.items()
+              if name not in RESERVED and name != "self" and p.kind == p.KEYWORD_ONLY}
+    allowed = {"method", "ranks", "rank", "seed", *params} | ({"labels"} if method == "ssnmf" else set())
+    check.keys(table, path, allowed)
+    if ("rank" in table) == ("ranks" in table):
+        check.fail(path, "give exactly one of 'rank' or 'ranks'")
+    ranks = [check.typed(table, path, "rank", int)] if "rank" in table else check.typed(table, path, "ranks", list)
+    if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
+        check.fail((*path, "ranks" if "ranks" in table else "rank"), f"ranks must be positive integers, got {ranks!r}")
+    values = {}
+    for key, default in params.items():
+        if key not in table:
+            continue
+        value = table[key]
+        if default is not None and not isinstance(default, str | bool):
+            kind = float if isinstance(default, float) else int if isinstance(default, int) else type(default)
+            values[key] = check.typed(table, path, key, kind)
+        elif isinstance(default, bool):
+            values[key] = check.typed(table, path, key, bool)
+        elif isinstance(default, str):
+            values[key] = check.typed(table, path, key, str)
+        else:  # None default: any scalar
+            if not isinstance(value, str | int | float | bool):
+                check.fail((*path, key), f"expected a number, a string or true/false, got {type(value).__name__}")
+            values[key] = value
+    labels = check.typed(table, path, "labels", str, "groups") if method == "ssnmf" else None
+    if labels not in (None, "groups", "none") and not os.path.exists(spec.resolve(labels)):
+        check.fail((*path, "labels"), f"{labels!r}: expected 'groups', 'none' or an existing file")
+    return FitSpec(method, sorted(set(ranks)), check.typed(table, path, "seed", int, 0), values, labels)
+
+
+def _evaluate(check: Checker, table, fits) -> dict:
+    path = ("evaluate",)
+    if not isinstance(table, dict):
+        check.fail(path, "expected a table")
+    check.keys(table, path, {"metrics"})
+    wanted = check.typed(table, path, "metrics", list)
+    out = {}
+    for fit in fits:
+        known = list(METRICS[fit.method])
+        if wanted is None:
+            out[fit.method] = known
+            continue
+        chosen = [m for m in wanted if m in known]
+        unknown = [m for m in wanted if not any(m in METRICS[f.method] for f in fits)]
+        if unknown:
+            check.fail((*path, "metrics"), f"unknown metric {unknown[0]!r} for the methods of this spec "
+                                           f"(known: {', '.join(sorted({m for f in fits for m in METRICS[f.method]}))})")
+        out[fit.method] = chosen or known
+    return out
+
+
+def _report(check: Checker, table) -> dict:
+    path = ("report",)
+    if not isinstance(table, dict):
+        check.fail(path, "expected a table")
+    check.keys(table, path, {"title", "top", "image_shape"})
+    shape = check.typed(table, path, "image_shape", list)
+    if shape is not None and (len(shape) != 2 or not all(isinstance(v, int) and v > 0 for v in shape)):
+        check.fail((*path, "image_shape"), f"expected [height, width], got {shape!r}")
+    return {"title": check.typed(table, path, "title", str), "top": check.typed(table, path, "top", int, 10),
+            "image_shape": None if shape is None else tuple(shape)}
+
+
+def _cluster(check: Checker, table: dict) -> dict:
+    path = ("cluster",)
+    check.keys(table, path, {"kind", "workers", "address", "scheduler_file"})
+    kind = check.typed(table, path, "kind", str, "in-process")
+    if kind not in ("in-process", "local", "scheduler"):
+        check.fail((*path, "kind"), f"unknown kind {kind!r} (in-process, local or scheduler)")
+    out = {"kind": kind, "workers": check.typed(table, path, "workers", int, 2),
+           "address": check.typed(table, path, "address", str), "scheduler_file": check.typed(table, path, "scheduler_file", str)}
+    if kind == "scheduler" and not (out["address"] or out["scheduler_file"]):
+        check.fail(path, "kind = 'scheduler' needs 'address' or 'scheduler_file'")
+    return out

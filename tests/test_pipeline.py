@@ -1,0 +1,275 @@
+"""Pipelines (distfact run): end to end as a user runs them (real processes), reruns, resume after a SIGKILL,
+spec errors, a failing stage, publishing to an fsspec URL, the report in headless Chromium, scheduling files."""
+
+import configparser
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from distfact.pipeline import SpecError, load_spec, run_pipeline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATE = "2026-11-22"
+SMALL = """
+name = "small"
+[input]
+dataset = "digits"
+block_rows = 300
+[[fit]]
+method = "nmf"
+ranks = [3, 5]
+solver = "hals"
+max_iter = 20
+tol = 0.0
+[[fit]]
+method = "fairer-nmf"
+rank = 3
+n_estimates = 1
+max_iter = 10
+estimate_max_iter = 10
+[report]
+title = "small"
+image_shape = [8, 8]
+"""
+
+
+def run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "distfact.cli", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def write_spec(tmp_path, text=SMALL, name="spec.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def snapshot(directory):
+    return {os.path.relpath(p, directory): os.stat(p).st_mtime_ns
+            for p in glob.glob(os.path.join(directory, "**"), recursive=True) if os.path.isfile(p)}
+
+
+def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
+    spec = write_spec(tmp_path)
+    out = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    run_dir = tmp_path / "runs" / "small" / DATE
+    for stage in ("ingest", "fit", "evaluate", "report", "publish"):
+        assert json.loads((run_dir / stage / "COMMITTED").read_text())["stage"] == stage
+        assert not (run_dir / f"{stage}.partial").exists()
+    events = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    assert [e["stage"] for e in events if e["event"] == "done"] == ["ingest", "fit", "evaluate", "report", "publish"]
+    assert all("seconds" in e for e in events if e["event"] == "done")
+    assert (run_dir / "log.jsonl").read_text().count("\n") == len(events)
+    # the report: every PNG written is embedded and captioned in the page, with the tables
+    page = (run_dir / "report" / "report.html").read_text()
+    pngs = sorted(p.name for p in (run_dir / "report").glob("*.png"))
+    assert len(pngs) >= 5 and page.count("data:image/png;base64,") == len(pngs)
+    assert all(f"<figcaption>{name}</figcaption>" in page for name in pngs)
+    assert "digit 9" in page and "Top features per component" in page and "passes over X" in page
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(metrics["stage_seconds"]) == {"ingest", "fit", "evaluate", "report"}
+    assert [f["fit"] for f in metrics["fits"]] == ["nmf-r3", "nmf-r5", "fairer-nmf-r3"]
+    assert (tmp_path / "runs" / "small" / "LATEST").read_text().strip() == DATE
+    # the factors are the library's: same fit by hand
+    import distfact
+
+    H = distfact.NMF(5, solver="hals", max_iter=20, tol=0.0, random_state=0).fit(
+        str(run_dir / "ingest" / "data.zarr")).components_
+    assert np.array_equal(np.load(run_dir / "fit" / "nmf-r5" / "components.npy"), H)
+
+    before = snapshot(run_dir)
+    again = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
+    assert again.returncode == 0 and "up to date" in again.stdout and "nothing to do" in again.stdout
+    assert snapshot(run_dir) == before  # not a file touched
+
+    spec.write_text(SMALL.replace('title = "small"', 'title = "small, retitled"'))
+    changed = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
+    assert changed.returncode == 0 and "ran report, publish" in changed.stdout
+    assert "small, retitled" in (run_dir / "report" / "report.html").read_text()
+
+    forced = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, "--force", cwd=tmp_path)
+    assert forced.returncode == 0 and "ran ingest, fit, evaluate, report, publish" in forced.stdout
+
+
+RESUMABLE = """
+name = "resumable"
+[input]
+dataset = "digits"
+block_rows = 300
+[[fit]]
+method = "nmf"
+rank = 8
+max_iter = 300
+tol = 0.0
+[output]
+checkpoint_every = 5
+"""
+
+
+def test_a_killed_fit_resumes_to_the_same_factors(tmp_path):
+    spec = write_spec(tmp_path, RESUMABLE)
+    reference = run("run", spec, "--output", tmp_path / "whole", "--date", DATE, cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr
+    process = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
+                                str(tmp_path / "cut"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    partial = tmp_path / "cut" / "resumable" / DATE / "fit.partial" / "nmf-r8" / "checkpoints"
+    deadline = time.time() + 300
+    while not list(partial.glob("*/COMMITTED")) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few more iterations, mid-fit
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    run_dir = tmp_path / "cut" / "resumable" / DATE
+    assert list(partial.glob("*/COMMITTED")) and not (run_dir / "fit").exists(), "the kill must land mid-fit"
+    resumed = run("run", spec, "--output", tmp_path / "cut", "--date", DATE, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "skip" in resumed.stderr and '"stage": "ingest", "event": "skip"' in resumed.stderr
+    whole = tmp_path / "whole" / "resumable" / DATE / "fit" / "nmf-r8"
+    assert np.array_equal(np.load(run_dir / "fit" / "nmf-r8" / "components.npy"), np.load(whole / "components.npy"))
+    assert json.loads((run_dir / "fit" / "nmf-r8" / "fit.json").read_text())["n_iter"] == 300
+
+
+@pytest.mark.parametrize("change, line, words", [
+    (('solver = "hals"', 'solvr = "hals"'), 9, ["[fit] #1 key 'solvr'", "unknown key", "did you mean 'solver'"]),
+    (("max_iter = 20", 'max_iter = "twenty"'), 10, ["[fit] #1 key 'max_iter'", "expected an integer", "'twenty'"]),
+    (('dataset = "digits"', 'source = "missing.csv"\ngroup_column = "g"'), 4, ["[input] key 'source'",
+                                                                             "does not exist"]),
+    (('method = "nmf"', 'method = "nfm"'), 7, ["unknown method 'nfm'", "did you mean 'nmf'"]),
+    (("[report]", "[reprot]"), 18, ["[reprot]: unknown key", "did you mean 'report'"]),
+    (("n_estimates = 1", "n_estimates = 1.5"), 15, ["[fit] #2 key 'n_estimates'", "expected an integer"]),
+])
+def test_spec_errors_name_the_key_and_line_before_any_work(tmp_path, change, line, words):
+    spec = write_spec(tmp_path, SMALL.replace(*change))
+    out = run("run", spec, "--output", tmp_path / "runs", cwd=tmp_path)
+    assert out.returncode == 2
+    assert f"spec.toml:{line}:" in out.stderr, out.stderr
+    assert all(word in out.stderr for word in words), out.stderr
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_a_failing_stage_leaves_earlier_stages_committed_and_nothing_of_its_own(tmp_path):
+    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3, 100]"))  # 100 > 64 features
+    out = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
+    assert out.returncode == 1
+    assert "stage 'fit' failed" in out.stderr and "n_components=100" in out.stderr
+    run_dir = tmp_path / "runs" / "small" / DATE
+    assert (run_dir / "ingest" / "COMMITTED").exists()
+    assert not (run_dir / "fit").exists() and not (run_dir / "fit.partial").exists()
+    assert not (run_dir / "report").exists()
+    assert '"event": "fail"' in (run_dir / "log.jsonl").read_text()
+
+
+def test_publish_to_an_fsspec_url(tmp_path, monkeypatch):
+    import fsspec
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the local work directory of a remote root: ~/.cache/distfact
+    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
+    result = run_pipeline(spec, root="memory://published", date=DATE, stream=open(os.devnull, "w"))
+    assert result["ran"][-1] == "publish" and str(tmp_path) in result["run_dir"]
+    fs = fsspec.filesystem("memory")
+    base = f"/published/small/{DATE}"
+    assert fs.exists(f"{base}/PUBLISHED") and fs.exists(f"{base}/report/report.html")
+    assert json.loads(fs.cat(f"{base}/metrics.json"))["pipeline"] == "small"
+
+
+@pytest.mark.cluster
+def test_on_a_dask_scheduler(tmp_path, local_cluster_client):
+    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
+    here = run_pipeline(spec, root=str(tmp_path / "here"), date=DATE, stream=open(os.devnull, "w"))
+    there = run_pipeline(spec, root=str(tmp_path / "there"), date=DATE, stream=open(os.devnull, "w"),
+                         scheduler=local_cluster_client.scheduler.address)
+    marker = json.loads(open(os.path.join(there["run_dir"], "fit", "COMMITTED")).read())
+    assert marker["scheduler"] == local_cluster_client.scheduler.address and marker["workers"] == 2
+    for name in ("nmf-r3", "fairer-nmf-r3"):
+        assert np.array_equal(np.load(os.path.join(here["run_dir"], "fit", name, "components.npy")),
+                              np.load(os.path.join(there["run_dir"], "fit", name, "components.npy")))
+
+
+def test_the_example_pipelines_validate():
+    specs = glob.glob(os.path.join(ROOT, "pipelines", "*.toml")) + [os.path.join(ROOT, "distfact", "pipeline",
+                                                                                "demo.toml")]
+    methods = {fit.method for path in specs for fit in load_spec(path).fits}
+    assert methods == {"nmf", "fairer-nmf", "stratified-nmf", "wl1-nmf", "ssnmf", "multigroup-svd"}
+    with pytest.raises(SpecError, match="no such pipeline spec"):
+        load_spec(os.path.join(ROOT, "pipelines", "missing.toml"))
+
+
+def test_multigroup_pipeline_gives_every_rank_from_one_fit(tmp_path):
+    spec = write_spec(tmp_path, open(os.path.join(ROOT, "pipelines", "heart-multigroup.toml")).read()
+                      .replace('root = "../runs"', f'root = "{tmp_path / "runs"}"'))
+    result = run_pipeline(spec, date=DATE, stream=open(os.devnull, "w"))
+    import pandas as pd
+
+    table = pd.read_csv(os.path.join(result["run_dir"], "evaluate", "group_metrics.csv"))
+    assert sorted(table["rank"].unique()) == list(range(1, 9)) and table["fit"].unique().tolist() == ["multigroup-svd-r8"]
+    incremental = table[table.metric == "incremental"].pivot(index="rank", columns="group", values="value")
+    np.testing.assert_allclose(incremental["Female"], incremental["Male"], rtol=1e-9)  # Lemma 7.3, two groups
+    page = open(os.path.join(result["run_dir"], "report", "report.html")).read()
+    assert "multigroup-svd-r8-fig2_losses.png" in page and "multigroup-svd-r8-fig3_duality.png" in page
+
+
+def test_scheduling_files():
+    cron = [line for line in open(os.path.join(ROOT, "pipelines", "crontab.example")) if not line.startswith("#")]
+    fields = cron[0].split()
+    assert len(fields) > 5 and all(re.fullmatch(r"[\d*/,-]+", f) for f in fields[:5])
+    assert "distfact run pipelines/" in cron[0]
+    units = {}
+    for name in ("distfact-nightly.service", "distfact-nightly.timer"):
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.optionxform = str
+        parser.read(os.path.join(ROOT, "pipelines", "systemd", name))
+        units[name] = parser
+    assert units["distfact-nightly.timer"]["Timer"]["Persistent"] == "true"
+    assert units["distfact-nightly.timer"]["Timer"]["OnCalendar"]
+    assert "distfact run" in units["distfact-nightly.service"]["Service"]["ExecStart"]
+    assert units["distfact-nightly.service"]["Service"]["Type"] == "oneshot"
+    import yaml
+
+    job = yaml.safe_load(open(os.path.join(ROOT, "cluster", "k8s", "pipeline-cronjob.yaml")))
+    assert job["kind"] == "CronJob" and job["apiVersion"] == "batch/v1"
+    assert len(job["spec"]["schedule"].split()) == 5
+    command = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["distfact", "run"] and "--scheduler" in command
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt install chromium); "
+                                             "docs/pipelines.md has the documented check")
+def test_the_report_renders_in_headless_chromium(tmp_path):
+    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3, 4]"))
+    result = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
+    page = os.path.join(result["run_dir"], "report", "report.html")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    # the DOM after load, with each image's decoded width written into the page by a script
+    probe = tmp_path / "probe.html"
+    probe.write_text(open(page).read().replace("</body>", "<script>window.addEventListener('load', () => "
+                     "document.body.setAttribute('data-widths', [...document.images].map(i => i.naturalWidth)"
+                     ".join(',')));</script></body>"))
+    dom = subprocess.run([CHROMIUM, *flags, "--virtual-time-budget=5000", "--dump-dom", f"file://{probe}"],
+                         capture_output=True, text=True, timeout=120).stdout
+    widths = [int(w) for w in re.search(r'data-widths="([\d,]*)"', dom).group(1).split(",")]
+    assert len(widths) == len(glob.glob(os.path.join(os.path.dirname(page), "*.png"))) and min(widths) > 100
+    assert dom.count("<table>") >= 5
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1000,9000", f"file://{page}"],
+                   capture_output=True, timeout=120, check=True)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(shot))[..., :3]
+    colourful = (pixels.max(axis=2) - pixels.min(axis=2)) > 0.3  # plot lines and markers, not text or borders
+    assert colourful.mean() > 1e-3
