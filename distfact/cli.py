@@ -488,12 +488,12 @@ def cmd_report(args):
 
 
 def cmd_run(args):
-    from .pipeline import StageFailed, run_pipeline
+    from .pipeline import RunLocked, StageFailed, run_pipeline
 
     try:
         result = run_pipeline(args.spec, date=args.date, root=args.output, resume=args.resume, force=args.force,
                               scheduler=args.scheduler)
-    except StageFailed as exc:
+    except (StageFailed, RunLocked) as exc:
         print(f"distfact run: {exc}", file=sys.stderr)
         return 1
     if result["ran"]:
@@ -506,8 +506,13 @@ def cmd_run(args):
 
 def cmd_demo(args):
     from .demo import run_demo
+    from .pipeline import RunLocked, StageFailed
 
-    run_demo(args.output, scheduler=args.scheduler)
+    try:
+        run_demo(args.output, scheduler=args.scheduler)
+    except (StageFailed, RunLocked) as exc:
+        print(f"distfact demo: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv=None) -> int:

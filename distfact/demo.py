@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-import pandas as pd
-
 from .pipeline import run_pipeline
+from .pipeline.report import read_group_metrics
 
 DEMO_SPEC = os.path.join(os.path.dirname(__file__), "pipeline", "demo.toml")
 
@@ -19,7 +18,7 @@ DEMO_SPEC = os.path.join(os.path.dirname(__file__), "pipeline", "demo.toml")
 def run_demo(output="distfact-demo", scheduler=None, echo=print) -> dict:
     """Run the demo pipeline into ``output/demo/<today>/`` and print the per-digit errors by rank."""
     result = run_pipeline(DEMO_SPEC, root=output, scheduler=scheduler)
-    table = pd.read_csv(os.path.join(result["run_dir"], "evaluate", "group_metrics.csv"))
+    table = read_group_metrics(result["run_dir"])
     errors = table[table["metric"] == "relative_error"].pivot(index="group", columns="rank", values="value")
     echo("relative_error per digit (columns: rank)")
     echo(errors.to_string(float_format=lambda v: f"{v:.4f}"))

@@ -140,6 +140,58 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path):
     assert json.loads((run_dir / "fit" / "nmf-r8" / "fit.json").read_text())["n_iter"] == 300
 
 
+def test_resume_redoes_fits_whose_spec_changed(tmp_path):
+    """A leftover fit.partial with finished fits of another spec is discarded, not reused."""
+    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
+    first = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
+    run_dir = first["run_dir"]
+    shutil.copytree(os.path.join(run_dir, "fit"), os.path.join(run_dir, "fit.partial"))  # as if killed after them
+    os.remove(os.path.join(run_dir, "fit.partial", "COMMITTED"))
+    spec.write_text(SMALL.replace("ranks = [3, 5]", "ranks = [3]").replace("max_iter = 20", "max_iter = 7"))
+    log = tmp_path / "log.txt"
+    with open(log, "w") as stream:
+        second = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, resume=True, stream=stream)
+    assert "fit" in second["ran"] and "made with another spec or data" in log.read_text()
+    assert json.loads(open(os.path.join(run_dir, "fit", "nmf-r3", "fit.json")).read())["n_iter"] == 7
+    assert not os.path.exists(os.path.join(run_dir, "fit", "nmf-r3", "checkpoints"))  # dropped once DONE
+
+
+def test_a_second_run_of_the_same_date_is_refused_while_one_runs(tmp_path):
+    spec = write_spec(tmp_path, RESUMABLE)
+    first = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
+                              str(tmp_path / "runs"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    partial = tmp_path / "runs" / "resumable" / DATE / "fit.partial"
+    deadline = time.time() + 120
+    while not partial.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    second = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
+    first.kill()
+    first.wait()
+    assert second.returncode == 1 and "is in progress" in second.stderr, second.stderr
+    assert partial.exists()  # the second run touched nothing of the first's
+
+
+NA_SPEC = """
+name = "na"
+[input]
+source = "x.npz"
+[[fit]]
+method = "nmf"
+ranks = [2, 3]
+max_iter = 5
+"""
+
+
+def test_groups_named_like_missing_values_stay_in_the_report(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", X=rng.random((60, 6)), groups=np.repeat(["NA", "EU"], 30))
+    spec = write_spec(tmp_path, NA_SPEC)
+    result = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
+    page = open(os.path.join(result["run_dir"], "report", "report.html")).read()
+    assert page.count("<td>NA</td>") == 2 and page.count("<td>EU</td>") == 2  # relative_error and loss tables
+
+
 @pytest.mark.parametrize("change, line, words", [
     (('solver = "hals"', 'solvr = "hals"'), 9, ["[fit] #1 key 'solvr'", "unknown key", "did you mean 'solver'"]),
     (("max_iter = 20", 'max_iter = "twenty"'), 10, ["[fit] #1 key 'max_iter'", "expected an integer", "'twenty'"]),
@@ -207,7 +259,7 @@ def test_the_example_pipelines_validate():
 
 def test_multigroup_pipeline_gives_every_rank_from_one_fit(tmp_path):
     spec = write_spec(tmp_path, open(os.path.join(ROOT, "pipelines", "heart-multigroup.toml")).read()
-                      .replace('root = "../runs"', f'root = "{tmp_path / "runs"}"'))
+                      .replace('root = "runs"', f'root = "{tmp_path / "runs"}"'))
     result = run_pipeline(spec, date=DATE, stream=open(os.devnull, "w"))
     import pandas as pd
 
@@ -260,9 +312,13 @@ def test_the_report_renders_in_headless_chromium(tmp_path):
     probe.write_text(open(page).read().replace("</body>", "<script>window.addEventListener('load', () => "
                      "document.body.setAttribute('data-widths', [...document.images].map(i => i.naturalWidth)"
                      ".join(',')));</script></body>"))
-    dom = subprocess.run([CHROMIUM, *flags, "--virtual-time-budget=5000", "--dump-dom", f"file://{probe}"],
-                         capture_output=True, text=True, timeout=120).stdout
-    widths = [int(w) for w in re.search(r'data-widths="([\d,]*)"', dom).group(1).split(",")]
+    browser = subprocess.run([CHROMIUM, *flags, "--virtual-time-budget=5000", "--dump-dom", f"file://{probe}"],
+                             capture_output=True, text=True, timeout=120)
+    dom = browser.stdout
+    found = re.search(r'data-widths="([\d,]*)"', dom)
+    assert browser.returncode == 0 and found, f"Chromium did not render the page: {browser.stderr[-2000:]}"
+    widths = [int(w) for w in found.group(1).split(",")]
+    assert not re.search(r'(src|href)="(?!data:)', open(page).read())  # nothing to fetch: readable offline
     assert len(widths) == len(glob.glob(os.path.join(os.path.dirname(page), "*.png"))) and min(widths) > 100
     assert dom.count("<table>") >= 5
     shot = tmp_path / "shot.png"

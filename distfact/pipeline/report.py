@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from ..report import figure_png, html_figures, html_page, html_table
+from ..report import figure_png, html_table, write_page
 
 
 def _metric_plot(table: pd.DataFrame, method: str, metric: str) -> bytes:
@@ -37,18 +37,28 @@ def _metric_plot(table: pd.DataFrame, method: str, metric: str) -> bytes:
     return png
 
 
+def objective_history(method: str, model) -> np.ndarray:
+    """The objective by iteration from ``loss_history_``: a vector for NMF and wL1-NMF; its first column
+    (the objective) for Stratified-NMF and SSNMF; for Fairer-NMF, whose columns are the groups' relative
+    losses, their maximum (the quantity it minimises)."""
+    history = np.asarray(model.loss_history_)
+    if history.ndim == 1:
+        return history
+    return history.max(axis=1) if method == "fairer-nmf" else history[:, 0]
+
+
 def _loss_curves(entries: list[dict]) -> bytes | None:
     import matplotlib.pyplot as plt
 
-    curves = [(e["name"], np.asarray(e["model"].loss_history_)) for e in entries
+    curves = [(e["name"], objective_history(e["fit"].method, e["model"])) for e in entries
               if hasattr(e["model"], "loss_history_")]
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for name, history in curves:
-        ax.plot(history if history.ndim == 1 else history[:, 0], label=name)
+        ax.plot(history, label=name)
     ax.set_xlabel("iteration")
-    ax.set_ylabel("objective" if curves[0][1].ndim == 1 else "objective (first column of loss_history_)")
+    ax.set_ylabel("objective")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     png = figure_png(fig)
@@ -94,9 +104,13 @@ def write_pipeline_report(out_dir: str, context: dict) -> dict:
 
     spec, run_dir = context["spec"], context["run_dir"]
     fits = load_fits(run_dir, spec)
-    table = pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"))
+    table = read_group_metrics(run_dir)
     with open(os.path.join(run_dir, "ingest", "input.json")) as f:
         data = json.load(f)
+    shape = spec.report.get("image_shape")
+    if shape is not None and shape[0] * shape[1] != data["shape"][1]:
+        raise ValueError(f"[report] image_shape {shape[0]}x{shape[1]} has {shape[0] * shape[1]} pixels, the data "
+                         f"have {data['shape'][1]} features")
     stage_seconds = {}
     for stage in ("ingest", "fit", "evaluate"):
         with open(os.path.join(run_dir, stage, "COMMITTED")) as f:
@@ -143,11 +157,10 @@ def write_pipeline_report(out_dir: str, context: dict) -> dict:
     title = spec.report.get("title") or f"{spec.name}: {context['date']}"
     if spec.description:
         body.insert(0, f"<p>{html.escape(spec.description)}</p>")
-    paths = {"html": os.path.join(out_dir, "report.html")}
-    for name, png in images:
-        paths[name] = os.path.join(out_dir, name)
-        with open(paths[name], "wb") as f:
-            f.write(png)
-    with open(paths["html"], "w") as f:
-        f.write(html_page(title, "".join(body) + f"<h2>Figures</h2>{html_figures(images)}"))
-    return paths
+    return write_page({"html": os.path.join(out_dir, "report.html")}, out_dir, title, "".join(body), images)
+
+
+def read_group_metrics(run_dir: str) -> pd.DataFrame:
+    """evaluate/group_metrics.csv with group names as written (a group may be called "NA" or "null")."""
+    return pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"), keep_default_na=False,
+                       dtype={"group": str, "fit": str, "method": str, "metric": str})

@@ -12,12 +12,14 @@ does nothing; a changed section redoes its stage and everything downstream; ``--
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import inspect
 import json
 import os
 import pickle
+import re
 import shutil
 import sys
 import time
@@ -75,16 +77,24 @@ def _file_digest(path: str) -> str:
 
 
 def data_digest(spec: Spec) -> str:
-    """A content hash of the input: the file(s) of a source, the metadata and column sums of a store
-    (which change with any ingest: per-group norms, sums, non-zeros), or the bundled data set's name."""
+    """A content hash of the input: SHA-256 of a source's file(s); the bundled data set's name (and distfact's
+    version); for a store, which may be far larger than memory, a fingerprint instead of its bytes: its logical
+    metadata (shape, groups with their norms, sums and non-zeros, blocks) plus the name, size and modification
+    time of every file of its row blocks, so that rewriting any block changes it, while adding column blocks
+    (which some methods do to the store) does not."""
     kind, value = spec.input["kind"], spec.input["value"]
     if kind == "dataset":
         return _digest("dataset", value, __version__)
     path = spec.input["path"]
     if kind == "store":
-        files = [os.path.join(path, "zarr.json"), *sorted(_walk(os.path.join(path, "column_sums")))]
-    else:
-        files = sorted(_walk(path)) if os.path.isdir(path) else [path]
+        from ..store import open_store
+
+        meta = open_store(path).meta.to_json()
+        meta.pop("column_blocks", None)
+        files = sorted(_walk(os.path.join(path, "blocks")))
+        return _digest("store", meta, [(os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns)
+                                       for f in files])
+    files = sorted(_walk(path)) if os.path.isdir(path) else [path]
     return _digest(kind, *[(os.path.relpath(f, path) if os.path.isdir(path) else "", _file_digest(f)) for f in files])
 
 
@@ -94,7 +104,7 @@ def _walk(path):
             yield os.path.join(directory, name)
 
 
-def stage_hashes(spec: Spec) -> dict:
+def stage_hashes(spec: Spec, root: str) -> dict:
     labels = [_file_digest(spec.resolve(f.labels)) for f in spec.fits if f.labels not in (None, "groups", "none")]
     fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "labels": f.labels}
             for f in spec.fits]
@@ -102,49 +112,104 @@ def stage_hashes(spec: Spec) -> dict:
     out["fit"] = _digest("fit", out["ingest"], fits, labels)
     out["evaluate"] = _digest("evaluate", out["fit"], spec.metrics)
     out["report"] = _digest("report", out["evaluate"], spec.report, spec.description)
-    out["publish"] = _digest("publish", out["report"], spec.root)
+    out["publish"] = _digest("publish", out["report"], root)
     return out
 
 
 # -- the run ----------------------------------------------------------------------------------------
 
+class RunLocked(RuntimeError):
+    """Another process is running the same pipeline and date."""
+
+
 def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None, resume: bool = False,
                  force: bool = False, scheduler: str | None = None, stream=None) -> dict:
     """Run (or skip, if committed with the same inputs) every stage. Returns ``{"run_dir", "ran", "skipped"}``.
     Spec problems raise :class:`distfact.pipeline.spec.SpecError` before any work; a stage that raises
-    becomes :class:`StageFailed`."""
+    becomes :class:`StageFailed`; a run of the same pipeline and date in progress elsewhere, :class:`RunLocked`.
+
+    ``root`` (default: the spec's ``[output] root``) is a local path, relative to the current directory, or
+    an fsspec URL; for a URL the stages run in ``~/.cache/distfact/runs/<hash of the URL>/`` and publish uploads."""
     spec = load_spec(spec_path)
     date = date or dt.date.today().isoformat()
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+        raise ValueError(f"--date must be YYYY-MM-DD, got {date!r}")
     try:
         dt.date.fromisoformat(date)
     except ValueError as exc:
-        raise ValueError(f"--date must be YYYY-MM-DD, got {date!r}") from exc
-    root = os.path.abspath(root) if root is not None and "://" not in root else root or spec.resolve(spec.root)
+        raise ValueError(f"--date {date!r} is not a calendar date") from exc
+    root = root if root is not None else spec.root
     remote = "://" in root and not root.startswith("file://")
-    local_root = os.path.expanduser("~/.cache/distfact/runs") if remote else root.removeprefix("file://")
+    if remote:
+        local_root = os.path.join(os.path.expanduser("~/.cache/distfact/runs"), _digest(root)[:16])
+    else:
+        root = local_root = os.path.abspath(os.path.expanduser(root.removeprefix("file://")))
     run_dir = os.path.join(local_root, spec.name, date)
     log = RunLog(run_dir, spec.name, date, stream)
-    hashes = stage_hashes(spec)
+    hashes = stage_hashes(spec, root)
     context = {"spec": spec, "run_dir": run_dir, "root": root, "remote": remote, "resume": resume,
-               "scheduler": scheduler, "log": log, "date": date}
-    ran, skipped, upstream_ran = [], [], False
-    for stage in STAGES:
-        committed = _read_marker(os.path.join(run_dir, stage))
-        if not force and not upstream_ran and committed is not None and committed.get("hash") == hashes[stage]:
-            skipped.append(stage)
-            log(stage, "skip", hash=hashes[stage][:12], reason="committed with the same inputs")
-            continue
-        if not ran:
-            os.makedirs(run_dir, exist_ok=True)
-            log.to_file = True
-            shutil.copyfile(spec.path, os.path.join(run_dir, "spec.toml"))
-        _run_stage(stage, hashes[stage], context)
-        ran.append(stage)
-        upstream_ran = True
+               "scheduler": scheduler, "log": log, "date": date, "fit_hash": hashes["fit"]}
+    os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+    with _locked(f"{run_dir}.lock", spec.name, date):
+        ran, skipped = [], []
+        for stage in STAGES:
+            committed = _read_marker(os.path.join(run_dir, stage))
+            if not force and not ran and committed is not None and committed.get("hash") == hashes[stage]:
+                skipped.append(stage)
+                log(stage, "skip", hash=hashes[stage][:12], reason="committed with the same inputs")
+                continue
+            if not ran:
+                os.makedirs(run_dir, exist_ok=True)
+                log.to_file = True
+                shutil.copyfile(spec.path, os.path.join(run_dir, "spec.toml"))
+                for later in STAGES[STAGES.index(stage):]:  # nothing downstream may look current meanwhile
+                    _remove_committed(os.path.join(run_dir, later))
+            _run_stage(stage, hashes[stage], context)
+            ran.append(stage)
+        if "publish" in ran:
+            _publish_locally(run_dir, date)
     if not ran:
         log("run", "up-to-date", message=f"{run_dir}: every stage is committed with the same spec and data; "
                                          "nothing to do (--force redoes it)")
     return {"run_dir": run_dir, "ran": ran, "skipped": skipped}
+
+
+@contextlib.contextmanager
+def _locked(path: str, name: str, date: str):
+    """An exclusive lock on ``path`` for the run (released when the process ends, however it ends)."""
+    import fcntl
+
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RunLocked(f"another run of {name} for {date} is in progress (pid {holder}); not starting a second")
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+def _remove_committed(stage_dir: str) -> None:
+    if os.path.isdir(stage_dir):
+        shutil.rmtree(stage_dir)
+
+
+def _publish_locally(run_dir: str, date: str) -> None:
+    """After publish committed: its metrics.json at the run's top, and LATEST (if this date is the newest)."""
+    shutil.copyfile(os.path.join(run_dir, "publish", "metrics.json"), os.path.join(run_dir, "metrics.json"))
+    latest = os.path.join(os.path.dirname(run_dir), "LATEST")
+    current = open(latest).read().strip() if os.path.isfile(latest) else ""
+    if date >= current:
+        with open(latest, "w") as f:
+            f.write(date + "\n")
 
 
 def _read_marker(stage_dir: str):
@@ -158,29 +223,37 @@ def _read_marker(stage_dir: str):
 def _run_stage(stage: str, digest: str, context: dict) -> None:
     run_dir, log = context["run_dir"], context["log"]
     final, partial = os.path.join(run_dir, stage), os.path.join(run_dir, f"{stage}.partial")
-    if os.path.exists(partial) and not (stage == "fit" and context["resume"]):
-        log(stage, "discard", message=f"removing {partial} left by an interrupted run"
-                                      + (" (--resume continues an interrupted fit)" if stage == "fit" else ""))
+    resumable = stage == "fit" and context["resume"] and _partial_hash(partial) == digest
+    if os.path.exists(partial) and not resumable:
+        reason = ("made with another spec or data" if stage == "fit" and context["resume"] else
+                  "left by an interrupted run" + (" (--resume continues an interrupted fit)" if stage == "fit" else ""))
+        log(stage, "discard", message=f"removing {partial}, {reason}")
         shutil.rmtree(partial)
     os.makedirs(partial, exist_ok=True)
+    with open(os.path.join(partial, "HASH"), "w") as f:  # what a --resume must match
+        f.write(digest)
     log(stage, "start", hash=digest[:12])
     started = time.perf_counter()
     try:
         facts = STAGE_FUNCTIONS[stage](partial, context) or {}
-    except BaseException as exc:
+    except (KeyboardInterrupt, SystemExit):  # like a kill: the fit's checkpoints stay for --resume
+        log(stage, "interrupted", seconds=round(time.perf_counter() - started, 3))
+        raise
+    except Exception as exc:
         shutil.rmtree(partial, ignore_errors=True)
         log(stage, "fail", seconds=round(time.perf_counter() - started, 3), error=f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, KeyboardInterrupt):
-            raise
         raise StageFailed(stage, exc) from exc
     seconds = time.perf_counter() - started
     with open(os.path.join(partial, MARKER), "w") as f:  # written last: the stage's outputs are complete
         json.dump({"stage": stage, "hash": digest, "seconds": seconds, "finished": dt.datetime.now(dt.timezone.utc)
                    .isoformat(), "distfact": __version__, **facts}, f, indent=1, default=str)
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.rename(partial, final)
+    os.rename(partial, final)  # downstream directories were removed before the first stage ran
     log(stage, "done", seconds=round(seconds, 3), hash=digest[:12])
+
+
+def _partial_hash(partial: str):
+    path = os.path.join(partial, "HASH")
+    return open(path).read().strip() if os.path.isfile(path) else None
 
 
 # -- the stages -------------------------------------------------------------------------------------
@@ -258,7 +331,7 @@ def stage_fit(out: str, context: dict) -> dict:
     spec, log = context["spec"], context["log"]
     data = open_input(context["run_dir"])
     cluster = spec.cluster
-    address = context["scheduler"] or cluster.get("address") or cluster.get("scheduler_file")
+    address = context["scheduler"] or cluster.get("address") or cluster.get("scheduler_file")  # files end in .json
     workers = cluster["workers"] if cluster["kind"] == "local" and not context["scheduler"] else None
     facts = {}
     with client_for(address if (context["scheduler"] or cluster["kind"] == "scheduler") else None, workers) as client:
@@ -281,6 +354,7 @@ def stage_fit(out: str, context: dict) -> dict:
                 json.dump({"method": fit.method, "rank": rank, "seconds": seconds, "n_iter": n_iter,
                            "n_passes": int(model.n_passes_), "scheduler": model.scheduler_}, f, indent=1, default=str)
             open(os.path.join(directory, "DONE"), "w").close()
+            shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)  # only needed to resume
             log("fit", "fit-done", fit=name, seconds=round(seconds, 3), n_iter=n_iter, n_passes=int(model.n_passes_))
     return facts
 
@@ -359,35 +433,45 @@ def stage_report(out: str, context: dict) -> dict:
 
 
 def stage_publish(out: str, context: dict) -> dict:
-    """The run's ``metrics.json`` (stage timings, run facts, the evaluation) at the run's top, and a ``LATEST``
-    pointer beside the dated runs; with an fsspec URL root, the report, tables and metrics uploaded there,
+    """The run's ``metrics.json`` (stage timings, the input, where it ran, the evaluation), copied to the run's
+    top once committed, with ``LATEST`` beside the dated runs; with an fsspec URL root, the report, the tables,
+    ``metrics.json`` and ``LATEST`` uploaded to ``<url>/<name>/<date>/`` (replacing an earlier upload),
     ``PUBLISHED`` last."""
     run_dir, spec = context["run_dir"], context["spec"]
     stages = {stage: _read_marker(os.path.join(run_dir, stage)) for stage in STAGES[:-1]}
     with open(os.path.join(run_dir, "evaluate", "metrics.json")) as f:
         evaluation = json.load(f)
+    with open(os.path.join(run_dir, "ingest", "input.json")) as f:
+        data = json.load(f)
     metrics = {"pipeline": spec.name, "date": context["date"], "distfact": __version__,
                "stage_seconds": {s: m["seconds"] for s, m in stages.items()},
-               "input": stages["ingest"], "fit": stages["fit"], **evaluation}
-    with open(os.path.join(run_dir, "metrics.json"), "w") as f:
+               "input": {"kind": spec.input["kind"], "value": spec.input["value"], **data},
+               "scheduler": stages["fit"].get("scheduler"), "workers": stages["fit"].get("workers"), **evaluation}
+    with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1, default=str)
-    with open(os.path.join(os.path.dirname(run_dir), "LATEST"), "w") as f:
-        f.write(context["date"] + "\n")
-    destination = None
+    destination = run_dir
     if context["remote"]:
         import fsspec
 
         destination = f"{context['root'].rstrip('/')}/{spec.name}/{context['date']}"
         fs, target = fsspec.core.url_to_fs(destination)
-        fs.makedirs(target, exist_ok=True)
-        fs.put(os.path.join(run_dir, "report"), target + "/report", recursive=True)
-        for name in ("metrics.json",):
-            fs.put(os.path.join(run_dir, name), f"{target}/{name}")
-        fs.put(os.path.join(run_dir, "evaluate", "group_metrics.csv"), f"{target}/group_metrics.csv")
+        if fs.exists(target):
+            fs.rm(target, recursive=True)
+        fs.makedirs(target + "/report", exist_ok=True)
+        for name in sorted(os.listdir(os.path.join(run_dir, "report"))):
+            if name != MARKER:
+                fs.put_file(os.path.join(run_dir, "report", name), f"{target}/report/{name}")
+        fs.put_file(os.path.join(out, "metrics.json"), f"{target}/metrics.json")
+        fs.put_file(os.path.join(run_dir, "evaluate", "group_metrics.csv"), f"{target}/group_metrics.csv")
+        latest = f"{context['root'].rstrip('/')}/{spec.name}/LATEST"
+        latest_fs, latest_path = fsspec.core.url_to_fs(latest)
+        current = latest_fs.cat(latest_path).decode().strip() if latest_fs.exists(latest_path) else ""
+        if context["date"] >= current:
+            with latest_fs.open(latest_path, "w") as f:
+                f.write(context["date"] + "\n")
         with fs.open(f"{target}/PUBLISHED", "w") as f:
             f.write(json.dumps({"date": context["date"], "published": dt.datetime.now(dt.timezone.utc).isoformat()}))
-    open(os.path.join(out, "published.txt"), "w").write(destination or run_dir)
-    return {"destination": destination or run_dir}
+    return {"destination": destination}
 
 
 STAGE_FUNCTIONS = {"ingest": stage_ingest, "fit": stage_fit, "evaluate": stage_evaluate, "report": stage_report,

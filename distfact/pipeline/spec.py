@@ -27,10 +27,16 @@ import inspect
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ..store.corpus import JSONL_SUFFIXES
+from ..store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
 
 DATASETS = ("digits", "heart", "heart-multigroup", "fairer-synthetic", "stratified-synthetic")
-SOURCE_SUFFIXES = (".npz", ".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq", ".jsonl", ".jsonl.gz")
+TABLE_SUFFIXES = (*CSV_SUFFIXES, *PARQUET_SUFFIXES)
+SOURCE_SUFFIXES = (".npz", *TABLE_SUFFIXES, *JSONL_SUFFIXES)
+# the type of each estimator parameter whose default is None (the others take their default's type)
+NONE_DEFAULT_TYPES = {"tol": float, "time_limit": float, "column_blocks": int, "sketch_size": int}
 # parameters the pipeline sets itself, refused in a [[fit]] table
 RESERVED = {"n_components", "random_state", "checkpoint_dir", "checkpoint_every", "resume", "callback", "n_threads",
             "local_memory_budget", "block_rows"}
@@ -78,14 +84,14 @@ class Spec:
     root: str
     checkpoint_every: int
     cluster: dict
-    text: str = field(repr=False, default="")
 
     @property
     def directory(self) -> str:
         return os.path.dirname(os.path.abspath(self.path))
 
     def resolve(self, path: str) -> str:
-        """A path of the spec, relative to the spec's directory."""
+        """An input path of the spec, relative to the spec's directory (``~`` expanded)."""
+        path = os.path.expanduser(path)
         return path if os.path.isabs(path) or "://" in path else os.path.join(self.directory, path)
 
 
@@ -98,8 +104,15 @@ KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')((?:\s*\.\s*(?:[A-Za-
 def key_lines(text: str) -> dict:
     """``path -> line`` for tables, array-of-table entries and keys, e.g. ``("fit", 0, "method") -> 12``.
     Keys of inline tables get their parent's line."""
-    lines, table, counts = {}, (), {}
+    lines, table, counts, open_quote = {}, (), {}, None
     for number, line in enumerate(text.splitlines(), start=1):
+        if open_quote is not None:  # inside a multi-line string: its text is not TOML
+            if line.count(open_quote) % 2:
+                open_quote = None
+            continue
+        for quote in ('"""', "'''"):
+            if line.count(quote) % 2:  # a multi-line string opens here and continues on the next lines
+                open_quote = quote
         header = HEADER.match(line)
         if header:
             path = tuple(part.strip().strip('"') for part in header.group(2).split("."))
@@ -176,8 +189,7 @@ def load_spec(path) -> Spec:
     if not os.path.isfile(path):
         raise SpecError(f"{path}: no such pipeline spec")
     with open(path, "rb") as f:
-        raw = f.read()
-    text = raw.decode("utf-8")
+        text = f.read().decode("utf-8")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -186,10 +198,10 @@ def load_spec(path) -> Spec:
     check.keys(doc, (), {"name", "description", "input", "fit", "evaluate", "report", "output", "cluster"},
                required=("name", "input", "fit"))
     name = check.typed(doc, (), "name", str)
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or set(name) == {"."}:
         check.fail(("name",), f"{name!r}: use letters, digits, '_', '-' and '.' (it names a directory)")
     spec = Spec(path=path, name=name, description=check.typed(doc, (), "description", str, ""),
-                input={}, fits=[], metrics={}, report={}, root="", checkpoint_every=10, cluster={}, text=text)
+                input={}, fits=[], metrics={}, report={}, root="", checkpoint_every=10, cluster={})
     spec.input = _input(check, spec, check.typed(doc, (), "input", dict))
     fits = check.typed(doc, (), "fit", list)
     if not fits:
@@ -199,11 +211,11 @@ def load_spec(path) -> Spec:
     spec.report = _report(check, doc.get("report", {}))
     output = check.typed(doc, (), "output", dict, {})
     check.keys(output, ("output",), {"root", "checkpoint_every"})
-    spec.root = check.typed(output, ("output",), "root", str, "runs")
+    spec.root = os.path.expanduser(check.typed(output, ("output",), "root", str, "runs"))
     spec.checkpoint_every = check.typed(output, ("output",), "checkpoint_every", int, 10)
     if spec.checkpoint_every < 0:
         check.fail(("output", "checkpoint_every"), "must be >= 0 (0: no checkpoints)")
-    spec.cluster = _cluster(check, check.typed(doc, (), "cluster", dict, {}))
+    spec.cluster = _cluster(check, spec, check.typed(doc, (), "cluster", dict, {}))
     return spec
 
 
@@ -227,15 +239,22 @@ def _input(check: Checker, spec: Spec, table: dict) -> dict:
         return out
     location = spec.resolve(out["value"])
     out["path"] = location
-    if "://" not in location and not os.path.exists(location):
+    if "://" in location:
+        check.fail((*path, kind), f"{out['value']!r}: inputs are local paths (ingest remote data first)")
+    if not os.path.exists(location):
         check.fail((*path, kind), f"{out['value']!r} does not exist (paths are relative to the spec's directory)")
+    if kind == "store" and not os.path.isfile(os.path.join(location, "zarr.json")):
+        check.fail((*path, kind), f"{out['value']!r} is not a distfact store (no zarr.json; write one with "
+                                  "'distfact ingest')")
     if kind == "source":
         lower = location.lower()
         if not (lower.endswith(SOURCE_SUFFIXES) or os.path.isdir(location)):
             check.fail((*path, "source"), f"unknown kind of source {out['value']!r} (expected one of "
                                           f"{', '.join(SOURCE_SUFFIXES)} or a directory of .jsonl files)")
-        if lower.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq")) and "group_column" not in out:
+        if lower.endswith(TABLE_SUFFIXES) and "group_column" not in out:
             check.fail(path, "a table source needs 'group_column'")
+    if "vectorizer" in out and out["vectorizer"] not in ("tfidf", "count", "hashing"):
+        check.fail((*path, "vectorizer"), f"unknown vectorizer {out['vectorizer']!r} (tfidf, count or hashing)")
     return out
 
 
@@ -262,24 +281,17 @@ def _fit(check: Checker, spec: Spec, table, index: int) -> FitSpec:
         check.fail((*path, "ranks" if "ranks" in table else "rank"), f"ranks must be positive integers, got {ranks!r}")
     values = {}
     for key, default in params.items():
-        if key not in table:
-            continue
-        value = table[key]
-        if default is not None and not isinstance(default, str | bool):
-            kind = float if isinstance(default, float) else int if isinstance(default, int) else type(default)
+        if key in table:  # the type of the parameter's default (bool before int: True is an int)
+            kind = (NONE_DEFAULT_TYPES.get(key, float) if default is None else
+                    next(t for t in (bool, str, int, float) if isinstance(default, t)))
             values[key] = check.typed(table, path, key, kind)
-        elif isinstance(default, bool):
-            values[key] = check.typed(table, path, key, bool)
-        elif isinstance(default, str):
-            values[key] = check.typed(table, path, key, str)
-        else:  # None default: any scalar
-            if not isinstance(value, str | int | float | bool):
-                check.fail((*path, key), f"expected a number, a string or true/false, got {type(value).__name__}")
-            values[key] = value
     labels = check.typed(table, path, "labels", str, "groups") if method == "ssnmf" else None
     if labels not in (None, "groups", "none") and not os.path.exists(spec.resolve(labels)):
         check.fail((*path, "labels"), f"{labels!r}: expected 'groups', 'none' or an existing file")
-    return FitSpec(method, sorted(set(ranks)), check.typed(table, path, "seed", int, 0), values, labels)
+    seed = check.typed(table, path, "seed", int, 0)
+    if seed < 0:
+        check.fail((*path, "seed"), f"must be a non-negative integer, got {seed}")
+    return FitSpec(method, sorted(set(ranks)), seed, values, labels)
 
 
 def _evaluate(check: Checker, table, fits) -> dict:
@@ -311,11 +323,14 @@ def _report(check: Checker, table) -> dict:
     shape = check.typed(table, path, "image_shape", list)
     if shape is not None and (len(shape) != 2 or not all(isinstance(v, int) and v > 0 for v in shape)):
         check.fail((*path, "image_shape"), f"expected [height, width], got {shape!r}")
-    return {"title": check.typed(table, path, "title", str), "top": check.typed(table, path, "top", int, 10),
+    top = check.typed(table, path, "top", int, 10)
+    if top < 1:
+        check.fail((*path, "top"), f"must be at least 1, got {top}")
+    return {"title": check.typed(table, path, "title", str), "top": top,
             "image_shape": None if shape is None else tuple(shape)}
 
 
-def _cluster(check: Checker, table: dict) -> dict:
+def _cluster(check: Checker, spec: Spec, table: dict) -> dict:
     path = ("cluster",)
     check.keys(table, path, {"kind", "workers", "address", "scheduler_file"})
     kind = check.typed(table, path, "kind", str, "in-process")
@@ -325,4 +340,11 @@ def _cluster(check: Checker, table: dict) -> dict:
            "address": check.typed(table, path, "address", str), "scheduler_file": check.typed(table, path, "scheduler_file", str)}
     if kind == "scheduler" and not (out["address"] or out["scheduler_file"]):
         check.fail(path, "kind = 'scheduler' needs 'address' or 'scheduler_file'")
+    if kind == "local" and out["workers"] < 1:
+        check.fail((*path, "workers"), f"must be at least 1, got {out['workers']}")
+    if out["scheduler_file"] is not None:
+        out["scheduler_file"] = spec.resolve(out["scheduler_file"])
+        if not out["scheduler_file"].endswith(".json") or not os.path.isfile(out["scheduler_file"]):
+            check.fail((*path, "scheduler_file"), f"{out['scheduler_file']!r} is not an existing .json scheduler "
+                                                  "file (paths are relative to the spec's directory)")
     return out
