@@ -27,7 +27,30 @@ def client_for(scheduler: str | None = None, local_cluster: int | None = None):
             logger.info("LocalCluster with %d workers; dashboard %s", local_cluster, client.dashboard_link)
             yield client
         return
-    kwargs = {"scheduler_file": scheduler} if scheduler.endswith(".json") else {"address": scheduler}
-    with Client(**kwargs) as client:
+    with connect(scheduler) as client:
         logger.info("connected to %s; dashboard %s", client.scheduler.address, client.dashboard_link)
         yield client
+
+
+CONNECT_TIMEOUT = "10s"
+
+
+def connect(scheduler: str):
+    """A ``distributed.Client`` for a scheduler address or a scheduler file (``*.json``); an unreachable
+    scheduler or a missing file is a ``ValueError`` saying so after at most ``CONNECT_TIMEOUT``, not a hang."""
+    import os
+
+    from distributed import Client
+
+    if scheduler.endswith(".json"):
+        if not os.path.isfile(scheduler):
+            raise ValueError(f"scheduler file {scheduler!r} does not exist (start a cluster with "
+                             "cluster/start-local.sh, which writes one)")
+        kwargs = {"scheduler_file": scheduler}
+    else:
+        kwargs = {"address": scheduler}
+    try:
+        return Client(**kwargs, timeout=CONNECT_TIMEOUT)
+    except (OSError, TimeoutError) as exc:
+        raise ValueError(f"cannot reach the Dask scheduler at {scheduler!r} within {CONNECT_TIMEOUT} ({exc}); "
+                         "is it running and reachable from here?") from exc

@@ -433,9 +433,9 @@ def make_executor(data, client=None, n_threads: int | None = None, spill_dir: st
         return InProcessExecutor(data, n_threads, spill_dir)
     owns_client = isinstance(client, str)
     if owns_client:
-        from distributed import Client
+        from .cluster import connect
 
-        client = Client(client)
+        client = connect(client)
     workers = client.scheduler_info().get("workers", {}).values()
     cluster_memory = sum(w.get("memory_limit") or 0 for w in workers)
     # X stays in worker memory when it takes at most half of it; otherwise every pass streams it from the store.
