@@ -15,6 +15,8 @@ import sys
 
 import numpy as np
 
+from .store.files import class_labels, load_npz, read_labels
+
 EXIT_BAD_INPUT = 2
 # per method: its solvers (the first is the default), its inits (likewise), default max_iter and tol
 FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",), "wl1-nmf": ("scd",),
@@ -162,13 +164,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_labels(path):
-    if path.endswith(".npy"):
-        return np.load(path, allow_pickle=False)
-    with open(path) as f:
-        return np.array([line.rstrip("\n") for line in f])
-
-
 def cmd_ingest(args):
     from . import store
 
@@ -190,9 +185,9 @@ def cmd_ingest(args):
         data = store.from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
                                  vectorizer=args.vectorizer, max_features=args.max_features, **common)
     elif lower.endswith(".npz"):
-        X, groups = _load_npz(src)
+        X, groups = load_npz(src)
         if args.groups_file:
-            groups = _read_labels(args.groups_file)
+            groups = read_labels(args.groups_file)
         data = store.from_arrays(X, groups, args.dest, signed=args.signed, **common)
     else:
         raise ValueError(f"source {src!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
@@ -200,19 +195,6 @@ def cmd_ingest(args):
     if args.column_blocks:
         data = data.with_column_blocks()
     print(f"wrote {data!r}")
-
-
-def _load_npz(path):
-    import scipy.sparse as sp
-
-    with np.load(path, allow_pickle=False) as z:
-        keys = set(z.files)
-        if "X" in keys:
-            return z["X"], (z["groups"] if "groups" in keys else None)
-    try:
-        return sp.load_npz(path), None
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"{path!r} holds neither an array 'X' nor a scipy sparse matrix") from exc
 
 
 def cmd_info(args):
@@ -299,7 +281,7 @@ def cmd_fit(args):
         if args.method == "fairer-nmf":
             W = model.fit_transform(data, client=client)
         elif args.method == "ssnmf":
-            model.fit(data, y=_ssnmf_labels(args.labels, data), client=client, W_out=os.path.join(args.output, "W"))
+            model.fit(data, y=class_labels(args.labels, data), client=client, W_out=os.path.join(args.output, "W"))
         else:
             model.fit(data, client=client, W_out=os.path.join(args.output, "W"))
     if bar is not None:
@@ -391,22 +373,6 @@ def _fit_multigroup(args, data):
     print(f"wrote {', '.join(written)}")
 
 
-def _ssnmf_labels(option: str, data):
-    """Class labels in the input's row order: the store's groups, none, or a file."""
-    if option == "none":
-        return None
-    if option == "groups":
-        labels = np.empty(data.shape[0], dtype=object)
-        labels[data.row_index()] = np.repeat(data.group_names, data.group_sizes)
-        return labels
-    if not os.path.exists(option):
-        raise ValueError(f"--labels {option!r}: expected 'groups', 'none' or an existing file")
-    labels = _read_labels(option)
-    if labels.dtype.kind in "OUS":  # a text file: -1 stays the unlabelled marker
-        labels = np.where(labels == "-1", -1, labels).astype(object)
-    return labels
-
-
 def _parse_ranks(text: str) -> range:
     try:
         first, last = (int(v) for v in text.split(":"))
@@ -450,7 +416,7 @@ def cmd_report(args):
         from .estimators import SSNMF
         from .ssnmf_report import write_ssnmf_report
 
-        labels = _ssnmf_labels(args.labels, data)
+        labels = class_labels(args.labels, data)
         if labels is None:
             raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
         model = SSNMF(args.rank, model=args.model, lam=args.lam, max_iter=100 if args.max_iter is None else args.max_iter,

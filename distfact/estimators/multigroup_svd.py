@@ -177,7 +177,8 @@ class MultigroupSVD(FactorEstimator):
 
     def _gram_path(self, data, executor, mean, centre):
         """One pass: each group's Gram about ``centre`` and its columns' squared deviations from the mean."""
-        stats = executor.run_pass(mg.gram_block, centre, mean, update=False)
+        wanted = mean if self.center or self.scale else None  # the deviations serve centring and scaling only
+        stats = executor.run_pass(mg.gram_block, centre, wanted, update=False)
         grams = np.stack([s["gram"] for s in stats])
         if self.center:  # the direct sums are exact where a sparse block's Gram had to cancel large terms
             for gram, s in zip(grams, stats):

@@ -43,9 +43,12 @@ FW_STEPS = ("line-search", "2/(t+2)")
 # -- the pass over X (block statistics; the engine sums them per group) ---------------------------
 
 def gram_block(X_b, local, block, centre, mean):
-    """One block's contribution to its group's Gram matrix about ``centre``, and to its columns' sums of
-    squared deviations from ``mean`` (the scale, free of the cancellation of sum x^2 - m mean^2)."""
+    """One block's contribution to its group's Gram matrix about ``centre``, and (unless ``mean`` is None:
+    neither centring nor scaling asked) to its columns' sums of squared deviations from ``mean`` (the scale,
+    free of the cancellation of sum x^2 - m mean^2)."""
     gram = centred_gram(X_b, centre)
+    if mean is None:
+        return {"gram": gram}
     if not sp.issparse(X_b) and np.array_equal(centre, mean):  # a dense block centred on the mean: the
         return {"gram": gram, "sq_dev": gram.diagonal().copy()}  # diagonal is these sums already
     return {"gram": gram, "sq_dev": squared_deviations(X_b, mean)}

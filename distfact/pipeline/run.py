@@ -294,9 +294,9 @@ def stage_ingest(out: str, context: dict) -> dict:
         if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
             data = from_table(source, options["group_column"], target, signed=options.get("signed", False), **common)
         elif lower.endswith(".npz"):
-            from ..cli import _load_npz
+            from ..store.files import load_npz
 
-            X, groups = _load_npz(source)
+            X, groups = load_npz(source)
             data = from_arrays(X, groups, target, signed=options.get("signed", False), **common)
         else:
             data = from_corpus(source, target, text_field=options.get("text_field", "text"),
@@ -372,10 +372,10 @@ def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: b
     if "W_out" in inspect.signature(model.fit).parameters:
         fit_args["W_out"] = os.path.join(directory, "W")
     if fit.method == "ssnmf":
-        from ..cli import _ssnmf_labels
+        from ..store.files import class_labels
 
         labels = fit.labels if fit.labels in ("groups", "none") else spec.resolve(fit.labels)
-        fit_args["y"] = _ssnmf_labels(labels, data)
+        fit_args["y"] = class_labels(labels, data)
     return model.fit(data, **fit_args)
 
 
