@@ -4,8 +4,25 @@
 # (memory thresholds, timeouts). Writes DIR/scheduler.json (give it to distfact: --scheduler DIR/scheduler.json)
 # and DIR/*.pid; logs in DIR/*.log. Stop it with cluster/stop-local.sh DIR.
 #
-#   cluster/start-local.sh [N_WORKERS=2] [MEMORY_LIMIT=2GiB] [DIR=./dask-cluster]
+#   cluster/start-local.sh [--tls CERT_DIR] [--preload FILE] [N_WORKERS=2] [MEMORY_LIMIT=2GiB] [DIR=./dask-cluster]
+#
+# --tls CERT_DIR: scheduler, worker and client traffic over TLS with CERT_DIR/{ca,cert,key}.pem (make them with
+#                 `distfact make-certs CERT_DIR`); clients then need the same files (distfact --tls-dir CERT_DIR).
+# --preload FILE: a Python file every worker runs at start (dask worker --preload).
 set -euo pipefail
+tls=() preload=() certs=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --tls) certs=$(cd "$2" && pwd); shift 2
+               for f in ca.pem cert.pem key.pem; do
+                   [ -r "$certs/$f" ] || { echo "--tls $certs: no $f there (make them: distfact make-certs DIR)" >&2; exit 1; }
+               done
+               tls=(--tls-ca-file "$certs/ca.pem" --tls-cert "$certs/cert.pem" --tls-key "$certs/key.pem");;
+        --preload) preload=(--preload "$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2;;
+        -*) echo "unknown option $1" >&2; exit 2;;
+        *) break;;
+    esac
+done
 workers=${1:-2}
 memory=${2:-2GiB}
 dir=${3:-./dask-cluster}
@@ -18,7 +35,8 @@ if [ -e "$dir/scheduler.pid" ] && kill -0 "$(cat "$dir/scheduler.pid")" 2>/dev/n
     exit 1
 fi
 rm -f "$dir/scheduler.json"
-dask scheduler --host 127.0.0.1 --port 0 --dashboard-address 127.0.0.1:0 --scheduler-file "$dir/scheduler.json" \
+dask scheduler --protocol "$([ -n "$certs" ] && echo tls || echo tcp)" ${tls[@]+"${tls[@]}"} \
+    --host 127.0.0.1 --port 0 --dashboard-address 127.0.0.1:0 --scheduler-file "$dir/scheduler.json" \
     > "$dir/scheduler.log" 2>&1 &
 echo $! > "$dir/scheduler.pid"
 for _ in $(seq 1 200); do [ -s "$dir/scheduler.json" ] && break; sleep 0.1; done
@@ -27,14 +45,19 @@ for i in $(seq 1 "$workers"); do
     # one `dask worker` per process, so that each can be stopped (or killed, to test fault tolerance) alone
     dask worker --scheduler-file "$dir/scheduler.json" --name "worker-$i" --nworkers 1 --nthreads 1 \
         --memory-limit "$memory" --local-directory "$dir/worker-space" --host 127.0.0.1 \
-        --dashboard-address 127.0.0.1:0 > "$dir/worker-$i.log" 2>&1 &
+        --dashboard-address 127.0.0.1:0 ${tls[@]+"${tls[@]}"} ${preload[@]+"${preload[@]}"} \
+        > "$dir/worker-$i.log" 2>&1 &
     echo $! > "$dir/worker-$i.pid"
 done
-python - "$dir/scheduler.json" "$workers" <<'PY'
+python - "$dir/scheduler.json" "$workers" "$certs" <<'PY'
 import sys
 from distributed import Client
+from distributed.security import Security
 
-with Client(scheduler_file=sys.argv[1], timeout="30s") as client:
+certs = sys.argv[3]
+security = (Security(tls_ca_file=f"{certs}/ca.pem", tls_client_cert=f"{certs}/cert.pem",
+                     tls_client_key=f"{certs}/key.pem", require_encryption=True) if certs else None)
+with Client(scheduler_file=sys.argv[1], timeout="30s", security=security) as client:
     client.wait_for_workers(int(sys.argv[2]), timeout=60)
     print(f"{client.scheduler.address}: {sys.argv[2]} workers; dashboard {client.dashboard_link}")
 PY

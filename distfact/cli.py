@@ -31,6 +31,12 @@ def _add_scheduler_options(p):
     g = p.add_argument_group("where to run (default: in this process, nothing to start)")
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
     g.add_argument("--local-cluster", metavar="N", type=int, help="start a LocalCluster of N worker processes")
+    _add_tls_option(g)
+
+
+def _add_tls_option(p):
+    p.add_argument("--tls-dir", metavar="DIR", help="connect over TLS with DIR/ca.pem, cert.pem, key.pem (made by "
+                                                    "`distfact make-certs`; default: the Dask config's TLS settings)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -154,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="redo every stage")
     p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address or scheduler file (overrides "
                                                           "the spec's [cluster])")
+    _add_tls_option(p)
 
     p = sub.add_parser("demo", help="run the demo pipeline: NMF of a bundled real data set, per-group report",
                        description="Runs the pipeline shipped as distfact/pipeline/demo.toml (scikit-learn's "
@@ -161,6 +168,16 @@ def _parser() -> argparse.ArgumentParser:
                                    "OUTPUT/demo/<date>/ and prints the per-digit errors.")
     p.add_argument("--output", "-o", default="distfact-demo")
     p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
+    _add_tls_option(p)
+
+    p = sub.add_parser("make-certs", help="make TLS certificates for a Dask cluster (ca.pem, cert.pem, key.pem)",
+                       description="Writes a certificate authority and one certificate and key, signed by it, that the "
+                                   "scheduler, the workers and the clients all use (cluster/start-local.sh --tls DIR, "
+                                   "distfact --tls-dir DIR). Needs the cryptography package (distfact[cluster]).")
+    p.add_argument("directory")
+    p.add_argument("--host", action="append", metavar="NAME",
+                   help="a host name or IP address the certificate names (repeatable; default: localhost, 127.0.0.1)")
+    p.add_argument("--days", type=int, default=365, help="validity in days")
     return parser
 
 
@@ -275,7 +292,7 @@ def cmd_fit(args):
         raise ValueError("--center and --scale are available for multigroup-svd only")
     bar = _progress(args, _max_iter(args))
     model = _fit_model(args, bar)
-    with client_for(args.scheduler, args.local_cluster) as client:
+    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
         if client is not None:
             print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
         if args.method == "fairer-nmf":
@@ -356,7 +373,7 @@ def _fit_multigroup(args, data):
         raise ValueError(f"{', '.join(k for k, v in nmf_only.items() if v)} do not apply to multigroup-svd "
                          "(one pass, no iterations over X)")
     model = _multigroup_model(args, _method_choice(args, "--solver", args.solver, FIT_SOLVERS))
-    with client_for(args.scheduler, args.local_cluster) as client:
+    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
         model.fit(data, client=client)
     _remove_outputs(args.output, FIT_OUTPUTS)
     written = [os.path.join(args.output, name) for name in ("V.npy", "group_losses.csv", "metrics.json")]
@@ -403,7 +420,7 @@ def cmd_report(args):
         if args.solver in ("mu", "am"):
             raise ValueError(f"--solver {args.solver} is for --fairness; --multigroup takes auto, fw, brent or sdp")
         model = _multigroup_model(args, args.solver or "auto")
-        with client_for(args.scheduler, args.local_cluster) as client:
+        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
             model.fit(data, client=client)
         paths = write_multigroup_report(args.output, model, title=f"Multigroup SVD: {name}")
         print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
@@ -421,7 +438,7 @@ def cmd_report(args):
             raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
         model = SSNMF(args.rank, model=args.model, lam=args.lam, max_iter=100 if args.max_iter is None else args.max_iter,
                       random_state=args.seed)
-        with client_for(args.scheduler, args.local_cluster) as client:
+        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
             model.fit(data, y=labels, client=client)
         paths = write_ssnmf_report(args.output, model, top=args.top, title=f"SSNMF ({args.model}): {name}")
         print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
@@ -435,7 +452,7 @@ def cmd_report(args):
             raise ValueError(f"--image-shape {args.image_shape} has {shape[0] * shape[1]} pixels, "
                              f"the store has {data.shape[1]} features")
         model = StratifiedNMF(args.rank, max_iter=100 if args.max_iter is None else args.max_iter, random_state=args.seed)
-        with client_for(args.scheduler, args.local_cluster) as client:
+        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
             model.fit(data, client=client)
         paths = write_stratified_report(args.output, model, image_shape=shape, top=args.top,
                                         title=f"Stratified-NMF: {name}")
@@ -444,7 +461,7 @@ def cmd_report(args):
     from .fairness import fairness_table, write_fairness_report
 
     ranks = _parse_ranks(args.ranks)
-    with client_for(args.scheduler, args.local_cluster) as client:
+    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
         rows = fairness_table(data, ranks=ranks, solver=args.solver or "mu", tol=args.tol,
                               max_iter=5000 if args.max_iter is None else args.max_iter,
                               random_state=args.seed, client=client,
@@ -458,7 +475,7 @@ def cmd_run(args):
 
     try:
         result = run_pipeline(args.spec, date=args.date, root=args.output, resume=args.resume, force=args.force,
-                              scheduler=args.scheduler)
+                              scheduler=args.scheduler, tls_dir=args.tls_dir)
     except (StageFailed, RunLocked) as exc:
         print(f"distfact run: {exc}", file=sys.stderr)
         return 1
@@ -475,10 +492,21 @@ def cmd_demo(args):
     from .pipeline import RunLocked, StageFailed
 
     try:
-        run_demo(args.output, scheduler=args.scheduler)
+        run_demo(args.output, scheduler=args.scheduler, tls_dir=args.tls_dir)
     except (StageFailed, RunLocked) as exc:
         print(f"distfact demo: {exc}", file=sys.stderr)
         return 1
+
+
+def cmd_make_certs(args):
+    from .engine.tls import make_certificates
+
+    try:
+        paths = make_certificates(args.directory, hosts=args.host or ("localhost", "127.0.0.1"), days=args.days)
+    except (FileExistsError, ImportError) as exc:
+        raise ValueError(str(exc)) from exc
+    print(f"wrote {', '.join(paths)}; start a TLS cluster with cluster/start-local.sh --tls {args.directory} and "
+          f"connect with --tls-dir {args.directory}")
 
 
 def main(argv=None) -> int:
@@ -486,7 +514,7 @@ def main(argv=None) -> int:
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
-                "demo": cmd_demo}
+                "demo": cmd_demo, "make-certs": cmd_make_certs}
     try:
         return commands[args.command](args) or 0
     except ValueError as exc:

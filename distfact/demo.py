@@ -15,9 +15,9 @@ from .pipeline.report import read_group_metrics
 DEMO_SPEC = os.path.join(os.path.dirname(__file__), "pipeline", "demo.toml")
 
 
-def run_demo(output="distfact-demo", scheduler=None, echo=print) -> dict:
+def run_demo(output="distfact-demo", scheduler=None, tls_dir=None, echo=print) -> dict:
     """Run the demo pipeline into ``output/demo/<today>/`` and print the per-digit errors by rank."""
-    result = run_pipeline(DEMO_SPEC, root=output, scheduler=scheduler)
+    result = run_pipeline(DEMO_SPEC, root=output, scheduler=scheduler, tls_dir=tls_dir)
     table = read_group_metrics(result["run_dir"])
     errors = table[table["metric"] == "relative_error"].pivot(index="group", columns="rank", values="value")
     echo("relative_error per digit (columns: rank)")

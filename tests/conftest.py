@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -32,3 +37,51 @@ def local_cluster_client():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         yield client
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "cluster")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def start_cli_cluster(directory, n_workers: int = 2, memory: str = "1GiB", options=()) -> list[int]:
+    """cluster/start-local.sh in ``directory``: returns the pids of the scheduler and the workers (nannies)."""
+    started = subprocess.run(["bash", os.path.join(SCRIPTS, "start-local.sh"), *options, str(n_workers), memory,
+                              str(directory)], capture_output=True, text=True, timeout=180, env=script_env())
+    assert started.returncode == 0, started.stderr
+    names = ["scheduler.pid"] + [f"worker-{i}.pid" for i in range(1, n_workers + 1)]
+    pids = [int(open(os.path.join(directory, name)).read()) for name in names]
+    assert all(alive(pid) for pid in pids)
+    return pids
+
+
+def stop_cli_cluster(directory, pids) -> None:
+    stopped = subprocess.run(["bash", os.path.join(SCRIPTS, "stop-local.sh"), str(directory)], capture_output=True,
+                             text=True, timeout=120, env=script_env())
+    assert stopped.returncode == 0, stopped.stderr
+    deadline = time.time() + 30
+    while any(alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids) and not os.path.exists(os.path.join(directory, "scheduler.json"))
+
+
+def script_env() -> dict:
+    """The environment for the cluster scripts: this interpreter's ``dask`` first on PATH."""
+    return {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+
+
+@pytest.fixture(scope="session")
+def cli_cluster(tmp_path_factory):
+    """A real cluster from cluster/start-local.sh (a scheduler and two worker processes of 1 GiB on
+    127.0.0.1), shared by the test modules; yields its scheduler file."""
+    directory = tmp_path_factory.mktemp("dask-cluster")
+    pids = start_cli_cluster(directory)
+    yield directory / "scheduler.json"
+    stop_cli_cluster(directory, pids)

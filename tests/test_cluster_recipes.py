@@ -10,67 +10,20 @@ import numpy as np
 import pytest
 
 import distfact
-from conftest import grouped_data
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(ROOT, "cluster")
+from cluster_fits import METHODS, estimator, fit_inputs, method_store
+from conftest import SCRIPTS, grouped_data
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def cli_cluster(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("dask-cluster")
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    started = subprocess.run(["bash", os.path.join(SCRIPTS, "start-local.sh"), "2", "1GiB", str(directory)],
-                             capture_output=True, text=True, timeout=180, env=env)
-    assert started.returncode == 0, started.stderr
-    pids = [int(open(directory / name).read()) for name in ("scheduler.pid", "worker-1.pid", "worker-2.pid")]
-    assert all(alive(pid) for pid in pids)
-    yield directory / "scheduler.json"
-    stopped = subprocess.run(["bash", os.path.join(SCRIPTS, "stop-local.sh"), str(directory)], capture_output=True,
-                             text=True, timeout=120, env=env)
-    assert stopped.returncode == 0, stopped.stderr
-    deadline = time.time() + 30
-    while any(alive(pid) for pid in pids) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in pids) and not (directory / "scheduler.json").exists()
-
-
-def fits(n_components=3):
-    return {
-        "nmf": lambda: distfact.NMF(n_components, solver="hals", max_iter=8, tol=0, random_state=0),
-        "fairer-nmf": lambda: distfact.FairerNMF(n_components, n_estimates=2, max_iter=6, estimate_max_iter=6,
-                                                 random_state=0),
-        "stratified-nmf": lambda: distfact.StratifiedNMF(n_components, max_iter=6, random_state=0),
-        "wl1-nmf": lambda: distfact.WeightedL1NMF(n_components, lam=0.5, max_iter=3, random_state=0),
-        "ssnmf": lambda: distfact.SSNMF(n_components, model="DF", max_iter=6, random_state=0),
-        "multigroup-svd": lambda: distfact.MultigroupSVD(n_components, center=True, scale=True),
-    }
-
-
-@pytest.mark.parametrize("method", list(fits()))
+@pytest.mark.parametrize("method", METHODS)
 def test_every_method_is_bitwise_the_same_on_the_cli_cluster(cli_cluster, tmp_path, method):
     from distributed import Client
 
-    X, groups = grouped_data(m=240, n=20, n_groups=3, density=0.4)
-    store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=40, signed=method == "multigroup-svd")
-    labels = None
-    if method == "ssnmf":
-        labels = np.empty(store.shape[0], dtype=object)
-        labels[store.row_index()] = np.repeat(store.group_names, store.group_sizes)
-    extra = {"y": labels} if method == "ssnmf" else {}
-    here = fits()[method]().fit(store, **extra)
+    store = method_store(method, tmp_path / "x.zarr")
+    here = estimator(method).fit(store, **fit_inputs(method, store))
     with Client(scheduler_file=str(cli_cluster)) as client:
-        assert len(client.scheduler_info()["workers"]) == 2
-        there = fits()[method]().fit(store, client=client, **extra)
-    assert there.scheduler_["scheduler"] != "in-process"
+        client.wait_for_workers(2, timeout=60)
+        there = estimator(method).fit(store, client=client, **fit_inputs(method, store))
+    assert there.scheduler_["scheduler"] != "in-process" and there.scheduler_["workers"] == 2
     assert np.array_equal(here.components_, there.components_)
 
 
@@ -105,7 +58,34 @@ def test_the_recipes_parse_and_hold_what_they_say():
     job = yaml.safe_load(open(os.path.join(SCRIPTS, "k8s", "daskjob-pipeline.yaml")))
     assert job["kind"] == "DaskJob" and "distfact run" in job["spec"]["job"]["spec"]["containers"][0]["args"][0]
     compose = yaml.safe_load(open(os.path.join(SCRIPTS, "compose.yaml")))
-    assert set(compose["services"]) == {"scheduler", "worker", "runner"}
+    assert set(compose["services"]) == {"certs", "scheduler", "worker", "runner"}
     assert all(port.startswith("127.0.0.1:") for port in compose["services"]["scheduler"]["ports"])
+    services = compose["services"]
+    assert "tls" in services["scheduler"]["command"] and "tls://scheduler:8786" in services["worker"]["command"]
+    assert "--tls-dir" in services["runner"]["command"]
     dockerfile = open(os.path.join(SCRIPTS, "Dockerfile")).read()
     assert f"ARG DASK_VERSION={dask.__version__}" in dockerfile  # pinned to the Dask this is tested with
+
+
+CRDS = ("operator", "deployment", "helm", "dask-kubernetes-operator", "crds")
+
+
+@pytest.mark.parametrize("manifest, crd", [("daskcluster.yaml", "daskcluster.yaml"),
+                                           ("daskjob-pipeline.yaml", "daskjob.yaml")])
+def test_the_kubernetes_manifests_validate_against_the_operators_crd_schemas(manifest, crd):
+    import dask_kubernetes
+    import jsonschema
+    import yaml
+
+    definition = yaml.safe_load(open(os.path.join(os.path.dirname(dask_kubernetes.__file__), *CRDS, crd)))
+    document = yaml.safe_load(open(os.path.join(SCRIPTS, "k8s", manifest)))
+    group, kind = definition["spec"]["group"], definition["spec"]["names"]["kind"]
+    (version,) = [v for v in definition["spec"]["versions"] if f"{group}/{v['name']}" == document["apiVersion"]]
+    assert document["kind"] == kind
+    validator = jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"])
+    assert [error.message for error in validator.iter_errors(document)] == []
+    # the schema is strict enough to catch a wrong manifest
+    broken = yaml.safe_load(open(os.path.join(SCRIPTS, "k8s", manifest)))
+    pod = broken["spec"]["worker"]["spec"] if kind == "DaskCluster" else broken["spec"]["job"]["spec"]
+    pod["containers"][0]["resources"] = {"limits": "4Gi"}
+    assert any("is not of type 'object'" in error.message for error in validator.iter_errors(broken))

@@ -329,3 +329,11 @@ def test_the_report_renders_in_headless_chromium(tmp_path):
     pixels = matplotlib.image.imread(str(shot))[..., :3]
     colourful = (pixels.max(axis=2) - pixels.min(axis=2)) > 0.3  # plot lines and markers, not text or borders
     assert colourful.mean() > 1e-3
+
+
+def test_the_cluster_table_takes_a_tls_directory_relative_to_the_spec(tmp_path):
+    cluster = '\n[cluster]\nkind = "scheduler"\naddress = "tls://127.0.0.1:8786"\ntls_dir = "certs"\n'
+    with pytest.raises(SpecError, match=r"spec.toml:\d+: \[cluster\] key 'tls_dir'.*is not a directory"):
+        load_spec(write_spec(tmp_path, SMALL + cluster))
+    (tmp_path / "certs").mkdir()
+    assert load_spec(write_spec(tmp_path, SMALL + cluster)).cluster["tls_dir"] == str(tmp_path / "certs")

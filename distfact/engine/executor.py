@@ -14,11 +14,14 @@ it returns the column block's piece of the global factor and statistics as array
   thread, is a plain loop with no task graph (the fast path for small data);
   otherwise Dask's threaded scheduler runs the blocks of a pass in parallel.
 - :class:`DistributedExecutor` (``client=``): X blocks and local factors stay
-  on the workers as futures; only the reduced statistics come back.
+  on the workers as futures; only the reduced statistics come back. A worker
+  lost with results the pass needs raises :class:`WorkerLost`; the estimators
+  then run the fit again from its newest checkpoint (``estimators/base.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -36,6 +39,11 @@ from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce
 
 
 ALIGNMENT = 64
+
+
+class WorkerLost(RuntimeError):
+    """A worker process died holding results the fit needs (blocks of X read there, local factors,
+    the broadcast global state): the fit cannot continue from its futures and must roll back."""
 
 
 def aligned(value):
@@ -338,7 +346,8 @@ class DistributedExecutor(Executor):
         """Blocks of X on the workers: scattered from memory, loaded there from the store, or
         (over half the cluster's memory) None: read from the store by every pass."""
         if self.data.in_memory:
-            return self.client.scatter([reader(block) for block in blocks], hash=False)
+            with self._lost_workers_raise("a scatter"):
+                return self.client.scatter([reader(block) for block in blocks], hash=False)
         if self.persist_data:
             return [self.client.submit(reader, block, pure=False) for block in blocks]
         return [None] * len(blocks)
@@ -350,12 +359,31 @@ class DistributedExecutor(Executor):
                 "dashboard": getattr(self.client, "dashboard_link", None)}
 
     def _broadcast(self, args):
-        return self.client.scatter([args], broadcast=True, hash=False)[0]
+        # One copy, which workers fetch as their tasks need it: distributed's broadcast=True
+        # replication hangs when a worker dies during it.
+        with self._lost_workers_raise("a scatter"):
+            return self.client.scatter([args], hash=False)[0]
+
+    @contextlib.contextmanager
+    def _lost_workers_raise(self, what: str):
+        """Futures cancelled under us, or a scatter whose worker went away, mean a worker died with data
+        the fit needs (Dask recomputes what it can by itself; scattered data and the history of the local
+        factors it cannot). With the scheduler gone the error is left as it is: nothing to retry on."""
+        from distributed.client import FutureCancelledError
+        from distributed.comm import CommClosedError
+
+        try:
+            yield
+        except (FutureCancelledError, CommClosedError) as exc:
+            if self.client.status != "running":
+                raise
+            raise WorkerLost(f"a Dask worker was lost during {what} ({exc})") from exc
 
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         args_ref = self._broadcast(args)
-        own = ([()] * len(self.blocks) if per_block is None
-               else [(item,) for item in self.client.scatter(list(per_block), hash=False)])
+        with self._lost_workers_raise("a scatter"):
+            own = ([()] * len(self.blocks) if per_block is None
+                   else [(item,) for item in self.client.scatter(list(per_block), hash=False)])
         self.locals = [self.client.submit(_init_one, fn, block, args_ref, self.spill, *own[block.index], pure=False)
                        for block in self.blocks]
 
@@ -369,7 +397,8 @@ class DistributedExecutor(Executor):
         if update:
             self.locals = [submit(operator.getitem, out, 0, pure=False) for out in outs]
             outs = [submit(operator.getitem, out, 1, pure=False) for out in outs]
-        total = tree_reduce(outs, lambda a, b: submit(merge, a, b, pure=False)).result()
+        with self._lost_workers_raise("a pass"):
+            total = tree_reduce(outs, lambda a, b: submit(merge, a, b, pure=False)).result()
         self._count_pass()
         return aligned(by_group(total, self.data.n_groups))
 
@@ -384,7 +413,9 @@ class DistributedExecutor(Executor):
         outs = [self.client.submit(run_column_block, fn, self.column_reader, cblock, self.Xc_refs[cblock.index],
                                    self.locals, args_ref, pure=False)
                 for cblock in self.data.column_blocks]
-        return self._column_results(self.client.gather(outs))
+        with self._lost_workers_raise("a column pass"):
+            results = self.client.gather(outs)
+        return self._column_results(results)
 
     def map_local(self, fn, *args) -> None:
         args_ref = self._broadcast(args)
@@ -398,15 +429,19 @@ class DistributedExecutor(Executor):
         outs = [self.client.submit(_map_one, fn, self.reader, block, self.X_refs[block.index],
                                    self.locals[block.index], args_ref, pure=False)
                 for block in self.blocks]
+        with self._lost_workers_raise("a pass"):
+            results = self.client.gather(outs)
         self._count_pass()
-        return self.client.gather(outs)
+        return results
 
     def local_factors(self) -> list:
-        return [materialise(local) for local in self.client.gather(self.locals)]
+        with self._lost_workers_raise("the gathering of the local factors"):
+            return [materialise(local) for local in self.client.gather(self.locals)]
 
     def save_local(self, directory: str) -> None:
-        self.client.gather([self.client.submit(_checkpoint_one, directory, block, local, pure=False)
-                            for block, local in zip(self.blocks, self.locals)])
+        with self._lost_workers_raise("the saving of the local factors"):
+            self.client.gather([self.client.submit(_checkpoint_one, directory, block, local, pure=False)
+                                for block, local in zip(self.blocks, self.locals)])
 
     def load_local(self, directory: str) -> None:
         self.locals = [self.client.submit(_restore_one, directory, block, self.spill, pure=False)
@@ -436,6 +471,14 @@ def make_executor(data, client=None, n_threads: int | None = None, spill_dir: st
         from .cluster import connect
 
         client = connect(client)
+    from .cluster import check_workers
+
+    try:
+        check_workers(client, data.path)
+    except Exception:
+        if owns_client:
+            client.close()
+        raise
     workers = client.scheduler_info().get("workers", {}).values()
     cluster_memory = sum(w.get("memory_limit") or 0 for w in workers)
     # X stays in worker memory when it takes at most half of it; otherwise every pass streams it from the store.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import numbers
 import os
 import shutil
@@ -12,7 +14,39 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
 from ..engine import Checkpointer, make_executor
+from ..engine.executor import WorkerLost
 from ..store.coerce import as_grouped
+
+logger = logging.getLogger("distfact")
+MAX_WORKER_LOSSES = 3
+
+
+def survives_worker_loss(fit):
+    """Run ``fit`` (an estimator's fitting method) again when a Dask worker dies under it (:class:`WorkerLost`),
+    at most ``MAX_WORKER_LOSSES`` times: from the newest checkpoint when the estimator has a ``checkpoint_dir``
+    (the work since it is redone), else from the start. Every step is deterministic and independent of where
+    blocks run, so the result is bitwise that of an undisturbed fit; ``worker_losses_`` counts the restarts."""
+    @functools.wraps(fit)
+    def run(self, *args, **kwargs):
+        resume = getattr(self, "resume", None)
+        try:
+            for losses in range(MAX_WORKER_LOSSES + 1):
+                try:
+                    out = fit(self, *args, **kwargs)
+                    self.worker_losses_ = losses
+                    return out
+                except WorkerLost as exc:
+                    if losses == MAX_WORKER_LOSSES:
+                        raise WorkerLost(f"{exc}; gave up after {MAX_WORKER_LOSSES} lost workers in one fit") from exc
+                    checkpoints = getattr(self, "checkpoint_dir", None)
+                    logger.warning("%s; %s", exc, f"resuming from the newest checkpoint in {checkpoints}"
+                                   if checkpoints else "restarting the fit (set checkpoint_dir to resume instead)")
+                    if checkpoints:
+                        self.resume = True
+        finally:
+            if resume is not None:
+                self.resume = resume
+    return run
 
 
 def check_rank(n_components, shape) -> int:

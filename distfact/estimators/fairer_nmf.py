@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
-from .base import FactorEstimator, check_iteration_params, check_rank, data_fingerprint
+from .base import FactorEstimator, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
 
 SOLVERS = ("mu", "am")
 
@@ -127,6 +127,7 @@ class FairerNMF(FactorEstimator):
                              "its rank-r error E_l is not defined")
         return data, r
 
+    @survives_worker_loss
     def _fit(self, X, groups, client, want_W):
         data, r = self._check(X, groups)
         dtype = str(data.dtype)

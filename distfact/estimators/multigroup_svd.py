@@ -13,7 +13,7 @@ import threadpoolctl
 from ..methods import multigroup_svd as mg
 from ..store.coerce import as_grouped
 from ..store.grouped import GroupedMatrix
-from .base import FactorEstimator, check_iteration_params
+from .base import FactorEstimator, check_iteration_params, survives_worker_loss
 
 
 class MultigroupSVD(FactorEstimator):
@@ -140,14 +140,7 @@ class MultigroupSVD(FactorEstimator):
         solver = self._resolved_solver(data.n_groups)
         mean = data.column_sums / m
         centre = mean if self.center else np.zeros(n)
-        executor = self._executor(data, client)
-        try:
-            if n <= self.max_gram_features:
-                grams, col_scale, basis, traces = *self._gram_path(data, executor, mean, centre), None, None
-            else:
-                grams, col_scale, basis, traces = self._sketch_path(data, executor, mean, centre, d)
-        finally:
-            executor.close()
+        grams, col_scale, basis, traces, executor = self._statistics(data, client, mean, centre, d)
         # The driver's eigenproblems are small: below ~1000 features one BLAS thread is faster (two
         # threads' synchronisation costs more than they share: 0.9 vs 2.6 ms for n = 200 on 2 cores).
         with _blas_controller().limit(limits=1 if grams.shape[1] <= 1000 else None, user_api="blas"):
@@ -155,6 +148,18 @@ class MultigroupSVD(FactorEstimator):
             self._set_results(data, executor, result, grams, basis, traces, mean if self.center else np.zeros(n),
                               col_scale, solver)
         return self
+
+    @survives_worker_loss
+    def _statistics(self, data, client, mean, centre, d):
+        """The passes over X: (Grams, column scale, basis, traces, executor); basis and traces are None on
+        the Gram path (n <= max_gram_features), set on the sketch path."""
+        executor = self._executor(data, client)
+        try:
+            if data.shape[1] <= self.max_gram_features:
+                return *self._gram_path(data, executor, mean, centre), None, None, executor
+            return *self._sketch_path(data, executor, mean, centre, d), executor
+        finally:
+            executor.close()
 
     def _check_n_components(self, n) -> int:
         d = self.n_components

@@ -11,7 +11,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
-from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
+from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
 
 INITS = ("random", "nndsvda", "custom")
 
@@ -114,6 +114,7 @@ class NMF(FactorEstimator):
         """Fit and return W (n_samples x r) in X's row order. This gathers W on the driver."""
         return self._fit(X, groups, W, H, client, want_W=True)
 
+    @survives_worker_loss
     def _fit(self, X, groups, W, H, client, want_W, W_out=None):
         data = self._grouped(X, groups)
         r = check_rank(self.n_components, data.shape)

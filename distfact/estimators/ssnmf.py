@@ -14,7 +14,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
-                   given_local)
+                   given_local, survives_worker_loss)
 
 INITS = ("random", "custom")
 
@@ -176,6 +176,7 @@ class SSNMF(FactorEstimator):
         self._inputs_digest = digest.hexdigest()
         return inputs, (0 if Y is None else Y.shape[1]), classes
 
+    @survives_worker_loss
     def _fit(self, X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W, W_out=None):
         self._check_params()
         if (W is not None or H is not None or B is not None) and self.init != "custom":

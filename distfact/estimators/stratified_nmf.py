@@ -10,7 +10,7 @@ import numpy as np
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.stratified_nmf import StratifiedMU
-from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
+from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
 
 INITS = ("random", "custom")
 
@@ -108,6 +108,7 @@ class StratifiedNMF(FactorEstimator):
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
+    @survives_worker_loss
     def _fit(self, X, strata, W, H, v, client, want_W, W_out=None):
         self._check_params()
         if (W is not None or H is not None or v is not None) and self.init != "custom":

@@ -15,7 +15,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
 from ..store.grouped import GroupedMatrix
-from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint
+from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
 
 INITS = ("hals", "random", "custom")
 
@@ -162,6 +162,7 @@ class WeightedL1NMF(FactorEstimator):
             raise ValueError(f"store {data.path!r} has no column blocks and they cannot be added to it ({exc}); "
                              "write a copy with them: distfact ingest ... --column-blocks") from exc
 
+    @survives_worker_loss
     def _fit(self, X, groups, W, H, client, want_W, W_out=None):
         self._check_params()
         if (W is not None or H is not None) and self.init != "custom":

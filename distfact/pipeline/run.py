@@ -123,13 +123,14 @@ class RunLocked(RuntimeError):
 
 
 def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None, resume: bool = False,
-                 force: bool = False, scheduler: str | None = None, stream=None) -> dict:
+                 force: bool = False, scheduler: str | None = None, tls_dir=None, stream=None) -> dict:
     """Run (or skip, if committed with the same inputs) every stage. Returns ``{"run_dir", "ran", "skipped"}``.
     Spec problems raise :class:`distfact.pipeline.spec.SpecError` before any work; a stage that raises
     becomes :class:`StageFailed`; a run of the same pipeline and date in progress elsewhere, :class:`RunLocked`.
 
     ``root`` (default: the spec's ``[output] root``) is a local path, relative to the current directory, or
-    an fsspec URL; for a URL the stages run in ``~/.cache/distfact/runs/<hash of the URL>/`` and publish uploads."""
+    an fsspec URL; for a URL the stages run in ``~/.cache/distfact/runs/<hash of the URL>/`` and publish uploads.
+    ``scheduler`` and ``tls_dir`` (its certificates) override the spec's ``[cluster]``."""
     spec = load_spec(spec_path)
     date = date or dt.date.today().isoformat()
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
@@ -148,7 +149,7 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     log = RunLog(run_dir, spec.name, date, stream)
     hashes = stage_hashes(spec, root)
     context = {"spec": spec, "run_dir": run_dir, "root": root, "remote": remote, "resume": resume,
-               "scheduler": scheduler, "log": log, "date": date, "fit_hash": hashes["fit"]}
+               "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date, "fit_hash": hashes["fit"]}
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
     with _locked(f"{run_dir}.lock", spec.name, date):
         ran, skipped = [], []
@@ -334,7 +335,9 @@ def stage_fit(out: str, context: dict) -> dict:
     address = context["scheduler"] or cluster.get("address") or cluster.get("scheduler_file")  # files end in .json
     workers = cluster["workers"] if cluster["kind"] == "local" and not context["scheduler"] else None
     facts = {}
-    with client_for(address if (context["scheduler"] or cluster["kind"] == "scheduler") else None, workers) as client:
+    tls_dir = context["tls_dir"] or cluster.get("tls_dir")
+    with client_for(address if (context["scheduler"] or cluster["kind"] == "scheduler") else None, workers,
+                    tls_dir) as client:
         facts["scheduler"] = "in-process" if client is None else client.scheduler.address
         facts["workers"] = 0 if client is None else len(client.scheduler_info()["workers"])
         for name, fit, rank in fit_runs(spec):

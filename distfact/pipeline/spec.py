@@ -332,12 +332,13 @@ def _report(check: Checker, table) -> dict:
 
 def _cluster(check: Checker, spec: Spec, table: dict) -> dict:
     path = ("cluster",)
-    check.keys(table, path, {"kind", "workers", "address", "scheduler_file"})
+    check.keys(table, path, {"kind", "workers", "address", "scheduler_file", "tls_dir"})
     kind = check.typed(table, path, "kind", str, "in-process")
     if kind not in ("in-process", "local", "scheduler"):
         check.fail((*path, "kind"), f"unknown kind {kind!r} (in-process, local or scheduler)")
     out = {"kind": kind, "workers": check.typed(table, path, "workers", int, 2),
-           "address": check.typed(table, path, "address", str), "scheduler_file": check.typed(table, path, "scheduler_file", str)}
+           "address": check.typed(table, path, "address", str), "scheduler_file": check.typed(table, path, "scheduler_file", str),
+           "tls_dir": check.typed(table, path, "tls_dir", str)}
     if kind == "scheduler" and not (out["address"] or out["scheduler_file"]):
         check.fail(path, "kind = 'scheduler' needs 'address' or 'scheduler_file'")
     if kind == "local" and out["workers"] < 1:
@@ -347,4 +348,9 @@ def _cluster(check: Checker, spec: Spec, table: dict) -> dict:
         if not out["scheduler_file"].endswith(".json") or not os.path.isfile(out["scheduler_file"]):
             check.fail((*path, "scheduler_file"), f"{out['scheduler_file']!r} is not an existing .json scheduler "
                                                   "file (paths are relative to the spec's directory)")
+    if out["tls_dir"] is not None:
+        out["tls_dir"] = spec.resolve(out["tls_dir"])
+        if not os.path.isdir(out["tls_dir"]):
+            check.fail((*path, "tls_dir"), f"{out['tls_dir']!r} is not a directory (the cluster's ca.pem, cert.pem "
+                                           "and key.pem; paths are relative to the spec's directory)")
     return out

@@ -1,0 +1,213 @@
+"""Fault tolerance and bad conditions on a real cluster from cluster/start-local.sh (processes on 127.0.0.1):
+a worker process SIGKILLed mid-fit, a driver SIGKILLed mid-fit and resumed, workers without distfact or at another
+version, a store the workers cannot read, and TLS (a client without the cluster's certificate is refused)."""
+
+import glob
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+from distributed import Client
+from distributed.diagnostics.plugin import WorkerPlugin
+
+import distfact
+from cluster_fits import ITERATIVE, METHODS, estimator, fit_inputs, method_store
+from conftest import start_cli_cluster, stop_cli_cluster
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+class KillWorkerOnce(WorkerPlugin):
+    """SIGKILLs the worker process named ``worker_name`` when it starts its ``after``-th block task, once per
+    test (``marker`` records the kill, so the worker the nanny restarts is left alone)."""
+
+    def __init__(self, marker: str, worker_name: str, after: int):
+        self.marker, self.worker_name, self.after = marker, worker_name, after
+
+    def setup(self, worker):
+        self.worker, self.started = worker, 0
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish != "executing" or self.worker.name != self.worker_name or not str(key).startswith("run_block"):
+            return
+        self.started += 1
+        if self.started == self.after and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_worker_killed_mid_fit_gives_the_same_factors(cli_cluster, tmp_path, method):
+    store = method_store(method, tmp_path / "x.zarr")
+    here = estimator(method).fit(store, **fit_inputs(method, store))
+    marker = tmp_path / "killed"
+    # worker-1 holds about half of the 6 row blocks: its 2nd block task is within the first pass of the
+    # multigroup SVD (its only pass); its 8th is a few iterations into the others
+    plugin = KillWorkerOnce(str(marker), "worker-1", after=2 if method == "multigroup-svd" else 8)
+    with Client(scheduler_file=str(cli_cluster)) as client:
+        client.wait_for_workers(2, timeout=60)
+        client.register_plugin(plugin, name="kill-worker-once")
+        try:
+            there = estimator(method).fit(store, client=client, **fit_inputs(method, store))
+        finally:
+            client.unregister_worker_plugin("kill-worker-once")
+    assert marker.exists()  # the worker was killed during the fit
+    assert np.array_equal(here.components_, there.components_)
+    if method != "multigroup-svd":  # (one pass without local factors: Dask may recompute the lost reads itself)
+        assert there.worker_losses_ >= 1
+
+
+DRIVER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import distfact
+    from distributed import Client
+    from cluster_fits import estimator, fit_inputs
+    store = distfact.open({store!r})
+    with Client(scheduler_file={scheduler!r}) as client:
+        estimator({method!r}, **{params!r}).fit(store, client=client, **fit_inputs({method!r}, store))
+""")
+
+
+def committed_checkpoints(directory) -> list[str]:
+    return sorted(glob.glob(os.path.join(directory, "**", "iter-*", "COMMITTED"), recursive=True))
+
+
+@pytest.mark.parametrize("method", ITERATIVE)
+def test_a_driver_killed_mid_fit_resumes_to_the_same_factors(cli_cluster, tmp_path, method):
+    store = method_store(method, tmp_path / "x.zarr")
+    iterations = {"max_iter": 40} if method != "fairer-nmf" else {"max_iter": 30, "estimate_max_iter": 10}
+    params = {**iterations, "checkpoint_dir": str(tmp_path / "run"), "checkpoint_every": 1}
+    if method == "nmf":
+        params["solver"] = "mu"  # (HALS: the loop is fast enough to finish before the kill lands)
+    here = estimator(method, **{**params, "checkpoint_dir": None}).fit(store, **fit_inputs(method, store))
+    script = DRIVER.format(tests=TESTS, store=str(store.path), scheduler=str(cli_cluster), method=method, params=params)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while len(committed_checkpoints(tmp_path / "run")) < 2 and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    driver.kill()
+    _, stderr = driver.communicate(timeout=30)
+    assert driver.returncode == -signal.SIGKILL, stderr.decode()  # killed, not finished
+    newest = committed_checkpoints(tmp_path / "run")[-1]
+    assert int(os.path.basename(os.path.dirname(newest))[5:]) < params["max_iter"]  # mid-fit
+    with Client(scheduler_file=str(cli_cluster)) as client:
+        client.wait_for_workers(2, timeout=60)
+        resumed = estimator(method, **params, resume=True).fit(store, client=client, **fit_inputs(method, store))
+    assert np.array_equal(here.components_, resumed.components_)
+    assert resumed.n_iter_ == here.n_iter_
+
+
+PRELOAD = textwrap.dedent("""
+    # worker-1 behaves as if distfact were not installed; worker-2 as if another version were
+    import sys
+    from distributed import get_worker
+
+    def dask_setup(worker):
+        if worker.name == "worker-1":
+            class NoDistfact:
+                def find_spec(self, name, path=None, target=None):
+                    if name == "distfact" or name.startswith("distfact."):
+                        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            for module in [m for m in sys.modules if m == "distfact" or m.startswith("distfact.")]:
+                del sys.modules[module]
+            sys.meta_path.insert(0, NoDistfact())
+        else:
+            import distfact
+            distfact.__version__ = "0.0.1"
+""")
+
+
+def test_workers_without_distfact_or_at_another_version_are_named_within_seconds(tmp_path):
+    (tmp_path / "preload.py").write_text(PRELOAD)
+    directory = tmp_path / "cluster"
+    pids = start_cli_cluster(directory, options=["--preload", str(tmp_path / "preload.py")])
+    try:
+        store = method_store("nmf", tmp_path / "x.zarr")
+        started = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2",
+                              "--scheduler", str(directory / "scheduler.json"), "--no-progress"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert time.perf_counter() - started < 30
+        assert "worker-1 (tcp://127.0.0.1:" in out.stderr and "No module named 'distfact'" in out.stderr
+        assert "worker-2 (tcp://127.0.0.1:" in out.stderr
+        assert f"runs distfact 0.0.1, this process {distfact.__version__}" in out.stderr
+    finally:
+        stop_cli_cluster(directory, pids)
+
+
+def test_a_store_the_workers_cannot_read_is_an_error_naming_it(cli_cluster, tmp_path):
+    store = method_store("nmf", tmp_path / "x.zarr")
+    os.rename(tmp_path / "x.zarr", tmp_path / "moved.zarr")  # opened here; gone where the workers look
+    with Client(scheduler_file=str(cli_cluster)) as client:
+        started = time.perf_counter()
+        with pytest.raises(ValueError, match=r"cannot read the store .*x\.zarr.*FileNotFoundError") as caught:
+            estimator("nmf").fit(store, client=client)
+        assert time.perf_counter() - started < 10
+    assert str(caught.value).count("cannot read the store") == 2  # both workers named
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory):
+    """A TLS cluster from start-local.sh --tls, with certificates made by `distfact make-certs`."""
+    root = tmp_path_factory.mktemp("tls")
+    made = subprocess.run([sys.executable, "-m", "distfact.cli", "make-certs", str(root / "certs")],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert all(os.stat(root / "certs" / name).st_mode & 0o077 == 0 for name in ("ca.pem", "cert.pem", "key.pem"))
+    pids = start_cli_cluster(root / "cluster", options=["--tls", str(root / "certs")])
+    yield root
+    stop_cli_cluster(root / "cluster", pids)
+
+
+def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_cluster, tmp_path):
+    from distfact.engine.cluster import connect
+    from distfact.engine.tls import make_certificates
+
+    with pytest.raises(FileExistsError, match="ca.pem"):  # certificates are never overwritten
+        make_certificates(tls_cluster / "certs")
+    scheduler = str(tls_cluster / "cluster" / "scheduler.json")
+    address = json.load(open(scheduler))["address"]
+    assert address.startswith("tls://127.0.0.1:")
+    store = method_store("nmf", tmp_path / "x.zarr")
+    ok = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2", "--scheduler",
+                         scheduler, "--tls-dir", str(tls_cluster / "certs"), "--no-progress", "--max-iter", "5",
+                         "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    here = distfact.NMF(2, max_iter=5, random_state=0).fit(store)
+    assert np.array_equal(np.load(tmp_path / "out" / "H.npy"), here.components_)
+
+    # a TLS client presenting no certificate: the scheduler ends the handshake
+    host, port = address.removeprefix("tls://").rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(tls_cluster / "certs" / "ca.pem"))
+    context.check_hostname = False
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            with context.wrap_socket(raw) as tls:
+                tls.sendall(b"\0" * 8)
+                assert tls.recv(1) != b""  # TLS 1.3: the refusal arrives on the first read
+    # certificates of another authority: refused, and said so within the connect timeout
+    subprocess.run([sys.executable, "-m", "distfact.cli", "make-certs", str(tmp_path / "other")], check=True,
+                   capture_output=True, timeout=60)
+    with pytest.raises(ValueError, match="same authority"):
+        connect(scheduler, tls_dir=tmp_path / "other")
+    # plain TCP to the TLS port: no connection
+    with pytest.raises(OSError):
+        Client(f"tcp://{host}:{port}", timeout="5s")
+    # the CLI without --tls-dir: told that the scheduler speaks TLS
+    out = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2", "--scheduler",
+                          scheduler, "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "speaks TLS" in out.stderr
