@@ -11,18 +11,21 @@
 # --preload FILE: a Python file every worker runs at start (dask worker --preload).
 set -euo pipefail
 tls=() preload=() certs=""
+usage() { echo "usage: $0 [--tls CERT_DIR] [--preload FILE] [N_WORKERS] [MEMORY_LIMIT] [DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
+        --tls|--preload) [ $# -ge 2 ] || usage;;&
         --tls) certs=$(cd "$2" && pwd); shift 2
                for f in ca.pem cert.pem key.pem; do
                    [ -r "$certs/$f" ] || { echo "--tls $certs: no $f there (make them: distfact make-certs DIR)" >&2; exit 1; }
                done
                tls=(--tls-ca-file "$certs/ca.pem" --tls-cert "$certs/cert.pem" --tls-key "$certs/key.pem");;
         --preload) preload=(--preload "$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2;;
-        -*) echo "unknown option $1" >&2; exit 2;;
+        -*) echo "unknown option $1" >&2; usage;;
         *) break;;
     esac
 done
+[ $# -le 3 ] || { echo "unexpected arguments after DIR: ${*:4} (options come first)" >&2; usage; }
 workers=${1:-2}
 memory=${2:-2GiB}
 dir=${3:-./dask-cluster}
@@ -52,11 +55,10 @@ done
 python - "$dir/scheduler.json" "$workers" "$certs" <<'PY'
 import sys
 from distributed import Client
-from distributed.security import Security
 
-certs = sys.argv[3]
-security = (Security(tls_ca_file=f"{certs}/ca.pem", tls_client_cert=f"{certs}/cert.pem",
-                     tls_client_key=f"{certs}/key.pem", require_encryption=True) if certs else None)
+from distfact.engine.tls import security_from_dir
+
+security = security_from_dir(sys.argv[3]) if sys.argv[3] else None
 with Client(scheduler_file=sys.argv[1], timeout="30s", security=security) as client:
     client.wait_for_workers(int(sys.argv[2]), timeout=60)
     print(f"{client.scheduler.address}: {sys.argv[2]} workers; dashboard {client.dashboard_link}")

@@ -177,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("directory")
     p.add_argument("--host", action="append", metavar="NAME",
                    help="a host name or IP address the certificate names (repeatable; default: localhost, 127.0.0.1)")
-    p.add_argument("--days", type=int, default=365, help="validity in days")
+    p.add_argument("--days", type=int, default=365, help="validity in days (at least 1)")
     return parser
 
 

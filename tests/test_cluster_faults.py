@@ -21,7 +21,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 import distfact
 from cluster_fits import ITERATIVE, METHODS, estimator, fit_inputs, method_store
-from conftest import start_cli_cluster, stop_cli_cluster
+from conftest import grouped_data, start_cli_cluster, stop_cli_cluster
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -67,6 +67,50 @@ def test_a_worker_killed_mid_fit_gives_the_same_factors(cli_cluster, tmp_path, m
     assert np.array_equal(here.components_, there.components_)
     if method != "multigroup-svd":  # (one pass without local factors: Dask may recompute the lost reads itself)
         assert there.worker_losses_ >= 1
+
+
+@pytest.mark.parametrize("method", ["nmf", "fairer-nmf"])
+def test_a_worker_killed_mid_fit_with_checkpoints_resumes_from_the_newest(cli_cluster, tmp_path, method):
+    store = method_store(method, tmp_path / "x.zarr")
+    here = estimator(method).fit(store)
+    marker, seen = tmp_path / "killed", []
+    # mid-way through the iterations (Fairer-NMF: of its second loop, after the E_l estimation's ~20 block tasks)
+    plugin = KillWorkerOnce(str(marker), "worker-1", after=12 if method == "nmf" else 30)
+    with Client(scheduler_file=str(cli_cluster)) as client:
+        client.wait_for_workers(2, timeout=60)
+        client.register_plugin(plugin, name="kill-worker-once")
+        try:
+            model = estimator(method, checkpoint_dir=str(tmp_path / "run"), checkpoint_every=1,
+                              callback=lambda info: seen.append(info.iteration))
+            there = model.fit(store, client=client)
+        finally:
+            client.unregister_worker_plugin("kill-worker-once")
+    assert marker.exists() and there.worker_losses_ >= 1 and there.resume is False
+    assert np.array_equal(here.components_, there.components_)
+    # the rerun continued from the checkpoint of the last finished iteration: no iteration seen twice (a restart
+    # from the start would have shown the first ones again)
+    assert seen == list(range(1, model.max_iter + 1))
+
+
+def test_a_rerun_after_a_lost_worker_resumes_and_restores_the_resume_parameter(tmp_path):
+    """The rerun logic without a cluster: a callback that raises WorkerLost once, at iteration 5."""
+    from distfact.engine.executor import WorkerLost
+
+    X, groups = grouped_data(m=90, n=12)
+    undisturbed = distfact.NMF(3, max_iter=12, tol=0, random_state=0).fit(X, groups=groups)
+    seen = []
+
+    def lose_a_worker_once(info):
+        seen.append(info.iteration)
+        if info.iteration == 5 and seen.count(5) == 1:
+            raise WorkerLost("a Dask worker was lost during a pass (simulated)")
+
+    for checkpoint_dir, restart in ((None, 1), (str(tmp_path / "run"), 5)):
+        seen.clear()
+        model = distfact.NMF(3, max_iter=12, tol=0, random_state=0, checkpoint_dir=checkpoint_dir,
+                             checkpoint_every=2, callback=lose_a_worker_once).fit(X, groups=groups)
+        assert seen[:6] == [1, 2, 3, 4, 5, restart] and model.worker_losses_ == 1 and model.resume is False
+        assert np.array_equal(model.components_, undisturbed.components_)
 
 
 DRIVER = textwrap.dedent("""
@@ -153,6 +197,7 @@ def test_a_store_the_workers_cannot_read_is_an_error_naming_it(cli_cluster, tmp_
     store = method_store("nmf", tmp_path / "x.zarr")
     os.rename(tmp_path / "x.zarr", tmp_path / "moved.zarr")  # opened here; gone where the workers look
     with Client(scheduler_file=str(cli_cluster)) as client:
+        client.wait_for_workers(2, timeout=60)
         started = time.perf_counter()
         with pytest.raises(ValueError, match=r"cannot read the store .*x\.zarr.*FileNotFoundError") as caught:
             estimator("nmf").fit(store, client=client)
@@ -174,7 +219,7 @@ def tls_cluster(tmp_path_factory):
 
 
 def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_cluster, tmp_path):
-    from distfact.engine.cluster import connect
+    from distfact.engine.cluster import client_for, connect
     from distfact.engine.tls import make_certificates
 
     with pytest.raises(FileExistsError, match="ca.pem"):  # certificates are never overwritten
@@ -204,6 +249,12 @@ def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_c
                    capture_output=True, timeout=60)
     with pytest.raises(ValueError, match="same authority"):
         connect(scheduler, tls_dir=tmp_path / "other")
+    # certificates for a plain-TCP scheduler, or without any scheduler: said so
+    with pytest.raises(ValueError, match="does not speak TLS"):
+        connect("tcp://127.0.0.1:9", tls_dir=tls_cluster / "certs")
+    with pytest.raises(ValueError, match="give its address too"):
+        with client_for(None, 2, tls_dir=tls_cluster / "certs"):
+            pass
     # plain TCP to the TLS port: no connection
     with pytest.raises(OSError):
         Client(f"tcp://{host}:{port}", timeout="5s")

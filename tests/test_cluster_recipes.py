@@ -82,10 +82,29 @@ def test_the_kubernetes_manifests_validate_against_the_operators_crd_schemas(man
     group, kind = definition["spec"]["group"], definition["spec"]["names"]["kind"]
     (version,) = [v for v in definition["spec"]["versions"] if f"{group}/{v['name']}" == document["apiVersion"]]
     assert document["kind"] == kind
-    validator = jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"])
+    schema = version["schema"]["openAPIV3Schema"]
+    # every object has these; the API server adds them to a CRD's schema
+    schema["properties"].update(apiVersion={"type": "string"}, kind={"type": "string"}, metadata={"type": "object"})
+    validator = jsonschema.Draft7Validator(strict(schema))
     assert [error.message for error in validator.iter_errors(document)] == []
-    # the schema is strict enough to catch a wrong manifest
+    # the schema is strict enough to catch a wrong type and a misspelt key
     broken = yaml.safe_load(open(os.path.join(SCRIPTS, "k8s", manifest)))
     pod = broken["spec"]["worker"]["spec"] if kind == "DaskCluster" else broken["spec"]["job"]["spec"]
     pod["containers"][0]["resources"] = {"limits": "4Gi"}
-    assert any("is not of type 'object'" in error.message for error in validator.iter_errors(broken))
+    pod["containers"][0]["volumeMount"] = pod["containers"][0].pop("volumeMounts")
+    messages = [error.message for error in validator.iter_errors(broken)]
+    assert any("is not of type 'object'" in m for m in messages)
+    assert any("'volumeMount' was unexpected" in m for m in messages)
+
+
+def strict(schema):
+    """``schema`` with unknown keys refused wherever it lists the known ones, as the Kubernetes API server's
+    strict field validation does (except where the CRD keeps unknown fields)."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [strict(item) for item in schema]
+    return schema

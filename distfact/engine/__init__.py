@@ -4,9 +4,9 @@ It knows nothing of any method's mathematics (DESIGN §1, §6)."""
 
 from .checkpoint import Checkpointer, config_hash
 from .driver import BlockSeeds, FitState, IterationInfo, IterativeMethod, fit, initialise
-from .executor import DistributedExecutor, InProcessExecutor, make_executor
+from .executor import DistributedExecutor, InProcessExecutor, WorkerLost, make_executor
 from .reduce import tree_reduce
 
 __all__ = ["BlockSeeds", "Checkpointer", "DistributedExecutor", "FitState", "InProcessExecutor",
-           "IterationInfo", "IterativeMethod", "config_hash", "fit", "initialise", "make_executor",
+           "IterationInfo", "IterativeMethod", "WorkerLost", "config_hash", "fit", "initialise", "make_executor",
            "tree_reduce"]

@@ -17,6 +17,9 @@ def client_for(scheduler: str | None = None, local_cluster: int | None = None, t
     in-process default) when neither is given."""
     if scheduler and local_cluster:
         raise ValueError("give either a scheduler address or --local-cluster, not both")
+    if tls_dir is not None and not scheduler:
+        raise ValueError("--tls-dir (tls_dir) is for connecting to a scheduler: give its address too (a local "
+                         "cluster or the in-process scheduler has no network traffic to protect)")
     if not scheduler and not local_cluster:
         yield None
         return
@@ -60,6 +63,9 @@ def connect(scheduler: str, tls_dir=None):
         kwargs, address = {"address": scheduler}, scheduler
     security = None if tls_dir is None else security_from_dir(tls_dir)
     configured = dask.config.get("distributed.comm.tls.ca-file", None)
+    if security is not None and not address.startswith("tls://"):
+        raise ValueError(f"the scheduler at {address!r} does not speak TLS, but certificates were given "
+                         f"({os.fspath(tls_dir)!r}); start it with TLS (cluster/start-local.sh --tls) or drop them")
     if address.startswith("tls://") and security is None and not configured:
         raise ValueError(f"the scheduler at {address!r} speaks TLS: give its certificate directory (--tls-dir DIR, "
                          "or tls_dir in a pipeline's [cluster]) or set distributed.comm.tls in the Dask configuration")
@@ -72,27 +78,44 @@ def connect(scheduler: str, tls_dir=None):
                          "is it running and reachable from here?") from exc
 
 WORKER_WAIT = 30  # seconds a fit waits for a first worker to join before it gives up
+CHECK_TIMEOUT = 10  # seconds every worker has to answer the check before a fit
 
 
 def worker_facts(store_path: str | None) -> dict:
-    """Run on each worker: the distfact version there, and whether the store is readable there. (Pickled by
-    reference: where distfact is not installed, unpickling this function is what fails.)"""
+    """Run on each worker: the distfact version there, and why the store is unreadable there, if it is.
+    (Pickled by reference: where distfact is not installed, unpickling this function is what fails.)"""
     from distfact import __version__
+    from distfact.store.grouped import unreadable
 
-    facts = {"version": __version__}
-    if store_path is not None:
+    return {"version": __version__, "store_error": None if store_path is None else unreadable(store_path)}
+
+
+def _ask_each_worker(client, function, *args) -> dict:
+    """``function(*args)`` on every worker, each given ``CHECK_TIMEOUT`` s: ``{address: result, or the exception
+    (a TimeoutError for a worker that did not answer)}``."""
+    import asyncio
+
+    addresses = list(client.scheduler_info()["workers"])
+
+    async def ask(address):
         try:
-            with open(os.path.join(store_path, "zarr.json"), "rb") as f:
-                f.read(1)
-        except OSError as exc:
-            facts["store_error"] = f"{type(exc).__name__}: {exc.strerror or exc}"
-    return facts
+            answer = await asyncio.wait_for(client._run(function, *args, workers=[address], on_error="return"),
+                                            CHECK_TIMEOUT)
+            return answer.get(address, TimeoutError())
+        except OSError as exc:  # TimeoutError included
+            return exc
+
+    async def ask_all():
+        return await asyncio.gather(*(ask(address) for address in addresses))
+
+    return dict(zip(addresses, client.sync(ask_all)))
 
 
 def check_workers(client, store_path: str | None) -> None:
-    """Before a fit on a cluster: at least one worker (waiting up to ``WORKER_WAIT`` s), distfact importable on
-    every worker at this process's version, and the store readable at ``store_path`` from every worker; a
-    ``ValueError`` naming the workers and what is wrong otherwise, rather than tasks failing later."""
+    """Before a fit on a cluster: at least one worker (waiting up to ``WORKER_WAIT`` s), every worker answering
+    within ``CHECK_TIMEOUT`` s, distfact importable there at this process's version, and the store readable at
+    ``store_path``; a ``ValueError`` naming the workers and what is wrong otherwise, rather than tasks failing
+    or hanging later. (Workers that join after the check are not checked.)"""
     from distfact import __version__
 
     try:
@@ -100,18 +123,23 @@ def check_workers(client, store_path: str | None) -> None:
     except TimeoutError as exc:
         raise ValueError(f"no Dask worker joined the scheduler at {client.scheduler.address} within "
                          f"{WORKER_WAIT} s") from exc
-    facts = client.run(worker_facts, store_path, on_error="return")
-    names = {address: info.get("name") for address, info in client.scheduler_info()["workers"].items()}
+    facts = _ask_each_worker(client, worker_facts, store_path)
+    current = client.scheduler_info()["workers"]  # a worker that left meanwhile (lost, restarting) is no concern
+    names = {address: info.get("name") for address, info in current.items()}
+    facts = {address: fact for address, fact in facts.items() if address in current}
     problems = []
     for address, fact in sorted(facts.items()):
         worker = f"{names.get(address)} ({address})" if names.get(address) not in (None, address) else address
-        if isinstance(fact, BaseException):
-            problems.append(f"{worker}: cannot run distfact ({fact}); install distfact "
-                            f"{__version__} there (cluster/Dockerfile does)")
+        if isinstance(fact, TimeoutError):
+            problems.append(f"{worker}: did not answer within {CHECK_TIMEOUT} s (frozen or overloaded?)")
+        elif isinstance(fact, BaseException):
+            missing = "No module named 'distfact" in str(fact)
+            problems.append(f"{worker}: cannot run distfact ({fact})" + (
+                f"; install distfact {__version__} there (cluster/Dockerfile does)" if missing else ""))
         elif fact["version"] != __version__:
             problems.append(f"{worker}: runs distfact {fact['version']}, this process {__version__}; install the "
                             "same version on the workers")
-        elif "store_error" in fact:
+        elif fact["store_error"] is not None:
             problems.append(f"{worker}: cannot read the store {store_path!r} ({fact['store_error']}); the store "
                             "must be on a file system every worker mounts at the same path")
     if problems:

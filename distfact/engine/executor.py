@@ -366,18 +366,22 @@ class DistributedExecutor(Executor):
 
     @contextlib.contextmanager
     def _lost_workers_raise(self, what: str):
-        """Futures cancelled under us, or a scatter whose worker went away, mean a worker died with data
+        """Futures cancelled under us, or a scatter that cannot reach a worker, mean a worker died with data
         the fit needs (Dask recomputes what it can by itself; scattered data and the history of the local
-        factors it cannot). With the scheduler gone the error is left as it is: nothing to retry on."""
+        factors it cannot). Only cancellations count for passes (an OSError there is a task's own error);
+        with the scheduler gone the error is left as it is: nothing to retry on."""
         from distributed.client import FutureCancelledError
-        from distributed.comm import CommClosedError
 
+        lost = (FutureCancelledError, OSError, TimeoutError) if what == "a scatter" else (FutureCancelledError,)
         try:
             yield
-        except (FutureCancelledError, CommClosedError) as exc:
+        except lost as exc:
             if self.client.status != "running":
                 raise
-            raise WorkerLost(f"a Dask worker was lost during {what} ({exc})") from exc
+            # Dask keeps the exception in the cancelled futures' state: its traceback would keep this fit's
+            # frames (the executor, X) alive for as long as the client lives
+            exc.__traceback__ = None
+            raise WorkerLost(f"a Dask worker was lost during {what} ({type(exc).__name__}: {exc})") from None
 
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         args_ref = self._broadcast(args)
@@ -475,12 +479,12 @@ def make_executor(data, client=None, n_threads: int | None = None, spill_dir: st
 
     try:
         check_workers(client, data.path)
-    except Exception:
+        workers = client.scheduler_info().get("workers", {}).values()
+        cluster_memory = sum(w.get("memory_limit") or 0 for w in workers)
+        # X stays in worker memory when it takes at most half of it; otherwise every pass streams it from the store.
+        persist = data.in_memory or not cluster_memory or data.nbytes <= cluster_memory // 2
+        return DistributedExecutor(data, client, persist_data=persist, spill_dir=spill_dir, owns_client=owns_client)
+    except BaseException:
         if owns_client:
             client.close()
         raise
-    workers = client.scheduler_info().get("workers", {}).values()
-    cluster_memory = sum(w.get("memory_limit") or 0 for w in workers)
-    # X stays in worker memory when it takes at most half of it; otherwise every pass streams it from the store.
-    persist = data.in_memory or not cluster_memory or data.nbytes <= cluster_memory // 2
-    return DistributedExecutor(data, client, persist_data=persist, spill_dir=spill_dir, owns_client=owns_client)

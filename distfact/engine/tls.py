@@ -28,6 +28,8 @@ def make_certificates(directory, hosts=("localhost", "127.0.0.1"), days: int = 3
     except ImportError as exc:
         raise ImportError("making certificates needs the 'cryptography' package: pip install 'distfact[cluster]' "
                           "(or make them with openssl, see cluster/README.md)") from exc
+    if days < 1:
+        raise ValueError(f"days must be at least 1, got {days}")
     paths = [os.path.join(directory, name) for name in FILES]
     existing = [p for p in paths if os.path.exists(p)]
     if existing:

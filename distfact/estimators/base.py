@@ -25,10 +25,12 @@ def survives_worker_loss(fit):
     """Run ``fit`` (an estimator's fitting method) again when a Dask worker dies under it (:class:`WorkerLost`),
     at most ``MAX_WORKER_LOSSES`` times: from the newest checkpoint when the estimator has a ``checkpoint_dir``
     (the work since it is redone), else from the start. Every step is deterministic and independent of where
-    blocks run, so the result is bitwise that of an undisturbed fit; ``worker_losses_`` counts the restarts."""
+    blocks run, so the result is bitwise that of an undisturbed fit; ``worker_losses_`` counts the reruns.
+    A callback sees the redone iterations again."""
     @functools.wraps(fit)
     def run(self, *args, **kwargs):
         resume = getattr(self, "resume", None)
+        checkpoints = getattr(self, "checkpoint_dir", None)
         try:
             for losses in range(MAX_WORKER_LOSSES + 1):
                 try:
@@ -37,12 +39,12 @@ def survives_worker_loss(fit):
                     return out
                 except WorkerLost as exc:
                     if losses == MAX_WORKER_LOSSES:
-                        raise WorkerLost(f"{exc}; gave up after {MAX_WORKER_LOSSES} lost workers in one fit") from exc
-                    checkpoints = getattr(self, "checkpoint_dir", None)
-                    logger.warning("%s; %s", exc, f"resuming from the newest checkpoint in {checkpoints}"
-                                   if checkpoints else "restarting the fit (set checkpoint_dir to resume instead)")
-                    if checkpoints:
-                        self.resume = True
+                        raise WorkerLost(f"{exc}; gave up after {MAX_WORKER_LOSSES} reruns of the fit, each "
+                                         "losing a worker (a task that exceeds the workers' memory?)") from None
+                    logger.warning("%s; %s", exc, "restarting the fit (set checkpoint_dir to resume instead)"
+                                   if checkpoints is None else f"resuming from the newest checkpoint in {checkpoints}")
+                    if checkpoints is not None:
+                        self.resume = True  # the checkpoints the lost attempt wrote are this fit's own
         finally:
             if resume is not None:
                 self.resume = resume

@@ -349,6 +349,9 @@ def _cluster(check: Checker, spec: Spec, table: dict) -> dict:
             check.fail((*path, "scheduler_file"), f"{out['scheduler_file']!r} is not an existing .json scheduler "
                                                   "file (paths are relative to the spec's directory)")
     if out["tls_dir"] is not None:
+        if kind != "scheduler":
+            check.fail((*path, "tls_dir"), f"is for kind = 'scheduler' (a scheduler reached over the network), "
+                                           f"not {kind!r}")
         out["tls_dir"] = spec.resolve(out["tls_dir"])
         if not os.path.isdir(out["tls_dir"]):
             check.fail((*path, "tls_dir"), f"{out['tls_dir']!r} is not a directory (the cluster's ca.pem, cert.pem "

@@ -607,6 +607,17 @@ class StoreWriter:
         self._root = None
 
 
+def unreadable(path: str) -> str | None:
+    """Why the store at ``path`` cannot be read from this process (its root metadata), or None if it can.
+    Cheap: run on every worker before a fit."""
+    try:
+        with open(os.path.join(path, "zarr.json"), "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
 def open_store(path) -> GroupedMatrix:
     """Open the grouped matrix stored at ``path`` (``distfact.open``)."""
     return GroupedMatrix.open(Path(path))
