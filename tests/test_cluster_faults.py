@@ -27,20 +27,20 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 class KillWorkerOnce(WorkerPlugin):
-    """SIGKILLs the worker process named ``worker_name`` when it starts its ``after``-th block task, once per
-    test (``marker`` records the kill, so the worker the nanny restarts is left alone)."""
+    """SIGKILLs the worker process named ``worker_name`` as it starts its first block task after the file ``go``
+    exists (the driver creates it at a chosen iteration), once per test: ``marker`` records the kill, so the
+    worker the nanny restarts is left alone."""
 
-    def __init__(self, marker: str, worker_name: str, after: int):
-        self.marker, self.worker_name, self.after = marker, worker_name, after
+    def __init__(self, directory, worker_name: str = "worker-1"):
+        self.go, self.marker = os.path.join(directory, "go"), os.path.join(directory, "killed")
+        self.worker_name = worker_name
 
     def setup(self, worker):
-        self.worker, self.started = worker, 0
+        self.worker = worker
 
     def transition(self, key, start, finish, **kwargs):
-        if finish != "executing" or self.worker.name != self.worker_name or not str(key).startswith("run_block"):
-            return
-        self.started += 1
-        if self.started == self.after and not os.path.exists(self.marker):
+        if (finish == "executing" and self.worker.name == self.worker_name and str(key).startswith("run_block")
+                and os.path.exists(self.go) and not os.path.exists(self.marker)):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -48,22 +48,36 @@ class KillWorkerOnce(WorkerPlugin):
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
 
 
+def fit_killing_a_worker(method, store, client, directory, at_iteration=2, **overrides):
+    """Fit ``method`` on ``client``; worker-1 is SIGKILLed in the pass after iteration ``at_iteration`` (the
+    multigroup SVD: in its only pass). Returns the model and the iterations its callback saw."""
+    seen = []
+
+    def callback(info):
+        seen.append(info.iteration)
+        if info.iteration == at_iteration:
+            open(os.path.join(directory, "go"), "w").close()
+
+    if method == "multigroup-svd":
+        open(os.path.join(directory, "go"), "w").close()
+    else:
+        overrides["callback"] = callback
+    client.wait_for_workers(2, timeout=60)
+    client.register_plugin(KillWorkerOnce(str(directory)), name="kill-worker-once")
+    try:
+        model = estimator(method, **overrides).fit(store, client=client, **fit_inputs(method, store))
+    finally:
+        client.unregister_worker_plugin("kill-worker-once")
+    assert os.path.exists(os.path.join(directory, "killed"))  # a worker was killed during the fit
+    return model, seen
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_worker_killed_mid_fit_gives_the_same_factors(cli_cluster, tmp_path, method):
     store = method_store(method, tmp_path / "x.zarr")
     here = estimator(method).fit(store, **fit_inputs(method, store))
-    marker = tmp_path / "killed"
-    # worker-1 holds about half of the 6 row blocks: its 2nd block task is within the first pass of the
-    # multigroup SVD (its only pass); its 8th is a few iterations into the others
-    plugin = KillWorkerOnce(str(marker), "worker-1", after=2 if method == "multigroup-svd" else 8)
     with Client(scheduler_file=str(cli_cluster)) as client:
-        client.wait_for_workers(2, timeout=60)
-        client.register_plugin(plugin, name="kill-worker-once")
-        try:
-            there = estimator(method).fit(store, client=client, **fit_inputs(method, store))
-        finally:
-            client.unregister_worker_plugin("kill-worker-once")
-    assert marker.exists()  # the worker was killed during the fit
+        there, _ = fit_killing_a_worker(method, store, client, tmp_path)
     assert np.array_equal(here.components_, there.components_)
     if method != "multigroup-svd":  # (one pass without local factors: Dask may recompute the lost reads itself)
         assert there.worker_losses_ >= 1
@@ -73,23 +87,14 @@ def test_a_worker_killed_mid_fit_gives_the_same_factors(cli_cluster, tmp_path, m
 def test_a_worker_killed_mid_fit_with_checkpoints_resumes_from_the_newest(cli_cluster, tmp_path, method):
     store = method_store(method, tmp_path / "x.zarr")
     here = estimator(method).fit(store)
-    marker, seen = tmp_path / "killed", []
-    # mid-way through the iterations (Fairer-NMF: of its second loop, after the E_l estimation's ~20 block tasks)
-    plugin = KillWorkerOnce(str(marker), "worker-1", after=12 if method == "nmf" else 30)
     with Client(scheduler_file=str(cli_cluster)) as client:
-        client.wait_for_workers(2, timeout=60)
-        client.register_plugin(plugin, name="kill-worker-once")
-        try:
-            model = estimator(method, checkpoint_dir=str(tmp_path / "run"), checkpoint_every=1,
-                              callback=lambda info: seen.append(info.iteration))
-            there = model.fit(store, client=client)
-        finally:
-            client.unregister_worker_plugin("kill-worker-once")
-    assert marker.exists() and there.worker_losses_ >= 1 and there.resume is False
+        there, seen = fit_killing_a_worker(method, store, client, tmp_path, at_iteration=3,
+                                           checkpoint_dir=str(tmp_path / "run"), checkpoint_every=1)
+    assert there.worker_losses_ >= 1 and there.resume is False
     assert np.array_equal(here.components_, there.components_)
     # the rerun continued from the checkpoint of the last finished iteration: no iteration seen twice (a restart
     # from the start would have shown the first ones again)
-    assert seen == list(range(1, model.max_iter + 1))
+    assert seen == list(range(1, there.max_iter + 1))
 
 
 def test_a_rerun_after_a_lost_worker_resumes_and_restores_the_resume_parameter(tmp_path):

@@ -337,5 +337,5 @@ def test_the_cluster_table_takes_a_tls_directory_relative_to_the_spec(tmp_path):
         load_spec(write_spec(tmp_path, SMALL + cluster))
     (tmp_path / "certs").mkdir()
     assert load_spec(write_spec(tmp_path, SMALL + cluster)).cluster["tls_dir"] == str(tmp_path / "certs")
-    with pytest.raises(SpecError, match="tls_dir' is for kind = 'scheduler'"):
+    with pytest.raises(SpecError, match="key 'tls_dir': is for kind = 'scheduler'"):
         load_spec(write_spec(tmp_path, SMALL + cluster.replace('"scheduler"', '"local"')))
