@@ -32,19 +32,20 @@ class MultigroupSVD(FactorEstimator):
     n_components : int
         d, at most n_features.
     solver : {'auto', 'fw', 'brent', 'sdp'}
-        The rank-1 solver. 'brent': two groups only, exact (Section 7, Lemma E.1: Brent's method on
-        q(mu) = h_1(v(mu)) - h_2(v(mu)) over [0, 1]; the duality gap is zero). 'fw': Frank-Wolfe on the
-        dual (Algorithm 2), any number of groups. 'sdp': the SDP relaxation (Algorithm 3) through cvxpy
-        (Clarabel, else SCS); an n x n semidefinite variable, so for n up to a few hundred. 'auto':
-        'brent' for two groups, 'fw' otherwise.
+        The rank-1 solver. 'brent': two groups only, exact (Section 7, Lemma E.1: the root of
+        q(mu) = h_1(v(mu)) - h_2(v(mu)) over [0, 1], by Halley's method on q's exact derivatives kept
+        inside Brent's bracket; the duality gap is zero). 'fw': Frank-Wolfe on the dual (Algorithm 2), any
+        number of groups, with Algorithm 3 on growing subspaces of the top eigenvectors of A(mu) to close
+        the gap. 'sdp': the SDP relaxation (Algorithm 3) on the full problem, by Clarabel; an n x n
+        semidefinite variable, so for n up to a few hundred. 'auto': 'brent' for two groups, 'fw' otherwise.
     tol : float
         'fw': stop when ||mu^(t+1) - mu^(t)|| < tol (Algorithm 2, line 11) or the duality gap is below
         tol * max_l sigma_1^2(A^l); 'sdp': the solver's gap and feasibility tolerances. 'brent' does not
         use it: it is exact to rounding.
     max_iter : int
-        Frank-Wolfe iterations (or Brent iterations) per component. Frank-Wolfe converges slowly where
-        lambda_max(A(mu)) is repeated (g is not smooth there); when it stops with a gap, the primal vector
-        is improved within the top eigenvectors of A(mu) (see ``distfact.methods.multigroup_svd``) and the
+        Frank-Wolfe iterations (or root-finding iterations) per component. Frank-Wolfe converges slowly where
+        lambda_max(A(mu)) is repeated (g is not smooth there); the subspace refinement (see
+        ``distfact.methods.multigroup_svd``) closes the gap where the relaxation is tight, and any
         remaining gap is reported in ``duality_gap_``. For a certificate, 'sdp'.
     center : bool
         Subtract the column means (over all rows) first.
