@@ -390,6 +390,42 @@ def test_two_group_root_equals_brents(seed):
     assert abs(model.duality_gap_[0]) <= 1e-12 * s.max()
 
 
+def near_commuting_grams(seed):
+    """Two Grams sharing eigenvectors up to a small coupling: lambda_1 and lambda_2 of A(mu) nearly cross
+    (an avoided crossing) where q does not change sign, a trap for a Newton-type root-finder."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 12))
+    Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    grams = np.stack([Q @ np.diag(rng.uniform(0, 1, n) ** 3) @ Q.T for _ in range(2)])
+    E = rng.standard_normal((n, n)) * 10 ** rng.uniform(-12, -3)
+    grams[0] += E @ E.T
+    grams = (grams + grams.transpose(0, 2, 1)) / 2
+    return grams, np.array([np.linalg.eigvalsh(G)[-1] for G in grams])
+
+
+@pytest.mark.parametrize("seed", [266, 10369])
+def test_two_group_root_near_an_avoided_crossing(seed):
+    """(A review found the first safeguard stopping at the crossing with q = 0.16, gap 4e-4 of f.) The root
+    and its zero gap, against brute force on the circle for n = 2 or else against the dual's maximum over a
+    fine grid of mu."""
+    grams, s = near_commuting_grams(seed)
+    result = mg.brent_two_groups(grams, s, max_iter=200)
+    assert result.primal - result.dual <= 1e-9 * s.max()
+    assert result.dual == pytest.approx(mg.dual_value(grams, s, result.mu), abs=1e-12 * s.max())
+    grid = np.linspace(0, 1, 20001)
+    best_on_grid = max(mg.dual_value(grams, s, np.array([m, 1 - m])) for m in grid)
+    assert result.dual >= best_on_grid - 1e-9 * s.max()  # the dual's maximum: no mu on the grid does better
+
+
+def test_two_group_solver_out_of_iterations_reports_the_dual_of_its_own_mu():
+    X, labels = groups_data((40, 30), n=6, seed=4)
+    grams, s = group_grams(X, labels)
+    for max_iter in (1, 2, 3):
+        result = mg.brent_two_groups(grams, s, max_iter=max_iter)
+        assert result.dual == pytest.approx(mg.dual_value(grams, s, result.mu), abs=1e-12 * s.max())
+        assert result.primal >= result.dual - 1e-12 * s.max()
+
+
 def algorithm_3_by_cvxpy(grams, s):
     """Algorithm 3 written out in cvxpy (the independent oracle): its value and X."""
     import cvxpy as cp

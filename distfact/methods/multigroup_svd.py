@@ -330,13 +330,13 @@ def brent_two_groups(grams, s, max_iter: int, top_vectors=None, start: float | N
     there h_1 = h_2 and the duality gap is zero (Theorem 7.1).
 
     The paper finds it by Brent's method; here (solver='brent' still) by Halley's method on the exact
-    derivatives of q (:func:`root_function`), safeguarded as Brent's is: every point stays inside a bracket
-    [lo, hi] with q(lo) > 0 > q(hi), and a Halley point outside it, or one that does not halve the last
-    step, is replaced by the bracket's midpoint (so it converges whenever bisection does). Convergence is
+    derivatives of q (:func:`root_function`), safeguarded: every point stays inside a bracket [lo, hi] with
+    q(lo) > 0 > q(hi), and a Halley point outside it, or after a point that did not halve |q|, is replaced by
+    the bracket's midpoint (so it converges whenever bisection does). Convergence is
     cubic: 3 to 6 eigenproblems per rank instead of Brent's 7 to 15, from ``start`` (Algorithm 1 passes the
     previous rank's root: successive ranks' roots are close, and it saves 10-30% of the eigenproblems on
     Table 1's data) or else the secant point of q(0) and q(1). The gap is at most |q| at the returned mu,
-    so it runs until |q| <= 1e-14 max(s) or the last step is below 1e-15 (mu exact to rounding);
+    so it runs until |q| <= 1e-14 max(s) or the bracket is below 1e-15 (mu exact to rounding);
     g(mu) = mu^T s - lambda_1 comes from the same eigenproblem.
 
     Theorem 7.1 assumes lambda_max(C(mu)) simple. Where it is double at mu* (the groups' Grams commute,
@@ -355,17 +355,23 @@ def brent_two_groups(grams, s, max_iter: int, top_vectors=None, start: float | N
     else:
         lo, hi = 0.0, 1.0
         secant = (h0[0] - h0[1]) / ((h0[0] - h0[1]) - (h1[0] - h1[1]))
-        mu = start if start is not None and 0 < start < 1 else secant
-        step = 1.0
+        next_mu = start if start is not None and 0 < start < 1 else secant
+        last_q = np.inf
         for n_evaluations in range(1, max_iter + 1):
+            mu = next_mu  # the point evaluated: mu, lam, v and h always belong together
             point = root_function(grams, s, mu, 1e-14 * scale)
             lam, v, h = point.lam, point.v, point.h
             lo, hi = (mu, hi) if point.q > 0 else (lo, mu)
-            if abs(point.q) <= 1e-14 * scale or abs(step) <= 1e-15:
+            if abs(point.q) <= 1e-14 * scale or hi - lo <= 1e-15:
                 break
             halley = mu - 2 * point.q * point.dq / (2 * point.dq ** 2 - point.q * point.d2q) if point.dq < 0 else np.nan
-            next_mu = halley if lo < halley < hi and abs(halley - mu) <= abs(step) / 2 else (lo + hi) / 2
-            step, mu = next_mu - mu, next_mu  # (bisection also where q is flat or its derivatives are NaN)
+            # Halley only while it is inside the bracket and has at least halved |q| since the last point; else
+            # bisect. Near an avoided crossing of lambda_1 and lambda_2 (q's derivatives huge but not NaN) Halley
+            # can creep towards the crossing with q unchanged; this rule sends it back to the sign change. Each
+            # step halves |q| or the bracket, so it ends within ~100 evaluations at worst.
+            progress = abs(point.q) <= abs(last_q) / 2
+            next_mu = halley if lo < halley < hi and progress else (lo + hi) / 2
+            last_q = point.q if progress else np.inf  # (after a bisection, the next Halley step is let through)
     if abs(h[0] - h[1]) > 1e-10 * scale and grams.shape[1] > 1:  # a jump: lambda_max double at mu*
         U = top_eigenpairs(mu * grams[0] + (1.0 - mu) * grams[1], 2)[1]
         w = best_on_circle(grams, s, U)
