@@ -5,6 +5,8 @@
     python benchmarks/bench_cluster.py --quick           # small sizes, to check the script (about 2 minutes)
     python benchmarks/bench_cluster.py --dir /scratch    # where stores and clusters go (default: a temporary directory)
     python benchmarks/bench_cluster.py --parts a,c       # some parts only
+    python benchmarks/bench_cluster.py --parts c,d --rows 200000 --memory 8GiB --output results/cluster-cd-200k.json
+                                                         # (c), (d) at 200k / 400k / 800k rows
 
 Every cluster is started by the project's script, ``cluster/start-local.sh N MEMORY DIR`` (a ``dask scheduler`` and
 N ``dask worker`` processes, each a nanny that spawns one single-threaded worker process with a memory limit of
@@ -780,9 +782,14 @@ def main():
                                                     "removed at the end; default: the system's temporary directory)")
     parser.add_argument("--parts", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     parser.add_argument("--output", help="default: results/cluster.json (--quick: results/cluster-quick.json)")
+    parser.add_argument("--rows", type=int, help="(c), (d): the 1x row count (default 100,000; 4x must stay in "
+                                                 "the workers' memory: see --memory)")
+    parser.add_argument("--memory", help="(c), (d): each worker's memory limit (default 4GiB)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     cfg = QUICK if args.quick else FULL
+    cfg["c"] = {**cfg["c"], **({"rows": args.rows} if args.rows else {}), **({"memory": args.memory} if args.memory
+                                                                            else {})}
     output = args.output or os.path.join(HERE, "results", "cluster-quick.json" if args.quick else "cluster.json")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the clusters are stopped (finally blocks)
     if args.dir:
