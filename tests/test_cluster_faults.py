@@ -162,7 +162,6 @@ def test_a_driver_killed_mid_fit_resumes_to_the_same_factors(cli_cluster, tmp_pa
 PRELOAD = textwrap.dedent("""
     # worker-1 behaves as if distfact were not installed; worker-2 as if another version were
     import sys
-    from distributed import get_worker
 
     def dask_setup(worker):
         if worker.name == "worker-1":

@@ -77,6 +77,7 @@ def connect(scheduler: str, tls_dir=None):
         raise ValueError(f"cannot reach the Dask scheduler at {scheduler!r} within {CONNECT_TIMEOUT} ({exc}){hint}; "
                          "is it running and reachable from here?") from exc
 
+
 WORKER_WAIT = 30  # seconds a fit waits for a first worker to join before it gives up
 CHECK_TIMEOUT = 10  # seconds every worker has to answer the check before a fit
 

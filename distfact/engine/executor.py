@@ -346,7 +346,7 @@ class DistributedExecutor(Executor):
         """Blocks of X on the workers: scattered from memory, loaded there from the store, or
         (over half the cluster's memory) None: read from the store by every pass."""
         if self.data.in_memory:
-            with self._lost_workers_raise("a scatter"):
+            with self._lost_workers_raise("a scatter", scatter=True):
                 return self.client.scatter([reader(block) for block in blocks], hash=False)
         if self.persist_data:
             return [self.client.submit(reader, block, pure=False) for block in blocks]
@@ -361,18 +361,18 @@ class DistributedExecutor(Executor):
     def _broadcast(self, args):
         # One copy, which workers fetch as their tasks need it: distributed's broadcast=True
         # replication hangs when a worker dies during it.
-        with self._lost_workers_raise("a scatter"):
+        with self._lost_workers_raise("a scatter", scatter=True):
             return self.client.scatter([args], hash=False)[0]
 
     @contextlib.contextmanager
-    def _lost_workers_raise(self, what: str):
-        """Futures cancelled under us, or a scatter that cannot reach a worker, mean a worker died with data
+    def _lost_workers_raise(self, what: str, scatter: bool = False):
+        """Futures cancelled under us, or a ``scatter`` that cannot reach a worker, mean a worker died with data
         the fit needs (Dask recomputes what it can by itself; scattered data and the history of the local
         factors it cannot). Only cancellations count for passes (an OSError there is a task's own error);
         with the scheduler gone the error is left as it is: nothing to retry on."""
         from distributed.client import FutureCancelledError
 
-        lost = (FutureCancelledError, OSError, TimeoutError) if what == "a scatter" else (FutureCancelledError,)
+        lost = (FutureCancelledError, OSError) if scatter else (FutureCancelledError,)  # (TimeoutError is an OSError)
         try:
             yield
         except lost as exc:
@@ -385,7 +385,7 @@ class DistributedExecutor(Executor):
 
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         args_ref = self._broadcast(args)
-        with self._lost_workers_raise("a scatter"):
+        with self._lost_workers_raise("a scatter", scatter=True):
             own = ([()] * len(self.blocks) if per_block is None
                    else [(item,) for item in self.client.scatter(list(per_block), hash=False)])
         self.locals = [self.client.submit(_init_one, fn, block, args_ref, self.spill, *own[block.index], pure=False)

@@ -36,30 +36,29 @@ def make_certificates(directory, hosts=("localhost", "127.0.0.1"), days: int = 3
         raise FileExistsError(f"{existing[0]!r} exists; remove the old certificates first or choose another directory")
     os.makedirs(directory, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
-    valid = dict(not_valid_before=now - datetime.timedelta(minutes=5), not_valid_after=now + datetime.timedelta(days=days))
 
     def name(common):
         return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "distfact"),
                           x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
+    def signed(subject, issuer, public_key, signing_key, extensions):
+        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=days)))
+        for extension, critical in extensions:
+            builder = builder.add_extension(extension, critical=critical)
+        return builder.sign(signing_key, hashes.SHA256())
+
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(name("distfact cluster CA")).issuer_name(name("distfact cluster CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = signed(name("distfact cluster CA"), name("distfact cluster CA"), ca_key.public_key(), ca_key, [
+        (x509.BasicConstraints(ca=True, path_length=0), True),
+        (x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                       data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                       encipher_only=False, decipher_only=False), True)])
     key = ec.generate_private_key(ec.SECP256R1())
-    alt_names = [_alt_name(x509, host) for host in hosts]
-    cert = (x509.CertificateBuilder().subject_name(name("distfact cluster")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
-            .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = signed(name("distfact cluster"), ca.subject, key.public_key(), ca_key, [
+        (x509.SubjectAlternativeName([_alt_name(x509, host) for host in hosts]), False),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), False)])
     contents = [ca.public_bytes(serialization.Encoding.PEM), cert.public_bytes(serialization.Encoding.PEM),
                 key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                   serialization.NoEncryption())]
