@@ -9,7 +9,9 @@ import scipy.sparse as sp
 import distfact
 from conftest import grouped_data
 from distfact.engine import tree_reduce
-from distfact.engine.reduce import merge
+from distfact.engine.executor import DistributedExecutor, block_work, contiguous_placement
+from distfact.engine.reduce import merge, tree_reduce_arrivals
+from distfact.kernels.memory import aligned
 
 
 def test_tree_reduce_pairs_in_a_fixed_order():
@@ -17,6 +19,106 @@ def test_tree_reduce_pairs_in_a_fixed_order():
     assert tree_reduce(["x"], lambda x, y: x + y) == "x"
     with pytest.raises(ValueError, match="nothing to reduce"):
         tree_reduce([], lambda x, y: x)
+
+
+def test_items_arriving_in_any_order_are_reduced_as_tree_reduce_pairs_them():
+    """The distributed pass sums statistics as they arrive; the pairing (hence the rounding) must be
+    tree_reduce's: checked with a combine that records it, for every size up to 40 in random orders."""
+    rng = np.random.default_rng(0)
+    combine = lambda x, y: f"({x}{y})"  # noqa: E731
+    for n in range(1, 41):
+        items = [chr(0x100 + i) for i in range(n)]
+        for _ in range(10):
+            order = rng.permutation(n)
+            assert tree_reduce_arrivals(n, ((i, items[i]) for i in order), combine) == tree_reduce(items, combine)
+    with pytest.raises(ValueError, match="only some of the 3 items arrived"):
+        tree_reduce_arrivals(3, [(0, "a"), (2, "c")], combine)
+    with pytest.raises(ValueError, match="nothing to reduce"):
+        tree_reduce_arrivals(0, [], combine)
+
+
+def test_blocks_are_placed_in_contiguous_runs_of_about_equal_work():
+    assert contiguous_placement([1] * 8, [1, 1]) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert contiguous_placement([1] * 7, [1, 1, 1]) == [0, 0, 1, 1, 1, 2, 2]
+    assert contiguous_placement([1] * 6, [2, 1]) == [0, 0, 0, 0, 1, 1]  # shares follow the threads
+    assert contiguous_placement([5, 1, 1, 1, 1, 1], [1, 1]) == [0, 1, 1, 1, 1, 1]
+    assert contiguous_placement([1, 1], [1, 1, 1, 1]) == [0, 2]
+    # brute force: no split point of 3 to 60 random costs on 2 workers is better by more than the largest block
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        costs = rng.integers(1, 100, rng.integers(3, 60))
+        where = np.array(contiguous_placement(costs, [1, 1]))
+        assert np.all(np.diff(where) >= 0)
+        imbalance = abs(costs[where == 0].sum() - costs[where == 1].sum())
+        best = min(abs(costs[:k].sum() - costs[k:].sum()) for k in range(len(costs) + 1))
+        assert imbalance <= best + costs.max()
+
+
+def test_block_work_counts_entries_or_nonzeros():
+    X, groups = grouped_data(m=90, n=10, density=0.3)
+    dense = distfact.from_arrays(X, groups, block_rows=20)
+    sparse = distfact.from_arrays(sp.csr_matrix(X), groups, block_rows=20).with_column_blocks(n_blocks=2)
+    assert [block_work(b, dense) for b in dense.blocks] == [b.n_rows * 10 for b in dense.blocks]
+    assert [block_work(b, sparse) for b in sparse.blocks] == [b.nnz + b.n_rows for b in sparse.blocks]
+    assert [block_work(c, sparse) for c in sparse.column_blocks] == [c.nnz + c.n_cols for c in sparse.column_blocks]
+
+
+def test_dense_blocks_are_aligned_once_where_they_are_read_or_staged(tmp_path):
+    """A pass must not copy X_b to align it (it did: 50 MB per block per pass)."""
+    X, groups = grouped_data(m=300, n=37)
+    for store in (distfact.from_arrays(X, groups, block_rows=50),
+                  distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=50),
+                  distfact.from_arrays(X.astype(np.float32), groups, block_rows=50)):
+        reader = store.reader()
+        for block in store.blocks:
+            X_b = reader(block)
+            assert X_b.ctypes.data % 64 == 0 and X_b.flags.c_contiguous
+            assert aligned(X_b) is X_b
+
+
+@pytest.mark.cluster
+def test_blocks_live_on_their_home_workers_and_passes_sum_the_same(local_cluster_client, tmp_path):
+    """X's blocks split 4/4 over the two workers in contiguous runs (the scheduler, left to itself, put 5 and 3),
+    the local factors with them; a pass's statistics equal the in-process executor's bitwise."""
+    from distfact.engine import InProcessExecutor
+    from distfact.methods.nmf import NMFMethod
+
+    X, _ = grouped_data(m=400, n=30, seed=3)
+    store = distfact.from_arrays(X, np.repeat(["a", "b"], 200), tmp_path / "x.zarr", block_rows=50)
+    assert store.n_blocks == 8
+    executor = DistributedExecutor(store, local_cluster_client)
+    try:
+        homes = [executor.addresses[0]] * 4 + [executor.addresses[1]] * 4
+        assert holders(local_cluster_client, executor.X_refs) == homes
+        ours = run_two_passes(executor, store, NMFMethod, lambda: holders(local_cluster_client, executor.locals))
+        assert ours[0] == homes  # the first local factors too (later ones go where the scheduler puts run_block)
+    finally:
+        executor.close()
+    threads = InProcessExecutor(store, n_threads=2)
+    try:
+        theirs = run_two_passes(threads, store, NMFMethod, lambda: None)
+    finally:
+        threads.close()
+    for a, b in zip(ours[1], theirs[1]):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def holders(client, futures) -> list[str]:
+    from distributed import wait
+
+    wait(futures)
+    return [next(iter(client.who_has([future])[future.key])) for future in futures]
+
+
+def run_two_passes(executor, store, method_class, after_initialising):
+    """(what ``after_initialising()`` returns, the statistics of a pass 0 and one local step)."""
+    from distfact.engine.driver import initialise, shipped
+
+    method = method_class(3)
+    state = initialise(method, store, executor, 0)
+    seen = after_initialising()
+    executor.run_pass(method.block_stats, shipped(method, state), update=False)
+    return seen, executor.run_pass(method.local_step, shipped(method, state), update=True)
 
 
 def test_merge_keeps_groups_apart():

@@ -14,7 +14,9 @@ it returns the column block's piece of the global factor and statistics as array
   thread, is a plain loop with no task graph (the fast path for small data);
   otherwise Dask's threaded scheduler runs the blocks of a pass in parallel.
 - :class:`DistributedExecutor` (``client=``): X blocks and local factors stay
-  on the workers as futures; only the reduced statistics come back. A worker
+  on the workers as futures, each block on its *home* worker (contiguous runs of
+  about equal work, ``contiguous_placement``); only the statistics come back,
+  summed here as they arrive in the same fixed tree order. A worker
   lost with results the pass needs raises :class:`WorkerLost`; the estimators
   then run the fit again from its newest checkpoint (``estimators/base.py``).
 """
@@ -33,39 +35,15 @@ import numpy as np
 import scipy.sparse as sp
 import zarr
 
+from ..kernels.memory import aligned
 from ..store.format import Block
 from ..store.grouped import compressed, write_arrays
-from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce
-
-
-ALIGNMENT = 64
+from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce, tree_reduce_arrivals
 
 
 class WorkerLost(RuntimeError):
     """A worker process died holding results the fit needs (blocks of X read there, local factors,
     the broadcast global state): the fit cannot continue from its futures and must roll back."""
-
-
-def aligned(value):
-    """``value`` with every numpy array in it (also inside dicts, lists, tuples) at a 64-byte boundary.
-
-    BLAS kernels take alignment-dependent code paths whose rounding differs; arrays that arrive
-    by pickling (on workers, or statistics coming back) sit at arbitrary offsets. Aligning every
-    input of a block task and of the global step makes a result independent of where it ran.
-    """
-    if isinstance(value, np.ndarray):
-        if value.ctypes.data % ALIGNMENT == 0 and value.flags.c_contiguous:
-            return value
-        buffer = np.empty(value.nbytes + ALIGNMENT, dtype=np.uint8)
-        offset = (-buffer.ctypes.data) % ALIGNMENT
-        out = buffer[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
-        out[...] = value
-        return out
-    if isinstance(value, dict):
-        return {key: aligned(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(aligned(item) for item in value)
-    return value
 
 
 def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0):
@@ -156,6 +134,34 @@ class LocalSpill:
 
 def materialise(local):
     return local.load() if isinstance(local, SpilledLocal) else local
+
+
+def block_work(block, data) -> int:
+    """What a pass over ``block`` costs, roughly: a row block's entries if X is dense, else its
+    non-zeros and rows; a column block (always CSC) its non-zeros and columns."""
+    if not isinstance(block, Block):
+        return block.nnz + block.n_cols
+    return block.n_rows * data.shape[1] if not data.is_sparse else block.nnz + block.n_rows
+
+
+def contiguous_placement(costs, capacities) -> list[int]:
+    """For each item (in order), the index of the worker it goes to: contiguous runs of items,
+    worker k's run holding about ``capacities[k] / sum(capacities)`` of the total cost (an item
+    goes to the worker whose share holds its cost's midpoint), so that every worker is busy until
+    the pass's end."""
+    costs = np.asarray(costs, dtype=np.float64)
+    shares = np.cumsum(np.asarray(capacities, dtype=np.float64))
+    bounds = shares / shares[-1] * costs.sum()
+    midpoints = np.cumsum(costs) - costs / 2
+    return np.minimum(np.searchsorted(bounds, midpoints), len(shares) - 1).tolist()
+
+
+def by_home(homes: list) -> list[tuple]:
+    """``(home, indices of the items with that home)`` for each distinct home, in order of first appearance."""
+    groups: dict = {}
+    for i, home in enumerate(homes):
+        groups.setdefault(home, []).append(i)
+    return list(groups.items())
 
 
 def _init_one(fn, block, args, spill, *own):
@@ -338,18 +344,57 @@ class DistributedExecutor(Executor):
         self.owns_client = owns_client
         self.persist_data = persist_data
         self.reader = None if data.in_memory else data.reader()
+        workers = sorted(client.scheduler_info().get("workers", {}).items())
+        self.addresses = [address for address, _ in workers]
+        self.capacities = [info.get("nthreads") or 1 for _, info in workers]
+        self.home = self._homes(data.blocks)
         self.X_refs = self._place(data.blocks, data.reader())
         self.column_reader, self.Xc_refs = None, None  # placed at the first column pass
         self.locals: list = [None] * len(self.blocks)
 
+    def _homes(self, blocks) -> list[str | None]:
+        """The worker each block's tasks go to (``contiguous_placement``): the scheduler would place the first
+        tasks of a fit as workers happen to be free, and one worker holding 5 of 8 blocks makes every pass wait
+        for it. A home is a preference (``allow_other_workers``): a task whose home has died runs elsewhere."""
+        if not self.addresses:
+            return [None] * len(blocks)
+        where = contiguous_placement([block_work(block, self.data) for block in blocks], self.capacities)
+        return [self.addresses[k] for k in where]
+
+    def _per_block(self, fn, *args, homes: list | None = None) -> list:
+        """Futures of ``fn`` over the blocks (list arguments are per block, others the same for all), each task
+        preferably on its block's worker in ``homes``. One submission per worker (a scheduler update per task
+        cost more than the small tasks themselves)."""
+        n = next(len(arg) for arg in args if isinstance(arg, list))
+        args = [arg if isinstance(arg, list) else [arg] * n for arg in args]
+        futures = [None] * n
+        for home, mine in by_home(homes or [None] * n):
+            where = {} if home is None else {"workers": [home], "allow_other_workers": True}
+            for i, future in zip(mine, self.client.map(fn, *([arg[i] for i in mine] for arg in args), pure=False,
+                                                       **where)):
+                futures[i] = future
+        return futures
+
+    def _scatter(self, items: list, homes: list) -> list:
+        """Futures of ``items`` sent from here, each to its home worker (one call per worker)."""
+        futures = [None] * len(items)
+        with self._lost_workers_raise("a scatter", scatter=True):
+            for home, mine in by_home(homes):
+                sent = self.client.scatter([items[i] for i in mine], workers=None if home is None else [home],
+                                           hash=False)
+                for i, future in zip(mine, sent):
+                    futures[i] = future
+        return futures
+
     def _place(self, blocks, reader) -> list:
-        """Blocks of X on the workers: scattered from memory, loaded there from the store, or
+        """Blocks of X on the workers (each on its home): scattered from memory, loaded there from the store, or
         (over half the cluster's memory) None: read from the store by every pass."""
+        homes = self.home if blocks is self.data.blocks else self.column_homes
         if self.data.in_memory:
-            with self._lost_workers_raise("a scatter", scatter=True):
-                return self.client.scatter([reader(block) for block in blocks], hash=False)
+            # Arrays arrive at arbitrary offsets: aligned once on their worker, not by every pass.
+            return self._per_block(aligned, self._scatter([reader(block) for block in blocks], homes), homes=homes)
         if self.persist_data:
-            return [self.client.submit(reader, block, pure=False) for block in blocks]
+            return self._per_block(reader, list(blocks), homes=homes)
         return [None] * len(blocks)
 
     def describe(self) -> dict:
@@ -385,38 +430,45 @@ class DistributedExecutor(Executor):
 
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         args_ref = self._broadcast(args)
-        with self._lost_workers_raise("a scatter", scatter=True):
-            own = ([()] * len(self.blocks) if per_block is None
-                   else [(item,) for item in self.client.scatter(list(per_block), hash=False)])
-        self.locals = [self.client.submit(_init_one, fn, block, args_ref, self.spill, *own[block.index], pure=False)
-                       for block in self.blocks]
+        own = [] if per_block is None else [self._scatter(list(per_block), self.home)]
+        self.locals = self._per_block(_init_one, fn, self.blocks, args_ref, self.spill, *own, homes=self.home)
 
     def run_pass(self, fn, *args, update: bool) -> list[dict]:
-        submit = self.client.submit
         args_ref = self._broadcast(args)
         self.generation += update
-        outs = [submit(run_block, fn, self.reader, block, self.X_refs[block.index],
-                       self.locals[block.index], args_ref, update, self.spill, self.generation, pure=False)
-                for block in self.blocks]
-        if update:
-            self.locals = [submit(operator.getitem, out, 0, pure=False) for out in outs]
-            outs = [submit(operator.getitem, out, 1, pure=False) for out in outs]
+        outs = self._per_block(run_block, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref, update,
+                               self.spill, self.generation, homes=self.home)
+        if update:  # where run_block ran
+            self.locals = self._per_block(operator.getitem, outs, 0)
+            outs = self._per_block(operator.getitem, outs, 1)
         with self._lost_workers_raise("a pass"):
-            total = tree_reduce(outs, lambda a, b: submit(merge, a, b, pure=False)).result()
+            total = tree_reduce_arrivals(len(outs), self._arrivals(outs), merge)
         self._count_pass()
         return aligned(by_group(total, self.data.n_groups))
+
+    def _arrivals(self, futures):
+        """``(index, result)`` of each future as it completes. The statistics are summed here as they arrive
+        (``tree_reduce_arrivals``) rather than by merge tasks on the workers: each merge task cost a scheduler
+        round trip, and the last block of a pass waited for a chain of them."""
+        from distributed import as_completed
+
+        index = {future.key: i for i, future in enumerate(futures)}
+        for future, result in as_completed(futures, with_results=True):
+            if future.status != "finished":
+                future.result()  # raises the task's error, or FutureCancelledError for a lost worker
+            yield index[future.key], result
 
     def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
         """One pass over the CSC column blocks; every column task receives the futures of all local
         factors (Dask moves them worker to worker; the driver never holds W)."""
         if self.Xc_refs is None:
             column_reader = self.data.column_reader()
+            self.column_homes = self._homes(self.data.column_blocks)
             self.Xc_refs = self._place(self.data.column_blocks, column_reader)
             self.column_reader = None if self.data.in_memory else column_reader
         args_ref = self._broadcast(args)
-        outs = [self.client.submit(run_column_block, fn, self.column_reader, cblock, self.Xc_refs[cblock.index],
-                                   self.locals, args_ref, pure=False)
-                for cblock in self.data.column_blocks]
+        outs = self._per_block(run_column_block, fn, self.column_reader, list(self.data.column_blocks), self.Xc_refs,
+                               [self.locals] * len(self.Xc_refs), args_ref, homes=self.column_homes)
         with self._lost_workers_raise("a column pass"):
             results = self.client.gather(outs)
         return self._column_results(results)
@@ -424,15 +476,13 @@ class DistributedExecutor(Executor):
     def map_local(self, fn, *args) -> None:
         args_ref = self._broadcast(args)
         self.generation += 1
-        self.locals = [self.client.submit(map_local_one, fn, block, local, args_ref, self.spill, self.generation,
-                                          pure=False)
-                       for block, local in zip(self.blocks, self.locals)]
+        self.locals = self._per_block(map_local_one, fn, self.blocks, self.locals, args_ref, self.spill,
+                                      self.generation, homes=self.home)
 
     def map_blocks(self, fn, *args) -> list:
         args_ref = self._broadcast(args)
-        outs = [self.client.submit(_map_one, fn, self.reader, block, self.X_refs[block.index],
-                                   self.locals[block.index], args_ref, pure=False)
-                for block in self.blocks]
+        outs = self._per_block(_map_one, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref,
+                               homes=self.home)
         with self._lost_workers_raise("a pass"):
             results = self.client.gather(outs)
         self._count_pass()
@@ -444,12 +494,10 @@ class DistributedExecutor(Executor):
 
     def save_local(self, directory: str) -> None:
         with self._lost_workers_raise("the saving of the local factors"):
-            self.client.gather([self.client.submit(_checkpoint_one, directory, block, local, pure=False)
-                                for block, local in zip(self.blocks, self.locals)])
+            self.client.gather(self._per_block(_checkpoint_one, directory, self.blocks, self.locals, homes=self.home))
 
     def load_local(self, directory: str) -> None:
-        self.locals = [self.client.submit(_restore_one, directory, block, self.spill, pure=False)
-                       for block in self.blocks]
+        self.locals = self._per_block(_restore_one, directory, self.blocks, self.spill, homes=self.home)
 
     def close(self) -> None:
         futures = [f for f in self.X_refs + (self.Xc_refs or []) + self.locals if f is not None]

@@ -8,7 +8,7 @@ any number of workers.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -24,6 +24,32 @@ def tree_reduce(items: list[T], combine: Callable[[T, T], T]) -> T:
             paired.append(level[-1])
         level = paired
     return level[0]
+
+
+def tree_reduce_arrivals(n_items: int, arrivals: Iterable[tuple[int, T]], combine: Callable[[T, T], T]) -> T:
+    """``tree_reduce`` of ``n_items`` items that arrive in any order, as ``(index, item)`` pairs.
+
+    The same pairs are combined in the same order as by ``tree_reduce`` (so the same floating-point
+    result), each as soon as both are there: only partial sums still waiting for their sibling are
+    held, not every item (per-block statistics can be large, and blocks many)."""
+    sizes = [n_items]  # items per level of the tree
+    while sizes[-1] > 1:
+        sizes.append((sizes[-1] + 1) // 2)
+    waiting: dict[tuple[int, int], T] = {}
+    for index, item in arrivals:
+        level = 0
+        while level < len(sizes) - 1:
+            odd_one_out = index == sizes[level] - 1 and sizes[level] % 2
+            if not odd_one_out:
+                sibling = waiting.pop((level, index ^ 1), None)
+                if sibling is None:
+                    waiting[(level, index)] = item
+                    break
+                item = combine(sibling, item) if index % 2 else combine(item, sibling)
+            index, level = index // 2, level + 1
+        else:
+            return item
+    raise ValueError(f"only some of the {n_items} items arrived" if n_items else "nothing to reduce")
 
 
 def keyed(group: int, stats: dict) -> dict:

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 
+from ..kernels.memory import aligned, empty_aligned
 from .format import Block, ColumnBlock, GroupStats, Metadata
 from .validate import check_block_values
 
@@ -47,6 +49,14 @@ def write_arrays(node, **arrays) -> None:
         node.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=tuple(max(s, 1) for s in arr.shape))[...] = arr
 
 
+def read_aligned(array: zarr.Array) -> np.ndarray:
+    """The whole Zarr array, read into a 64-byte-aligned buffer (see ``kernels/memory.py``): the
+    block tasks then use it as it is instead of copying it every pass."""
+    out = empty_aligned(array.shape, array.dtype)
+    array.get_basic_selection(Ellipsis, out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
+    return out
+
+
 @dataclass(frozen=True)
 class BlockReader:
     """Picklable loader of one block from a store on disk (what a worker runs)."""
@@ -58,7 +68,7 @@ class BlockReader:
     def __call__(self, block: Block):
         def load(node):
             if self.layout == "dense":
-                return node["X"][...]
+                return read_aligned(node["X"])
             return compressed(node, sp.csr_matrix, (block.n_rows, self.shape[1]))
 
         return read_node(self.path, f"blocks/{block.key}", f"block {block.index} (key {block.key!r})", load)
@@ -538,8 +548,8 @@ class StoreWriter:
         key = f"{len(self._staged):06d}"
         entry = {"key": key, "group": group_name, "rows": block.shape[0], "nnz": nnz}
         source_rows = np.asarray(source_rows, dtype=np.int64)
-        if self._root is None:
-            entry["data"], entry["source_rows"] = block, source_rows
+        if self._root is None:  # dense blocks aligned once here rather than copied by every pass
+            entry["data"], entry["source_rows"] = block if sp.issparse(block) else aligned(block), source_rows
         else:
             node = self._root.create_group(f"blocks/{key}")
             if sp.issparse(block):
