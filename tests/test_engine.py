@@ -103,6 +103,28 @@ def test_blocks_live_on_their_home_workers_and_passes_sum_the_same(local_cluster
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.cluster
+@pytest.mark.timeout(240)  # it hung before the fix
+def test_a_fit_on_a_client_that_is_not_the_default_one(local_cluster_client, tmp_path):
+    """With two clients in one process, distributed's as_completed tracked our futures on the *default* client's
+    event loop, another thread: the two threads read one connection at once and corrupted it (the cluster
+    benchmark's 1- and 2-worker comparison died with a 4 EiB allocation). The fit must use its own client's loop."""
+    from distributed import Client, LocalCluster
+
+    X, _ = grouped_data(m=960, n=40, seed=5)
+    store = distfact.from_arrays(X, np.repeat(["a", "b", "c"], 320), tmp_path / "x.zarr", block_rows=30)
+    model = distfact.NMF(4, solver="mu", random_state=0, max_iter=15, tol=0)
+    expected = model.fit_transform(store)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
+                      worker_dashboard_address=None) as other, \
+            Client(other) as newer:
+        from distributed.client import default_client
+
+        assert default_client() is newer and newer.loop is not local_cluster_client.loop
+        for _ in range(2):
+            assert np.array_equal(model.fit_transform(store, client=local_cluster_client), expected)
+
+
 def holders(client, futures) -> list[str]:
     from distributed import wait
 

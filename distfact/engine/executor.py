@@ -453,7 +453,9 @@ class DistributedExecutor(Executor):
         from distributed import as_completed
 
         index = {future.key: i for i, future in enumerate(futures)}
-        for future, result in as_completed(futures, with_results=True):
+        # as_completed would track the futures on the *default* client's event loop: with two clients in one
+        # process, another thread reading this client's connections at the same time (corrupting them)
+        for future, result in as_completed(futures, loop=self.client.loop, with_results=True):
             if future.status != "finished":
                 future.result()  # raises the task's error, or FutureCancelledError for a lost worker
             yield index[future.key], result
