@@ -1,6 +1,6 @@
 """distfact on a real Dask cluster, out of core (issue 9), measured in one run on this machine.
 
-    python benchmarks/bench_cluster.py                   # the full set: ~10 minutes on 2 idle cores (17 when other
+    python benchmarks/bench_cluster.py                   # the full set: ~7 minutes on 2 idle cores (more when other
                                                          # jobs share them), ~7 GB of temporary disk at most
     python benchmarks/bench_cluster.py --quick           # small sizes, to check the script (about 2 minutes)
     python benchmarks/bench_cluster.py --dir /scratch    # where stores and clusters go (default: a temporary directory)

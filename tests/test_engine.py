@@ -77,14 +77,16 @@ def test_dense_blocks_are_aligned_once_where_they_are_read_or_staged(tmp_path):
 
 
 @pytest.mark.cluster
-def test_blocks_live_on_their_home_workers_and_passes_sum_the_same(local_cluster_client, tmp_path):
+@pytest.mark.parametrize("where", ["store", "memory"])
+def test_blocks_live_on_their_home_workers_and_passes_sum_the_same(where, local_cluster_client, tmp_path):
     """X's blocks split 4/4 over the two workers in contiguous runs (the scheduler, left to itself, put 5 and 3),
     the local factors with them; a pass's statistics equal the in-process executor's bitwise."""
     from distfact.engine import InProcessExecutor
     from distfact.methods.nmf import NMFMethod
 
     X, _ = grouped_data(m=400, n=30, seed=3)
-    store = distfact.from_arrays(X, np.repeat(["a", "b"], 200), tmp_path / "x.zarr", block_rows=50)
+    store = distfact.from_arrays(X, np.repeat(["a", "b"], 200), tmp_path / "x.zarr" if where == "store" else None,
+                                 block_rows=50)
     assert store.n_blocks == 8
     executor = DistributedExecutor(store, local_cluster_client)
     try:
@@ -123,6 +125,34 @@ def test_a_fit_on_a_client_that_is_not_the_default_one(local_cluster_client, tmp
         assert default_client() is newer and newer.loop is not local_cluster_client.loop
         for _ in range(2):
             assert np.array_equal(model.fit_transform(store, client=local_cluster_client), expected)
+
+
+@pytest.mark.cluster
+def test_a_task_error_in_a_pass_is_raised_as_itself_and_the_rest_cancelled(local_cluster_client, tmp_path):
+    """Only a lost worker becomes WorkerLost (and a rerun); a block's own error is the fit's error."""
+    X, _ = grouped_data(m=400, n=30, seed=3)
+    store = distfact.from_arrays(X, np.repeat(["a", "b"], 200), tmp_path / "x.zarr", block_rows=50)
+    executor = DistributedExecutor(store, local_cluster_client)
+    try:
+        executor.init_local(lambda block: np.zeros((block.n_rows, 2)))
+
+        def stats(X_b, local, block):
+            if block.index == 0:
+                raise ArithmeticError(f"block {block.index} is bad")
+            import time
+
+            time.sleep(0.5)
+            return {"s": X_b.sum(axis=0)}
+
+        outs = []
+        executor._arrivals = (lambda arrivals: lambda futures: outs.extend(futures) or arrivals(futures))(
+            executor._arrivals)
+        with pytest.raises(ArithmeticError, match="block 0 is bad"):
+            executor.run_pass(stats, update=False)
+        statuses = [future.status for future in outs]
+        assert statuses.count("cancelled") >= 5, statuses  # the queued ones at least (and the failed one, released)
+    finally:
+        executor.close()
 
 
 def holders(client, futures) -> list[str]:

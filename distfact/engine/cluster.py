@@ -26,9 +26,14 @@ def client_for(scheduler: str | None = None, local_cluster: int | None = None, t
     from distributed import Client, LocalCluster
 
     if local_cluster:
-        with LocalCluster(n_workers=int(local_cluster), threads_per_worker=1, processes=True,
-                          dashboard_address="127.0.0.1:0", host="127.0.0.1",
-                          silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
+        import dask
+
+        # distfact places each block's tasks itself; stealing moved whole blocks (as in cluster/dask.yaml).
+        # The setting is read when the scheduler starts.
+        with dask.config.set({"distributed.scheduler.work-stealing": False}):
+            cluster = LocalCluster(n_workers=int(local_cluster), threads_per_worker=1, processes=True,
+                                   dashboard_address="127.0.0.1:0", host="127.0.0.1", silence_logs=logging.WARNING)
+        with cluster, Client(cluster) as client:
             logger.info("LocalCluster with %d workers; dashboard %s", local_cluster, client.dashboard_link)
             yield client
         return

@@ -348,8 +348,11 @@ class DistributedExecutor(Executor):
         self.addresses = [address for address, _ in workers]
         self.capacities = [info.get("nthreads") or 1 for _, info in workers]
         self.home = self._homes(data.blocks)
-        self.X_refs = self._place(data.blocks, data.reader())
-        self.column_reader, self.Xc_refs = None, None  # placed at the first column pass
+        self.X_refs = self._place(data.blocks, data.reader(), self.home)
+        # Where a pass's tasks go: to the block's X when the workers keep it; blocks read from the store by every
+        # pass can run anywhere (also on workers that joined after this executor was made).
+        self.pass_homes = self.home if persist_data or data.in_memory else None
+        self.column_reader, self.Xc_refs, self.column_homes = None, None, None  # placed at the first column pass
         self.locals: list = [None] * len(self.blocks)
 
     def _homes(self, blocks) -> list[str | None]:
@@ -365,7 +368,10 @@ class DistributedExecutor(Executor):
         """Futures of ``fn`` over the blocks (list arguments are per block, others the same for all), each task
         preferably on its block's worker in ``homes``. One submission per worker (a scheduler update per task
         cost more than the small tasks themselves)."""
-        n = next(len(arg) for arg in args if isinstance(arg, list))
+        lengths = {len(arg) for arg in args if isinstance(arg, list)} | ({len(homes)} if homes else set())
+        if len(lengths) != 1:
+            raise ValueError(f"per-block arguments of different lengths {sorted(lengths)}")
+        n = lengths.pop()
         args = [arg if isinstance(arg, list) else [arg] * n for arg in args]
         futures = [None] * n
         for home, mine in by_home(homes or [None] * n):
@@ -380,16 +386,18 @@ class DistributedExecutor(Executor):
         futures = [None] * len(items)
         with self._lost_workers_raise("a scatter", scatter=True):
             for home, mine in by_home(homes):
-                sent = self.client.scatter([items[i] for i in mine], workers=None if home is None else [home],
-                                           hash=False)
+                mine_items = [items[i] for i in mine]
+                try:
+                    sent = self.client.scatter(mine_items, workers=None if home is None else [home], hash=False)
+                except (KeyError, TimeoutError):  # the home left (KeyError) or is paused: any worker will do
+                    sent = self.client.scatter(mine_items, hash=False)
                 for i, future in zip(mine, sent):
                     futures[i] = future
         return futures
 
-    def _place(self, blocks, reader) -> list:
+    def _place(self, blocks, reader, homes: list) -> list:
         """Blocks of X on the workers (each on its home): scattered from memory, loaded there from the store, or
         (over half the cluster's memory) None: read from the store by every pass."""
-        homes = self.home if blocks is self.data.blocks else self.column_homes
         if self.data.in_memory:
             # Arrays arrive at arbitrary offsets: aligned once on their worker, not by every pass.
             return self._per_block(aligned, self._scatter([reader(block) for block in blocks], homes), homes=homes)
@@ -437,7 +445,7 @@ class DistributedExecutor(Executor):
         args_ref = self._broadcast(args)
         self.generation += update
         outs = self._per_block(run_block, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref, update,
-                               self.spill, self.generation, homes=self.home)
+                               self.spill, self.generation, homes=self.pass_homes)
         if update:  # where run_block ran
             self.locals = self._per_block(operator.getitem, outs, 0)
             outs = self._per_block(operator.getitem, outs, 1)
@@ -451,14 +459,22 @@ class DistributedExecutor(Executor):
         (``tree_reduce_arrivals``) rather than by merge tasks on the workers: each merge task cost a scheduler
         round trip, and the last block of a pass waited for a chain of them."""
         from distributed import as_completed
+        from distributed.client import FutureCancelledError
 
         index = {future.key: i for i, future in enumerate(futures)}
-        # as_completed would track the futures on the *default* client's event loop: with two clients in one
-        # process, another thread reading this client's connections at the same time (corrupting them)
-        for future, result in as_completed(futures, loop=self.client.loop, with_results=True):
-            if future.status != "finished":
-                future.result()  # raises the task's error, or FutureCancelledError for a lost worker
-            yield index[future.key], result
+        waiting = set(index)
+        try:
+            # as_completed would track the futures on the *default* client's event loop: with two clients in one
+            # process, another thread reading this client's connections at the same time (corrupting them).
+            # A task's error is raised by as_completed; a cancelled future (a lost worker) comes as its exception.
+            for future, result in as_completed(futures, loop=self.client.loop, with_results=True):
+                if isinstance(result, FutureCancelledError):
+                    raise result
+                waiting.discard(future.key)
+                yield index[future.key], result
+        finally:  # on an error, the rest of the pass is not wanted any more (as_completed still holds it)
+            if waiting:
+                self.client.cancel([future for future in futures if future.key in waiting])
 
     def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
         """One pass over the CSC column blocks; every column task receives the futures of all local
@@ -466,7 +482,7 @@ class DistributedExecutor(Executor):
         if self.Xc_refs is None:
             column_reader = self.data.column_reader()
             self.column_homes = self._homes(self.data.column_blocks)
-            self.Xc_refs = self._place(self.data.column_blocks, column_reader)
+            self.Xc_refs = self._place(self.data.column_blocks, column_reader, self.column_homes)
             self.column_reader = None if self.data.in_memory else column_reader
         args_ref = self._broadcast(args)
         outs = self._per_block(run_column_block, fn, self.column_reader, list(self.data.column_blocks), self.Xc_refs,
@@ -479,12 +495,12 @@ class DistributedExecutor(Executor):
         args_ref = self._broadcast(args)
         self.generation += 1
         self.locals = self._per_block(map_local_one, fn, self.blocks, self.locals, args_ref, self.spill,
-                                      self.generation, homes=self.home)
+                                      self.generation, homes=self.pass_homes)
 
     def map_blocks(self, fn, *args) -> list:
         args_ref = self._broadcast(args)
         outs = self._per_block(_map_one, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref,
-                               homes=self.home)
+                               homes=self.pass_homes)
         with self._lost_workers_raise("a pass"):
             results = self.client.gather(outs)
         self._count_pass()
@@ -496,7 +512,8 @@ class DistributedExecutor(Executor):
 
     def save_local(self, directory: str) -> None:
         with self._lost_workers_raise("the saving of the local factors"):
-            self.client.gather(self._per_block(_checkpoint_one, directory, self.blocks, self.locals, homes=self.home))
+            self.client.gather(self._per_block(_checkpoint_one, directory, self.blocks, self.locals,
+                                               homes=self.pass_homes))
 
     def load_local(self, directory: str) -> None:
         self.locals = self._per_block(_restore_one, directory, self.blocks, self.spill, homes=self.home)

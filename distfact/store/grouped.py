@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 import zarr
-from zarr.core.buffer import default_buffer_prototype
+from zarr.core.buffer.cpu import NDBuffer
 
 from ..kernels.memory import aligned, empty_aligned
 from .format import Block, ColumnBlock, GroupStats, Metadata
@@ -53,7 +53,7 @@ def read_aligned(array: zarr.Array) -> np.ndarray:
     """The whole Zarr array, read into a 64-byte-aligned buffer (see ``kernels/memory.py``): the
     block tasks then use it as it is instead of copying it every pass."""
     out = empty_aligned(array.shape, array.dtype)
-    array.get_basic_selection(Ellipsis, out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
+    array.get_basic_selection(Ellipsis, out=NDBuffer.from_numpy_array(out))
     return out
 
 

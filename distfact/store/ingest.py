@@ -71,7 +71,8 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     groups : array-like of shape (m,), optional
         One label per row; ``None`` puts all rows in one group ``"all"``.
     path : str or os.PathLike, optional
-        Where to write the Zarr store; ``None`` keeps the blocks in memory.
+        Where to write the Zarr store; ``None`` keeps the blocks in memory (dense blocks as copies at a
+        64-byte boundary: X's memory again, so that no pass copies a block).
     group_names : list of str, optional
         The groups and their order; every label must be among them and none may be empty.
     feature_names : list of str, optional
