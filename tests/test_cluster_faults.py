@@ -118,6 +118,33 @@ def test_a_rerun_after_a_lost_worker_resumes_and_restores_the_resume_parameter(t
         assert np.array_equal(model.components_, undisturbed.components_)
 
 
+def test_a_rerun_waits_for_the_workers_the_fit_had(cli_cluster, tmp_path, monkeypatch, caplog):
+    """A rerun first waits for the cluster to regain its size (a nanny restarts a lost worker in seconds), else X
+    would all go to the survivors: here the lost attempt claims 3 workers on a 2-worker cluster, so the rerun waits
+    REJOIN_WAIT and goes on with 2."""
+    import logging
+
+    from distfact.engine import cluster
+    from distfact.engine.executor import WorkerLost
+
+    monkeypatch.setattr(cluster, "REJOIN_WAIT", 1)
+    X, groups = grouped_data(m=90, n=12)
+    undisturbed = distfact.NMF(3, max_iter=6, tol=0, random_state=0).fit(X, groups=groups)
+    lost = []
+
+    def lose_a_worker_once(info):
+        if info.iteration == 2 and not lost:
+            lost.append(info.iteration)
+            raise WorkerLost("a Dask worker was lost during a pass (simulated)", n_workers=3)
+
+    with caplog.at_level(logging.WARNING, logger="distfact"):
+        model = distfact.NMF(3, max_iter=6, tol=0, random_state=0, callback=lose_a_worker_once).fit(
+            X, groups=groups, client=str(cli_cluster))
+    assert model.worker_losses_ == 1 and not hasattr(model, "_workers_before_loss")
+    assert "2 of the 3 workers are back after 1 s; going on with them" in caplog.text
+    assert np.array_equal(model.components_, undisturbed.components_)
+
+
 DRIVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})

@@ -84,6 +84,7 @@ def connect(scheduler: str, tls_dir=None):
 
 
 WORKER_WAIT = 30  # seconds a fit waits for a first worker to join before it gives up
+REJOIN_WAIT = 20  # seconds a rerun after a lost worker waits for the cluster to regain its size
 CHECK_TIMEOUT = 10  # seconds every worker has to answer the check before a fit
 
 
@@ -117,8 +118,9 @@ def _ask_each_worker(client, function, *args) -> dict:
     return dict(zip(addresses, client.sync(ask_all)))
 
 
-def check_workers(client, store_path: str | None) -> None:
-    """Before a fit on a cluster: at least one worker (waiting up to ``WORKER_WAIT`` s), every worker answering
+def check_workers(client, store_path: str | None, n_workers: int = 1) -> None:
+    """Before a fit on a cluster: at least one worker (waiting up to ``WORKER_WAIT`` s; for ``n_workers`` up to
+    ``REJOIN_WAIT`` s more, then going on with those there are), every worker answering
     within ``CHECK_TIMEOUT`` s, distfact importable there at this process's version, and the store readable at
     ``store_path``; a ``ValueError`` naming the workers and what is wrong otherwise, rather than tasks failing
     or hanging later. (Workers that join after the check are not checked.)"""
@@ -129,6 +131,12 @@ def check_workers(client, store_path: str | None) -> None:
     except TimeoutError as exc:
         raise ValueError(f"no Dask worker joined the scheduler at {client.scheduler.address} within "
                          f"{WORKER_WAIT} s") from exc
+    if n_workers > 1:
+        try:
+            client.wait_for_workers(n_workers, timeout=REJOIN_WAIT)
+        except TimeoutError:
+            logger.warning("%d of the %d workers are back after %s s; going on with them",
+                           len(client.scheduler_info()["workers"]), n_workers, REJOIN_WAIT)
     facts = _ask_each_worker(client, worker_facts, store_path)
     current = client.scheduler_info()["workers"]  # a worker that left meanwhile (lost, restarting) is no concern
     names = {address: info.get("name") for address, info in current.items()}

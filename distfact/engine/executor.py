@@ -43,7 +43,12 @@ from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce, tr
 
 class WorkerLost(RuntimeError):
     """A worker process died holding results the fit needs (blocks of X read there, local factors,
-    the broadcast global state): the fit cannot continue from its futures and must roll back."""
+    the broadcast global state): the fit cannot continue from its futures and must roll back.
+    ``n_workers``: how many workers the fit had, for the rerun to wait for (a nanny restarts a lost worker)."""
+
+    def __init__(self, message: str, n_workers: int = 0):
+        super().__init__(message)
+        self.n_workers = n_workers
 
 
 def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0):
@@ -434,7 +439,8 @@ class DistributedExecutor(Executor):
             # Dask keeps the exception in the cancelled futures' state: its traceback would keep this fit's
             # frames (the executor, X) alive for as long as the client lives
             exc.__traceback__ = None
-            raise WorkerLost(f"a Dask worker was lost during {what} ({type(exc).__name__}: {exc})") from None
+            raise WorkerLost(f"a Dask worker was lost during {what} ({type(exc).__name__}: {exc})",
+                             n_workers=len(self.addresses)) from None
 
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         args_ref = self._broadcast(args)
@@ -531,10 +537,13 @@ def _map_one(fn, reader, block, X_b, local, args):
     return fn(X_b if sp.issparse(X_b) else aligned(X_b), aligned(materialise(local)), block, *aligned(args))
 
 
-def make_executor(data, client=None, n_threads: int | None = None, spill_dir: str | None = None):
+def make_executor(data, client=None, n_threads: int | None = None, spill_dir: str | None = None,
+                  n_workers: int = 1):
     """The executor for ``client``: None -> in-process; a Client or a scheduler address -> distributed.
 
-    ``spill_dir``: keep the local factors in Zarr there instead of in memory (out-of-core)."""
+    ``spill_dir``: keep the local factors in Zarr there instead of in memory (out-of-core).
+    ``n_workers``: wait a while for this many workers (a rerun after a lost worker waits for its replacement,
+    else it would place all of X on the survivors), going on with fewer if they do not come."""
     if client is None:
         return InProcessExecutor(data, n_threads, spill_dir)
     owns_client = isinstance(client, str)
@@ -545,7 +554,7 @@ def make_executor(data, client=None, n_threads: int | None = None, spill_dir: st
     from .cluster import check_workers
 
     try:
-        check_workers(client, data.path)
+        check_workers(client, data.path, n_workers)
         workers = client.scheduler_info().get("workers", {}).values()
         cluster_memory = sum(w.get("memory_limit") or 0 for w in workers)
         # X stays in worker memory when it takes at most half of it; otherwise every pass streams it from the store.

@@ -26,7 +26,8 @@ def survives_worker_loss(fit):
     at most ``MAX_WORKER_LOSSES`` times: from the newest checkpoint when the estimator has a ``checkpoint_dir``
     (the work since it is redone), else from the start. Every step is deterministic and independent of where
     blocks run, so the result is bitwise that of an undisturbed fit; ``worker_losses_`` counts the reruns.
-    A callback sees the redone iterations again."""
+    A callback sees the redone iterations again. The rerun first waits (``engine/cluster.py: REJOIN_WAIT``) for
+    the cluster to regain the workers it had, so that X is not all placed on the survivors."""
     @functools.wraps(fit)
     def run(self, *args, **kwargs):
         resume = getattr(self, "resume", None)
@@ -45,9 +46,11 @@ def survives_worker_loss(fit):
                                    if checkpoints is None else f"resuming from the newest checkpoint in {checkpoints}")
                     if checkpoints is not None:
                         self.resume = True  # the checkpoints the lost attempt wrote are this fit's own
+                    self._workers_before_loss = exc.n_workers
         finally:
             if resume is not None:
                 self.resume = resume
+            self.__dict__.pop("_workers_before_loss", None)
     return run
 
 
@@ -110,7 +113,8 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
         if data.shape[0] * rank * np.dtype(local_dtype or data.dtype).itemsize > budget:
             spill_dir = (f"{os.path.abspath(data.path)}.locals-{uuid.uuid4().hex[:8]}" if data.path
                          else tempfile.mkdtemp(prefix="distfact-locals-"))
-        return make_executor(data, client, getattr(self, "n_threads", None), spill_dir)
+        return make_executor(data, client, getattr(self, "n_threads", None), spill_dir,
+                             getattr(self, "_workers_before_loss", 1))
 
     def _checkpointer(self, config: dict, phase: str | None = None):
         """Checkpoints in ``checkpoint_dir`` (or its ``phase`` subdirectory, for fits run as
