@@ -161,12 +161,17 @@ def contiguous_placement(costs, capacities) -> list[int]:
     return np.minimum(np.searchsorted(bounds, midpoints), len(shares) - 1).tolist()
 
 
-def by_home(homes: list) -> list[tuple]:
-    """``(home, indices of the items with that home)`` for each distinct home, in order of first appearance."""
+def per_home(homes: list, send) -> list:
+    """``send(home, indices of the items with that home)`` once per distinct home (it returns one result per
+    index given); the results in item order."""
     groups: dict = {}
     for i, home in enumerate(homes):
         groups.setdefault(home, []).append(i)
-    return list(groups.items())
+    out = [None] * len(homes)
+    for home, mine in groups.items():
+        for i, result in zip(mine, send(home, mine)):
+            out[i] = result
+    return out
 
 
 def _init_one(fn, block, args, spill, *own):
@@ -378,34 +383,35 @@ class DistributedExecutor(Executor):
             raise ValueError(f"per-block arguments of different lengths {sorted(lengths)}")
         n = lengths.pop()
         args = [arg if isinstance(arg, list) else [arg] * n for arg in args]
-        futures = [None] * n
-        for home, mine in by_home(homes or [None] * n):
+
+        def submit(home, mine):
             where = {} if home is None else {"workers": [home], "allow_other_workers": True}
-            for i, future in zip(mine, self.client.map(fn, *([arg[i] for i in mine] for arg in args), pure=False,
-                                                       **where)):
-                futures[i] = future
-        return futures
+            return self.client.map(fn, *([arg[i] for i in mine] for arg in args), pure=False, **where)
+
+        return per_home(homes or [None] * n, submit)
 
     def _scatter(self, items: list, homes: list) -> list:
         """Futures of ``items`` sent from here, each to its home worker (one call per worker)."""
-        futures = [None] * len(items)
+        def send(home, mine):
+            try:
+                return self.client.scatter([items[i] for i in mine], workers=None if home is None else [home],
+                                           hash=False)
+            except (KeyError, TimeoutError):  # the home left (KeyError) or is paused: any worker will do
+                return self.client.scatter([items[i] for i in mine], hash=False)
+
         with self._lost_workers_raise("a scatter", scatter=True):
-            for home, mine in by_home(homes):
-                mine_items = [items[i] for i in mine]
-                try:
-                    sent = self.client.scatter(mine_items, workers=None if home is None else [home], hash=False)
-                except (KeyError, TimeoutError):  # the home left (KeyError) or is paused: any worker will do
-                    sent = self.client.scatter(mine_items, hash=False)
-                for i, future in zip(mine, sent):
-                    futures[i] = future
-        return futures
+            return per_home(homes, send)
 
     def _place(self, blocks, reader, homes: list) -> list:
         """Blocks of X on the workers (each on its home): scattered from memory, loaded there from the store, or
         (over half the cluster's memory) None: read from the store by every pass."""
         if self.data.in_memory:
+            items = [reader(block) for block in blocks]
+            scattered = self._scatter(items, homes)
+            if sp.issparse(items[0]):
+                return scattered
             # Arrays arrive at arbitrary offsets: aligned once on their worker, not by every pass.
-            return self._per_block(aligned, self._scatter([reader(block) for block in blocks], homes), homes=homes)
+            return self._per_block(aligned, scattered, homes=homes)
         if self.persist_data:
             return self._per_block(reader, list(blocks), homes=homes)
         return [None] * len(blocks)

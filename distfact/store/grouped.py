@@ -549,7 +549,7 @@ class StoreWriter:
         entry = {"key": key, "group": group_name, "rows": block.shape[0], "nnz": nnz}
         source_rows = np.asarray(source_rows, dtype=np.int64)
         if self._root is None:  # dense blocks aligned once here rather than copied by every pass
-            entry["data"], entry["source_rows"] = block if sp.issparse(block) else aligned(block), source_rows
+            entry["data"], entry["source_rows"] = aligned(block), source_rows
         else:
             node = self._root.create_group(f"blocks/{key}")
             if sp.issparse(block):
