@@ -9,8 +9,8 @@ import argparse
 import functools
 import json
 import logging
+import math
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -27,10 +27,33 @@ FIT_MAX_ITER = {"wl1-nmf": 30}
 FIT_TOL = {"stratified-nmf": None, "wl1-nmf": 1e-6}
 
 
+def _number(kind, low=None, strict=False):
+    """An argparse type: a finite ``kind`` (int or float) >= ``low`` (> ``low`` if ``strict``), so that a bad value
+    is refused with its option named before any work (a NaN tolerance, a negative cluster size)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if low is not None and (value <= low if strict else value < low):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'>' if strict else '>='} {low}")
+        return value
+
+    parse.__name__ = kind.__name__  # what argparse names in "invalid int value"
+    return parse
+
+
+COUNT = _number(int, 0)  # 0, 1, 2, ...
+POSITIVE = _number(int, 1)  # 1, 2, ...
+NON_NEGATIVE = _number(float, 0.0)
+
+
 def _add_scheduler_options(p):
     g = p.add_argument_group("where to run (default: in this process, nothing to start)")
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
-    g.add_argument("--local-cluster", metavar="N", type=int, help="start a LocalCluster of N worker processes")
+    g.add_argument("--local-cluster", metavar="N", type=POSITIVE, help="start a LocalCluster of N worker processes")
     _add_tls_option(g)
 
 
@@ -39,10 +62,18 @@ def _add_tls_option(p):
                                                     "`distfact make-certs`; default: the Dask config's TLS settings)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (the usage itself is what --help is for)."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distfact", description="Group-aware matrix factorisation on Dask.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _Parser(prog="distfact", description="Group-aware matrix factorisation on Dask.",
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of any error")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
@@ -57,8 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text", help="corpus sources: the field with the text")
     p.add_argument("--group-field", default="group", help="corpus sources: the field with the group")
     p.add_argument("--vectorizer", default="tfidf", choices=["tfidf", "count", "hashing"])
-    p.add_argument("--max-features", type=int, default=20000)
-    p.add_argument("--block-rows", type=int, help="rows per block (default: ~128 MiB blocks)")
+    p.add_argument("--max-features", type=POSITIVE, default=20000)
+    p.add_argument("--block-rows", type=POSITIVE, help="rows per block (default: ~128 MiB blocks)")
     p.add_argument("--column-blocks", action="store_true",
                    help="also write X by CSC column blocks (what wl1-nmf sweeps; fit adds them otherwise)")
     p.add_argument("--signed", action="store_true",
@@ -77,18 +108,19 @@ def _parser() -> argparse.ArgumentParser:
                         "coordinate descent, robust to outliers and false zeros); ssnmf (semi-supervised NMF: "
                         "X ~ W H and the labels ~ W B jointly); multigroup-svd (consistent multigroup singular "
                         "vectors: min-max group loss, signed data, one pass)")
-    p.add_argument("--n-estimates", type=int, default=5, help="fairer-nmf: NMF runs per group for E_l")
-    p.add_argument("--v-updates", type=int, default=2, help="stratified-nmf: v updates per iteration (M)")
-    p.add_argument("--lam", type=float, default=1.0, help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF); "
-                                                          "ssnmf: weight of the supervision term")
+    p.add_argument("--n-estimates", type=POSITIVE, default=5, help="fairer-nmf: NMF runs per group for E_l")
+    p.add_argument("--v-updates", type=POSITIVE, default=2, help="stratified-nmf: v updates per iteration (M)")
+    p.add_argument("--lam", type=NON_NEGATIVE, default=1.0,
+                   help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF); ssnmf: weight of the supervision term")
     p.add_argument("--model", default="FF", choices=["FF", "FD", "DF", "DD"],
                    help="ssnmf: the (reconstruction, supervision) losses, F = Frobenius, D = I-divergence")
     p.add_argument("--labels", default="groups",
                    help="ssnmf: 'groups' (the store's groups are the classes), 'none' (NMF), or a .npy/text file "
                         "with one class label per input row (-1: unlabelled)")
-    p.add_argument("--hals-iter", type=int, default=10, help="wl1-nmf: HALS iterations of --init hals")
-    p.add_argument("--time-limit", type=float, help="wl1-nmf: seconds after which no new iteration starts")
-    p.add_argument("--rank", "-r", type=int, required=True, help="number of components")
+    p.add_argument("--hals-iter", type=COUNT, default=10, help="wl1-nmf: HALS iterations of --init hals")
+    p.add_argument("--time-limit", type=_number(float, 0.0, strict=True),
+                   help="wl1-nmf: seconds after which no new iteration starts")
+    p.add_argument("--rank", "-r", type=POSITIVE, required=True, help="number of components")
     p.add_argument("--solver", choices=["mu", "hals", "am", "scd", "auto", "fw", "brent", "sdp"],
                    help="nmf: mu (default) or hals; fairer-nmf: mu (default) or am; stratified-nmf: mu; wl1-nmf: scd; "
                         "multigroup-svd: auto (default: brent for two groups, fw otherwise), fw, brent or sdp")
@@ -97,14 +129,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
     p.add_argument("--init", choices=["random", "nndsvda", "hals"],
                    help="random (default), or nndsvda for nmf; wl1-nmf: hals (default) or random")
-    p.add_argument("--max-iter", type=int, help="iterations (default: 200; wl1-nmf: 30)")
-    p.add_argument("--tol", type=float, help="change that stops the fit (default: 1e-4 relative; stratified-nmf: "
-                                             "none, run --max-iter iterations as the paper does; wl1-nmf: 1e-6 "
-                                             "on the objective divided by sum(X))")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", "-o", default="distfact-fit", help="output directory")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K iterations (0: never)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
+    p.add_argument("--max-iter", type=COUNT, help="iterations (default: 200; wl1-nmf: 30)")
+    p.add_argument("--tol", type=NON_NEGATIVE,
+                   help="change that stops the fit (default: 1e-4 relative; stratified-nmf: none, run --max-iter "
+                        "iterations as the paper does; wl1-nmf: 1e-6 on the objective divided by sum(X))")
+    p.add_argument("--seed", type=COUNT, default=0)
+    p.add_argument("--output", "-o", default="distfact-fit",
+                   help="output directory: written beside it in .NAME.partial/ and swapped into place when complete; "
+                        "must be new, empty or an earlier fit output (replaced with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier fit output at --output")
+    p.add_argument("--checkpoint-every", type=COUNT, default=0,
+                   help="checkpoint every K iterations (0: never), into .NAME.partial/checkpoints/ beside --output")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted fit from its newest checkpoint")
     p.add_argument("--no-progress", action="store_true")
     _add_scheduler_options(p)
 
@@ -132,18 +168,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", default="1:10", help="fairness: ranks as FIRST:LAST (inclusive)")
     p.add_argument("--solver", choices=["mu", "am", "auto", "fw", "brent", "sdp"],
                    help="fairness: the Fairer-NMF scheme, mu (default) or am; multigroup: auto (default), fw, brent, sdp")
-    p.add_argument("--rank", "-r", type=int, default=10, help="stratified, ssnmf: number of topics; multigroup: d")
+    p.add_argument("--rank", "-r", type=POSITIVE, default=10,
+                   help="stratified, ssnmf: number of topics; multigroup: d")
     p.add_argument("--center", action="store_true", help="multigroup: subtract the column means")
     p.add_argument("--scale", action="store_true", help="multigroup: divide the columns by their std")
     p.add_argument("--model", default="DF", choices=["FF", "FD", "DF", "DD"], help="ssnmf: the losses (R, S)")
-    p.add_argument("--lam", type=float, default=1.0, help="ssnmf: weight of the supervision term")
+    p.add_argument("--lam", type=NON_NEGATIVE, default=1.0, help="ssnmf: weight of the supervision term")
     p.add_argument("--labels", default="groups", help="ssnmf: 'groups' or a file of class labels (as for fit)")
     p.add_argument("--image-shape", help="stratified: features are pixels of HEIGHTxWIDTH images, e.g. 8x8")
-    p.add_argument("--top", type=int, default=10, help="stratified, ssnmf: top features listed per stratum and topic")
-    p.add_argument("--max-iter", type=int, help="iterations (default: 5000 fairness, 100 stratified and ssnmf)")
-    p.add_argument("--tol", type=float, default=1e-6, help="fairness: the stopping tolerance of both methods")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", "-o", default="distfact-report")
+    p.add_argument("--top", type=POSITIVE, default=10,
+                   help="stratified, ssnmf: top features listed per stratum and topic")
+    p.add_argument("--max-iter", type=COUNT, help="iterations (default: 5000 fairness, 100 stratified and ssnmf)")
+    p.add_argument("--tol", type=NON_NEGATIVE, default=1e-6, help="fairness: the stopping tolerance of both methods")
+    p.add_argument("--seed", type=COUNT, default=0)
+    p.add_argument("--output", "-o", default="distfact-report",
+                   help="output directory (new, empty or an earlier report, replaced with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --output")
     _add_scheduler_options(p)
 
     p = sub.add_parser("run", help="run a pipeline spec (TOML): ingest -> fit -> evaluate -> report -> publish",
@@ -177,7 +217,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("directory")
     p.add_argument("--host", action="append", metavar="NAME",
                    help="a host name or IP address the certificate names (repeatable; default: localhost, 127.0.0.1)")
-    p.add_argument("--days", type=int, default=365, help="validity in days (at least 1)")
+    p.add_argument("--days", type=POSITIVE, default=365, help="validity in days (at least 1)")
     return parser
 
 
@@ -234,8 +274,8 @@ def _progress(args, max_iter):
     return None if args.no_progress else ProgressBar(max_iter)
 
 
-def _fit_model(args, bar):
-    """The estimator ``distfact fit`` runs, from the command line's options."""
+def _fit_model(args, bar, checkpoint_dir):
+    """The estimator ``distfact fit`` runs, from the command line's options (checkpoints in ``checkpoint_dir``)."""
     from .estimators import NMF, SSNMF, FairerNMF, StratifiedNMF, WeightedL1NMF
 
     solver = _method_choice(args, "--solver", args.solver, FIT_SOLVERS)
@@ -251,8 +291,7 @@ def _fit_model(args, bar):
     if (args.model != "FF" or args.labels != "groups") and args.method != "ssnmf":
         raise ValueError("--model and --labels are available for ssnmf only")
     tol = FIT_TOL.get(args.method, 1e-4) if args.tol is None else args.tol
-    checkpoints = dict(checkpoint_dir=args.output if args.checkpoint_every or args.resume else None,
-                       checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
+    checkpoints = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
     common = dict(max_iter=_max_iter(args), tol=tol, random_state=args.seed, callback=bar)
     if args.method == "ssnmf":
         return SSNMF(args.rank, model=args.model, lam=args.lam, **common, **checkpoints)
@@ -283,6 +322,7 @@ def _max_iter(args) -> int:
 def cmd_fit(args):
     from .engine.cluster import client_for
     from .metrics import format_table, group_table
+    from .outputs import OutputDir, write_json
     from .store import open_store
 
     data = open_store(args.store)
@@ -290,69 +330,66 @@ def cmd_fit(args):
         return _fit_multigroup(args, data)
     if args.center or args.scale:
         raise ValueError("--center and --scale are available for multigroup-svd only")
-    bar = _progress(args, _max_iter(args))
-    model = _fit_model(args, bar)
-    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-        if client is not None:
-            print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
+    checkpointing = bool(args.checkpoint_every or args.resume)
+    # Checkpoints live in the staging directory (beside --output) until the fit completes; --resume finds them there.
+    with OutputDir(args.output, "fit", overwrite=args.overwrite, resume=args.resume,
+                   keep=("checkpoints",) if checkpointing else (), scratch=("checkpoints",)) as out:
+        bar = _progress(args, _max_iter(args))
+        model = _fit_model(args, bar, out.path if checkpointing else None)
+        _check_rank(model.n_components, data)
+        W_out = os.path.join(out.path, "W")
+        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
+            if client is not None:
+                print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
+            if args.method == "fairer-nmf":
+                W = model.fit_transform(data, client=client)
+            elif args.method == "ssnmf":
+                model.fit(data, y=class_labels(args.labels, data), client=client, W_out=W_out)
+            else:
+                model.fit(data, client=client, W_out=W_out)
+        if bar is not None:
+            bar.close()
+        written = ["H.npy"]
+        np.save(os.path.join(out.path, "H.npy"), model.components_)
+        np.save(os.path.join(out.path, "rows.npy"), data.row_index())  # W's stored row -> input row
+        metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
+                   "converged": model.converged_, "loss_history": model.loss_history_.tolist(),
+                   "scheduler": model.scheduler_, "store": os.path.abspath(args.store),
+                   "groups": group_table(model, data)}
         if args.method == "fairer-nmf":
-            W = model.fit_transform(data, client=client)
-        elif args.method == "ssnmf":
-            model.fit(data, y=class_labels(args.labels, data), client=client, W_out=os.path.join(args.output, "W"))
+            written.append("W.npy")
+            np.save(os.path.join(out.path, "W.npy"), W)
+            metrics.update(E=model.E_.tolist(), c=model.c_.tolist(), max_group_loss=float(model.group_losses_.max()))
         else:
-            model.fit(data, client=client, W_out=os.path.join(args.output, "W"))
-    if bar is not None:
-        bar.close()
-    # Files appear only after a successful fit; metrics.json is written last and marks the output complete.
-    _remove_outputs(args.output, [name for name in FIT_OUTPUTS if name != "W"])  # W/ is this fit's (W_out)
-    written = [os.path.join(args.output, "H.npy")]
-    np.save(written[0], model.components_)
-    np.save(os.path.join(args.output, "rows.npy"), data.row_index())  # W's stored row -> input row
-    metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
-               "converged": model.converged_, "loss_history": model.loss_history_.tolist(),
-               "scheduler": model.scheduler_, "store": os.path.abspath(args.store),
-               "groups": group_table(model, data)}
-    if args.method == "fairer-nmf":
-        written.append(os.path.join(args.output, "W.npy"))
-        np.save(written[-1], W)
-        metrics.update(E=model.E_.tolist(), c=model.c_.tolist(), max_group_loss=float(model.group_losses_.max()))
-    else:
-        written.append(os.path.join(args.output, "W/ (one array per block, rows.npy maps them back)"))
-    if args.method == "stratified-nmf":
-        written.append(os.path.join(args.output, "v.npy"))
-        np.save(written[-1], model.strata_features_)  # one row per stratum, in metrics' "strata" order
-        metrics.update(strata=model.strata_names_, normalised_loss=float(model.loss_history_[-1, 1]),
-                       top_features=model.top_features(10))
-    elif args.method == "nmf":
-        metrics["reconstruction_err"] = model.reconstruction_err_
-    elif args.method == "ssnmf":
-        if model.B_ is not None:
-            written.append(os.path.join(args.output, "B.npy"))
-            np.save(written[-1], model.B_)  # Y ~ W B; columns in metrics' "classes" order
-            metrics["classes"] = [str(c) for c in model.classes_]
-        metrics.update(model=model._method.model, lam=args.lam, reconstruction=float(model.loss_history_[-1, 1]),
-                       supervision=float(model.loss_history_[-1, 2]))
-    elif args.method == "wl1-nmf":  # the L1 error, ||X - WH||_1; the groups' relative_error is its share
-        metrics.update(lam=model.lam, l1_error=model.reconstruction_err_, timed_out=model.timed_out_)
-    written.append(os.path.join(args.output, "metrics.json"))
-    with open(written[-1], "w") as f:
-        json.dump(metrics, f, indent=2, default=str)
+            written.append("W/ (one array per block, rows.npy maps them back)")
+        if args.method == "stratified-nmf":
+            written.append("v.npy")
+            np.save(os.path.join(out.path, "v.npy"), model.strata_features_)  # one row per stratum, in "strata" order
+            metrics.update(strata=model.strata_names_, normalised_loss=float(model.loss_history_[-1, 1]),
+                           top_features=model.top_features(10))
+        elif args.method == "nmf":
+            metrics["reconstruction_err"] = model.reconstruction_err_
+        elif args.method == "ssnmf":
+            if model.B_ is not None:
+                written.append("B.npy")
+                np.save(os.path.join(out.path, "B.npy"), model.B_)  # Y ~ W B; columns in metrics' "classes" order
+                metrics["classes"] = [str(c) for c in model.classes_]
+            metrics.update(model=model._method.model, lam=args.lam, reconstruction=float(model.loss_history_[-1, 1]),
+                           supervision=float(model.loss_history_[-1, 2]))
+        elif args.method == "wl1-nmf":  # the L1 error, ||X - WH||_1; the groups' relative_error is its share
+            metrics.update(lam=model.lam, l1_error=model.reconstruction_err_, timed_out=model.timed_out_)
+        written.append("metrics.json")
+        write_json(os.path.join(out.path, "metrics.json"), metrics)
+        out.commit()
     print(format_table(metrics["groups"]))
-    print(f"wrote {', '.join(written)}")
+    print(f"wrote {', '.join(os.path.join(args.output, name) for name in written)}")
 
 
-FIT_OUTPUTS = ("metrics.json", "H.npy", "W.npy", "W", "v.npy", "B.npy", "rows.npy", "V.npy", "group_losses.csv")
+def _check_rank(rank: int, data) -> None:
+    """The rank against the store's shape, before any work (the estimators check it again)."""
+    from .estimators.base import check_rank
 
-
-def _remove_outputs(directory, names) -> None:
-    """An earlier fit's files in ``directory`` (metrics.json first: the output is incomplete from here)."""
-    os.makedirs(directory, exist_ok=True)
-    for name in names:
-        path = os.path.join(directory, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
+    check_rank(rank, data.shape)
 
 
 def _multigroup_model(args, solver):
@@ -364,8 +401,9 @@ def _multigroup_model(args, solver):
 
 
 def _fit_multigroup(args, data):
-    """``fit --method multigroup-svd``: V.npy (components), group_losses.csv and metrics.json (written last)."""
+    """``fit --method multigroup-svd``: V.npy (components), group_losses.csv and metrics.json."""
     from .engine.cluster import client_for
+    from .outputs import OutputDir, write_json
 
     nmf_only = {"--init": args.init is not None, "--beta-loss": args.beta_loss != "frobenius",
                 "--checkpoint-every": bool(args.checkpoint_every), "--resume": args.resume}
@@ -373,21 +411,22 @@ def _fit_multigroup(args, data):
         raise ValueError(f"{', '.join(k for k, v in nmf_only.items() if v)} do not apply to multigroup-svd "
                          "(one pass, no iterations over X)")
     model = _multigroup_model(args, _method_choice(args, "--solver", args.solver, FIT_SOLVERS))
-    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-        model.fit(data, client=client)
-    _remove_outputs(args.output, FIT_OUTPUTS)
-    written = [os.path.join(args.output, name) for name in ("V.npy", "group_losses.csv", "metrics.json")]
-    np.save(written[0], model.components_)
-    model.group_losses_.to_csv(written[1], index=False)
-    metrics = {"method": args.method, "rank": args.rank, "solver": model.solver_, "center": args.center,
-               "scale": args.scale, "n_passes": model.n_passes_, "n_iter": model.n_iter_.tolist(),
-               "mu": model.mu_.tolist(), "duality_gap": model.duality_gap_.tolist(),
-               "primal": model.primal_objective_.tolist(), "dual": model.dual_objective_.tolist(),
-               "groups": model.group_names_, "scheduler": model.scheduler_, "store": os.path.abspath(args.store)}
-    with open(written[2], "w") as f:
-        json.dump(metrics, f, indent=2, default=str)
+    model._check_n_components(data.shape[1])
+    with OutputDir(args.output, "fit", overwrite=args.overwrite) as out:
+        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
+            model.fit(data, client=client)
+        names = ("V.npy", "group_losses.csv", "metrics.json")
+        np.save(os.path.join(out.path, names[0]), model.components_)
+        model.group_losses_.to_csv(os.path.join(out.path, names[1]), index=False)
+        write_json(os.path.join(out.path, names[2]), {
+            "method": args.method, "rank": args.rank, "solver": model.solver_, "center": args.center,
+            "scale": args.scale, "n_passes": model.n_passes_, "n_iter": model.n_iter_.tolist(),
+            "mu": model.mu_.tolist(), "duality_gap": model.duality_gap_.tolist(),
+            "primal": model.primal_objective_.tolist(), "dual": model.dual_objective_.tolist(),
+            "groups": model.group_names_, "scheduler": model.scheduler_, "store": os.path.abspath(args.store)})
+        out.commit()
     print(model.group_losses_[model.group_losses_["rank"] == args.rank].to_string(index=False))
-    print(f"wrote {', '.join(written)}")
+    print(f"wrote {', '.join(os.path.join(args.output, name) for name in names)}")
 
 
 def _parse_ranks(text: str) -> range:
@@ -410,64 +449,70 @@ def _parse_image_shape(text):
 
 def cmd_report(args):
     from .engine.cluster import client_for
+    from .outputs import OutputDir
     from .store import open_store
 
     data = open_store(args.store)
     name = os.path.basename(os.path.normpath(data.path))
-    if args.multigroup:
-        from .multigroup_report import write_multigroup_report
-
-        if args.solver in ("mu", "am"):
-            raise ValueError(f"--solver {args.solver} is for --fairness; --multigroup takes auto, fw, brent or sdp")
-        model = _multigroup_model(args, args.solver or "auto")
-        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-            model.fit(data, client=client)
-        paths = write_multigroup_report(args.output, model, title=f"Multigroup SVD: {name}")
-        print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
-        return
-    if args.center or args.scale:
+    if not args.multigroup and (args.center or args.scale):
         raise ValueError("--center and --scale are available for --multigroup only")
-    if args.solver in ("auto", "fw", "brent", "sdp"):
+    if args.multigroup and args.solver in ("mu", "am"):
+        raise ValueError(f"--solver {args.solver} is for --fairness; --multigroup takes auto, fw, brent or sdp")
+    if not args.multigroup and args.solver in ("auto", "fw", "brent", "sdp"):
         raise ValueError(f"--solver {args.solver} is for --multigroup; --fairness takes mu or am")
-    if args.ssnmf:
-        from .estimators import SSNMF
-        from .ssnmf_report import write_ssnmf_report
+    ranks = _parse_ranks(args.ranks) if args.fairness else None
+    if args.fairness:
+        _check_rank(ranks[-1], data)
+        small = [(g, int(n)) for g, n in zip(data.group_names, data.group_sizes) if n < ranks[-1]]
+        if small:
+            raise ValueError(f"--ranks {args.ranks}: group {small[0][0]!r} has {small[0][1]} rows, fewer than rank "
+                             f"{ranks[-1]} (Fairer-NMF's E_l needs a rank-r NMF of every group)")
+    elif not args.multigroup:
+        _check_rank(args.rank, data)
+    labels = class_labels(args.labels, data) if args.ssnmf else None
+    if args.ssnmf and labels is None:
+        raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
+    shape = None if args.image_shape is None else _parse_image_shape(args.image_shape)
+    if shape is not None and shape[0] * shape[1] != data.shape[1]:
+        raise ValueError(f"--image-shape {args.image_shape} has {shape[0] * shape[1]} pixels, "
+                         f"the store has {data.shape[1]} features")
+    with OutputDir(args.output, "report", overwrite=args.overwrite) as out, \
+            client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
+        if args.multigroup:
+            from .multigroup_report import write_multigroup_report
 
-        labels = class_labels(args.labels, data)
-        if labels is None:
-            raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
-        model = SSNMF(args.rank, model=args.model, lam=args.lam, max_iter=100 if args.max_iter is None else args.max_iter,
-                      random_state=args.seed)
-        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-            model.fit(data, y=labels, client=client)
-        paths = write_ssnmf_report(args.output, model, top=args.top, title=f"SSNMF ({args.model}): {name}")
-        print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
-        return
-    if args.stratified:
-        from .estimators import StratifiedNMF
-        from .stratified_report import write_stratified_report
-
-        shape = None if args.image_shape is None else _parse_image_shape(args.image_shape)
-        if shape is not None and shape[0] * shape[1] != data.shape[1]:
-            raise ValueError(f"--image-shape {args.image_shape} has {shape[0] * shape[1]} pixels, "
-                             f"the store has {data.shape[1]} features")
-        model = StratifiedNMF(args.rank, max_iter=100 if args.max_iter is None else args.max_iter, random_state=args.seed)
-        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
+            model = _multigroup_model(args, args.solver or "auto")
+            model._check_n_components(data.shape[1])
             model.fit(data, client=client)
-        paths = write_stratified_report(args.output, model, image_shape=shape, top=args.top,
-                                        title=f"Stratified-NMF: {name}")
-        print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
-        return
-    from .fairness import fairness_table, write_fairness_report
+            paths = write_multigroup_report(out.path, model, title=f"Multigroup SVD: {name}")
+        elif args.ssnmf:
+            from .estimators import SSNMF
+            from .ssnmf_report import write_ssnmf_report
 
-    ranks = _parse_ranks(args.ranks)
-    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-        rows = fairness_table(data, ranks=ranks, solver=args.solver or "mu", tol=args.tol,
-                              max_iter=5000 if args.max_iter is None else args.max_iter,
-                              random_state=args.seed, client=client,
-                              progress=lambda r: print(f"rank {r} done", file=sys.stderr))
-    paths = write_fairness_report(rows, args.output, title=f"Fairness report: {name}")
-    print(f"wrote {paths['html']}, {paths['csv']} and the figures in {args.output}")
+            model = SSNMF(args.rank, model=args.model, lam=args.lam,
+                          max_iter=100 if args.max_iter is None else args.max_iter, random_state=args.seed)
+            model.fit(data, y=labels, client=client)
+            paths = write_ssnmf_report(out.path, model, top=args.top, title=f"SSNMF ({args.model}): {name}")
+        elif args.stratified:
+            from .estimators import StratifiedNMF
+            from .stratified_report import write_stratified_report
+
+            model = StratifiedNMF(args.rank, max_iter=100 if args.max_iter is None else args.max_iter,
+                                  random_state=args.seed)
+            model.fit(data, client=client)
+            paths = write_stratified_report(out.path, model, image_shape=shape, top=args.top,
+                                            title=f"Stratified-NMF: {name}")
+        else:
+            from .fairness import fairness_table, write_fairness_report
+
+            rows = fairness_table(data, ranks=ranks, solver=args.solver or "mu", tol=args.tol,
+                                  max_iter=5000 if args.max_iter is None else args.max_iter,
+                                  random_state=args.seed, client=client,
+                                  progress=lambda r: print(f"rank {r} done", file=sys.stderr))
+            paths = write_fairness_report(rows, out.path, title=f"Fairness report: {name}")
+        out.commit()
+    final = {key: os.path.join(args.output, os.path.relpath(path, out.path)) for key, path in paths.items()}
+    print(f"wrote {final['html']}, {final['csv']} and the figures in {args.output}")
 
 
 def cmd_run(args):
@@ -510,16 +555,41 @@ def cmd_make_certs(args):
 
 
 def main(argv=None) -> int:
+    """Run a command. Exit status: 0 done; 2 bad input or a bad environment (a one-line message naming the problem
+    and where: a missing or corrupt file, a full or read-only disk, an unreachable scheduler); 1 a failed pipeline
+    stage, a lost cluster, or an internal error (with its traceback: please report it); ``--debug`` shows the
+    traceback of any error."""
     args = _parser().parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
                 "demo": cmd_demo, "make-certs": cmd_make_certs}
+    from .engine.executor import WorkerLost
+    from .outputs import Locked
+
     try:
         return commands[args.command](args) or 0
-    except ValueError as exc:
-        print(f"distfact {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"distfact {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (Locked, WorkerLost) as exc:
+        if args.debug:
+            raise
+        print(f"distfact {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"distfact {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an error: an OSError's reason and file (its str() reads "[Errno 28] ..."), else its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else ""
+        return f"{exc.strerror}" + (f": {where!r}" if where else "")
+    return str(exc).replace("\n", " ") if isinstance(exc, OSError) else str(exc)
 
 
 if __name__ == "__main__":

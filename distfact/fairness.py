@@ -11,12 +11,12 @@ Views (as the paper's figures):
 from __future__ import annotations
 
 import csv
-import json
 import os
 
 import numpy as np
 
 from .estimators import FairerNMF, NMF
+from .outputs import write_json
 from .report import html_figures, html_page, html_table
 from .store.coerce import as_grouped
 
@@ -95,8 +95,7 @@ def write_fairness_report(rows: list[dict], out_dir, title="Fairer-NMF fairness 
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    with open(paths["json"], "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(paths["json"], rows, indent=1)
     images = []
     for name, (panels, ylabel) in FIGURES.items():
         fig = _plot(rows, panels, ylabel)

@@ -8,12 +8,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 import pandas as pd
 
+from .outputs import write_json
 from .report import figure_png, html_table, write_page
 
 LOSSES = ("marginal", "incremental", "reconstruction")
@@ -82,8 +82,7 @@ def write_multigroup_report(out_dir, model, title: str = "Multigroup SVD report"
              "n_iter": model.n_iter_.tolist(), "mu": model.mu_.tolist(), "primal": model.primal_objective_.tolist(),
              "dual": model.dual_objective_.tolist(), "duality_gap": model.duality_gap_.tolist(),
              "scheduler": model.scheduler_}
-    with open(paths["json"], "w") as f:
-        json.dump({**facts, "losses": table.to_dict(orient="records")}, f, indent=1, default=str)
+    write_json(paths["json"], {**facts, "losses": table.to_dict(orient="records")}, indent=1)
     last = table[table["rank"] == table["rank"].max()]
     summary = [[row.group, *(float(row[kind]) for kind in LOSSES), *(float(row[f"{kind}_svd"]) for kind in LOSSES)]
                for _, row in last.iterrows()]

@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 
 import numpy as np
 
+from .outputs import write_json
 from .report import figure_png, html_table, write_page
 
 
@@ -82,12 +82,13 @@ def write_ssnmf_report(out_dir, model, *, feature_names=None, top=10, title="SSN
              "html": os.path.join(out_dir, "ssnmf.html")}
     with open(paths["csv"], "w", newline="") as f:
         csv.writer(f).writerows([columns, *rows])
-    with open(paths["json"], "w") as f:
-        json.dump({"classes": class_names(model), "n_components": int(model.n_components_),
-                   "n_iter": int(model.n_iter_), "n_passes": int(model.n_passes_),
-                   "objective": float(model.loss_history_[-1, 0]), "reconstruction": float(model.loss_history_[-1, 1]),
-                   "supervision": float(model.loss_history_[-1, 2]), "normalised_B": normalised_B(model).tolist(),
-                   "top_features": rows, "scheduler": model.scheduler_}, f, indent=1, default=str)
+    write_json(paths["json"], {"classes": class_names(model), "n_components": int(model.n_components_),
+                               "n_iter": int(model.n_iter_), "n_passes": int(model.n_passes_),
+                               "objective": float(model.loss_history_[-1, 0]),
+                               "reconstruction": float(model.loss_history_[-1, 1]),
+                               "supervision": float(model.loss_history_[-1, 2]),
+                               "normalised_B": normalised_B(model).tolist(), "top_features": rows,
+                               "scheduler": model.scheduler_}, indent=1)
     body = (f"<p>{len(class_names(model))} classes, rank {model.n_components_}, {model.n_iter_} iterations "
             f"({model.n_passes_} passes over X); objective {model.loss_history_[-1, 0]:.4g} (reconstruction "
             f"{model.loss_history_[-1, 1]:.4g}, supervision {model.loss_history_[-1, 2]:.4g}).</p>"

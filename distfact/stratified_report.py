@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 
 import numpy as np
 
+from .outputs import write_json
 from .report import figure_png, html_table, write_page
 
 
@@ -111,8 +111,7 @@ def write_stratified_report(out_dir, model, *, feature_names=None, image_shape=N
                "loss": float(model.loss_history_[-1, 0]), "normalised_loss": float(model.loss_history_[-1, 1]),
                "stratum_relative_errors": dict(zip(model.strata_names_, model.group_errors_.tolist())),
                "top_features": tops, "scheduler": model.scheduler_}
-    with open(paths["json"], "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+    write_json(paths["json"], summary, indent=1)
     images = [("fig1_normalised_loss.png", normalised_loss_plot(model)),
               ("fig3_strata_features.png", strata_features_plot(model, names))]
     if image_shape is not None:

@@ -248,7 +248,7 @@ def test_fairness_report_table_files_and_cli(tmp_path):
     assert out.returncode == 0, out.stderr
     assert sorted(os.listdir(tmp_path / "cli")) == sorted(["fairness.csv", "fairness.json", "fairness.html",
                                                            "fig2_r_error_standard.png", "fig3_r_loss_standard.png",
-                                                           "fig5_r_loss_fairer.png"])
+                                                           "fig5_r_loss_fairer.png", "distfact-output.json"])
     bad = subprocess.run([sys.executable, "-m", "distfact.cli", "report", str(tmp_path / "x.zarr"), "--fairness",
                           "--ranks", "3-1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--ranks must be FIRST:LAST" in bad.stderr

@@ -66,6 +66,7 @@ def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
     for stage in ("ingest", "fit", "evaluate", "report", "publish"):
         assert json.loads((run_dir / stage / "COMMITTED").read_text())["stage"] == stage
         assert not (run_dir / f"{stage}.partial").exists()
+    assert not (run_dir.parent / f".{DATE}.next").exists()  # built aside, swapped into place
     events = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
     assert [e["stage"] for e in events if e["event"] == "done"] == ["ingest", "fit", "evaluate", "report", "publish"]
     assert all("seconds" in e for e in events if e["event"] == "done")
@@ -123,7 +124,7 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
                                 str(tmp_path / "cut"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    partial = tmp_path / "cut" / "resumable" / DATE / "fit.partial" / "nmf-r8" / "checkpoints"
+    partial = tmp_path / "cut" / "resumable" / f".{DATE}.next" / "fit.partial" / "nmf-r8" / "checkpoints"
     deadline = time.time() + 300
     while not list(partial.glob("*/COMMITTED")) and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
@@ -145,8 +146,11 @@ def test_resume_redoes_fits_whose_spec_changed(tmp_path):
     spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
     first = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
     run_dir = first["run_dir"]
-    shutil.copytree(os.path.join(run_dir, "fit"), os.path.join(run_dir, "fit.partial"))  # as if killed after them
-    os.remove(os.path.join(run_dir, "fit.partial", "COMMITTED"))
+    build = os.path.join(os.path.dirname(run_dir), f".{DATE}.next")  # as if a rerun was killed after its fits
+    shutil.copytree(run_dir, build)
+    os.rename(os.path.join(build, "fit"), os.path.join(build, "fit.partial"))
+    os.remove(os.path.join(build, "fit.partial", "COMMITTED"))
+    open(os.path.join(build, "distfact-partial.json"), "w").write("{}")
     spec.write_text(SMALL.replace("ranks = [3, 5]", "ranks = [3]").replace("max_iter = 20", "max_iter = 7"))
     log = tmp_path / "log.txt"
     with open(log, "w") as stream:
@@ -161,7 +165,7 @@ def test_a_second_run_of_the_same_date_is_refused_while_one_runs(tmp_path):
     first = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
                               str(tmp_path / "runs"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-    partial = tmp_path / "runs" / "resumable" / DATE / "fit.partial"
+    partial = tmp_path / "runs" / "resumable" / f".{DATE}.next" / "fit.partial"
     deadline = time.time() + 120
     while not partial.exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -210,16 +214,21 @@ def test_spec_errors_name_the_key_and_line_before_any_work(tmp_path, change, lin
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
-def test_a_failing_stage_leaves_earlier_stages_committed_and_nothing_of_its_own(tmp_path):
+def test_a_failing_stage_publishes_nothing_and_its_committed_stages_are_reused(tmp_path):
     spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3, 100]"))  # 100 > 64 features
     out = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
     assert out.returncode == 1
     assert "stage 'fit' failed" in out.stderr and "n_components=100" in out.stderr
-    run_dir = tmp_path / "runs" / "small" / DATE
-    assert (run_dir / "ingest" / "COMMITTED").exists()
-    assert not (run_dir / "fit").exists() and not (run_dir / "fit.partial").exists()
-    assert not (run_dir / "report").exists()
-    assert '"event": "fail"' in (run_dir / "log.jsonl").read_text()
+    run_dir, build = tmp_path / "runs" / "small" / DATE, tmp_path / "runs" / "small" / f".{DATE}.next"
+    assert not run_dir.exists() and not (tmp_path / "runs" / "small" / "LATEST").exists()  # nothing published
+    assert (build / "ingest" / "COMMITTED").exists()  # built aside, kept for the next run
+    assert not (build / "fit").exists() and not (build / "fit.partial").exists()
+    assert '"event": "fail"' in (build / "log.jsonl").read_text()
+    spec.write_text(SMALL)
+    fixed = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
+    assert fixed.returncode == 0 and "ran fit, evaluate, report, publish" in fixed.stdout, fixed.stderr
+    assert not build.exists() and (run_dir / "report" / "report.html").exists()
+    assert '"event": "fail"' in (run_dir / "log.jsonl").read_text()  # the date's whole history
 
 
 def test_publish_to_an_fsspec_url(tmp_path, monkeypatch):

@@ -42,29 +42,85 @@ def client_for(scheduler: str | None = None, local_cluster: int | None = None, t
         yield client
 
 
-CONNECT_TIMEOUT = "10s"
+CONNECT_TIMEOUT = 10  # seconds to reach a scheduler and hear it answer
+
+
+def scheduler_file_address(path: str) -> str:
+    """The address in a Dask scheduler file (the JSON ``dask scheduler --scheduler-file`` writes); a file that is
+    missing or is no scheduler file is a ``ValueError`` naming it."""
+    import json
+
+    if not os.path.isfile(path):
+        raise ValueError(f"scheduler file {path!r} does not exist (start a cluster with cluster/start-local.sh, "
+                         "which writes one)")
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(f"scheduler file {path!r} is not a Dask scheduler file (not JSON text: {exc})") from None
+    address = doc.get("address") if isinstance(doc, dict) else None
+    if not isinstance(address, str) or "://" not in address:
+        raise ValueError(f"scheduler file {path!r} is not a Dask scheduler file (no \"address\" such as "
+                         "\"tcp://host:8786\")")
+    return address
+
+
+def probe_scheduler(address: str, security=None, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Connect to ``address`` and ask it who it is, within ``timeout`` seconds in all: a ``ValueError`` if nothing
+    answers, or something answers that is not a Dask scheduler (e.g. a web server, which would wait forever for a
+    request line: ``distributed.Client`` has no bound on that handshake). Runs on its own thread and event loop,
+    so it works inside a running loop (a notebook) too."""
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import connect as comm_connect
+
+    connection_args = {} if security is None else security.get_connection_args("client")
+
+    async def identity():
+        comm = await comm_connect(address, timeout=timeout, **connection_args)
+        try:
+            await comm.write({"op": "identity"})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            answer = pool.submit(asyncio.run, asyncio.wait_for(identity(), timeout)).result()
+        except (OSError, asyncio.TimeoutError, TimeoutError) as exc:
+            hint = (" (over TLS: do the scheduler and this client use certificates of the same authority?)"
+                    if address.startswith("tls://") else "")
+            timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError))
+            reason = "no answer" if timed_out else str(exc) or type(exc).__name__
+            raise ValueError(f"cannot reach a Dask scheduler at {address!r} within {timeout} s ({reason}){hint}; is "
+                             "it running, reachable from here, and a Dask scheduler (not another server)?") from None
+        except Exception as exc:  # a server speaking another protocol: a garbled frame
+            raise ValueError(f"the server at {address!r} is not a Dask scheduler (its answer could not be read: "
+                             f"{type(exc).__name__})") from None
+    if not isinstance(answer, dict) or answer.get("type") != "Scheduler":
+        raise ValueError(f"the server at {address!r} is not a Dask scheduler (it answered {str(answer)[:80]!r})")
 
 
 def connect(scheduler: str, tls_dir=None):
     """A ``distributed.Client`` for a scheduler address or a scheduler file (``*.json``), over TLS with the
     certificates in ``tls_dir`` (else with the Dask configuration's ``distributed.comm.tls`` settings, if any).
-    An unreachable scheduler, a missing file, or a TLS scheduler without certificates is a ``ValueError`` saying
-    so after at most ``CONNECT_TIMEOUT``, not a hang."""
-    import json
-
+    An unreachable scheduler, a server that is no Dask scheduler, a missing or invalid scheduler file, or a TLS
+    scheduler without certificates is a ``ValueError`` saying so within about ``CONNECT_TIMEOUT`` seconds, never a
+    hang."""
     import dask
     from distributed import Client
+    from distributed.security import Security
 
     from .tls import security_from_dir
 
     if scheduler.endswith(".json"):
-        if not os.path.isfile(scheduler):
-            raise ValueError(f"scheduler file {scheduler!r} does not exist (start a cluster with "
-                             "cluster/start-local.sh, which writes one)")
+        address = scheduler_file_address(scheduler)
         kwargs = {"scheduler_file": scheduler}
-        with open(scheduler) as f:
-            address = json.load(f).get("address", "")
     else:
+        if "://" not in scheduler and ":" not in scheduler:
+            raise ValueError(f"--scheduler {scheduler!r} is neither an address (tcp://host:8786, tls://host:8786) "
+                             "nor a scheduler file (*.json)")
         kwargs, address = {"address": scheduler}, scheduler
     security = None if tls_dir is None else security_from_dir(tls_dir)
     configured = dask.config.get("distributed.comm.tls.ca-file", None)
@@ -74,18 +130,18 @@ def connect(scheduler: str, tls_dir=None):
     if address.startswith("tls://") and security is None and not configured:
         raise ValueError(f"the scheduler at {address!r} speaks TLS: give its certificate directory (--tls-dir DIR, "
                          "or tls_dir in a pipeline's [cluster]) or set distributed.comm.tls in the Dask configuration")
+    probe_scheduler(address, security if security is not None else (Security() if configured else None))
     try:
-        return Client(**kwargs, timeout=CONNECT_TIMEOUT, security=security)
+        return Client(**kwargs, timeout=f"{CONNECT_TIMEOUT}s", security=security)
     except (OSError, TimeoutError) as exc:
-        hint = (" (over TLS: do the scheduler and this client use certificates of the same authority?)"
-                if address.startswith("tls://") else "")
-        raise ValueError(f"cannot reach the Dask scheduler at {scheduler!r} within {CONNECT_TIMEOUT} ({exc}){hint}; "
+        raise ValueError(f"cannot reach the Dask scheduler at {scheduler!r} within {CONNECT_TIMEOUT} s ({exc}); "
                          "is it running and reachable from here?") from exc
 
 
 WORKER_WAIT = 30  # seconds a fit waits for a first worker to join before it gives up
 REJOIN_WAIT = 20  # seconds a rerun after a lost worker waits for the cluster to regain its size
-CHECK_TIMEOUT = 10  # seconds every worker has to answer the check before a fit
+CHECK_TIMEOUT = 10  # seconds every worker has to answer a trivial request before a fit
+IMPORT_TIMEOUT = 120  # seconds more for a worker's first import of distfact (cold: numba, scikit-learn, ...)
 
 
 def worker_facts(store_path: str | None) -> dict:
@@ -97,17 +153,15 @@ def worker_facts(store_path: str | None) -> dict:
     return {"version": __version__, "store_error": None if store_path is None else unreadable(store_path)}
 
 
-def _ask_each_worker(client, function, *args) -> dict:
-    """``function(*args)`` on every worker, each given ``CHECK_TIMEOUT`` s: ``{address: result, or the exception
-    (a TimeoutError for a worker that did not answer)}``."""
+def _ask_each_worker(client, addresses: list, timeout: float, function, *args) -> dict:
+    """``function(*args)`` on each worker of ``addresses``, each given ``timeout`` s: ``{address: result, or the
+    exception (a TimeoutError for a worker that did not answer)}``."""
     import asyncio
-
-    addresses = list(client.scheduler_info()["workers"])
 
     async def ask(address):
         try:
             answer = await asyncio.wait_for(client._run(function, *args, workers=[address], on_error="return"),
-                                            CHECK_TIMEOUT)
+                                            timeout)
             return answer.get(address, TimeoutError())
         except OSError as exc:  # TimeoutError included
             return exc
@@ -120,9 +174,10 @@ def _ask_each_worker(client, function, *args) -> dict:
 
 def check_workers(client, store_path: str | None, n_workers: int = 1) -> None:
     """Before a fit on a cluster: at least one worker (waiting up to ``WORKER_WAIT`` s; for ``n_workers`` up to
-    ``REJOIN_WAIT`` s more, then going on with those there are), every worker answering
-    within ``CHECK_TIMEOUT`` s, distfact importable there at this process's version, and the store readable at
-    ``store_path``; a ``ValueError`` naming the workers and what is wrong otherwise, rather than tasks failing
+    ``REJOIN_WAIT`` s more, then going on with those there are); every worker answering a trivial request within
+    ``CHECK_TIMEOUT`` s (a frozen or overloaded worker), then importing distfact within ``IMPORT_TIMEOUT`` s (a first
+    import compiles and loads a lot: it is timed apart from the answer), at this process's version, and reading the
+    store at ``store_path``; a ``ValueError`` naming the workers and what is wrong otherwise, rather than tasks failing
     or hanging later. (Workers that join after the check are not checked.)"""
     from distfact import __version__
 
@@ -137,15 +192,21 @@ def check_workers(client, store_path: str | None, n_workers: int = 1) -> None:
         except TimeoutError:
             logger.warning("%d of the %d workers are back after %s s; going on with them",
                            len(client.scheduler_info()["workers"]), n_workers, REJOIN_WAIT)
-    facts = _ask_each_worker(client, worker_facts, store_path)
+    # first a builtin (nothing to import on the worker), then distfact's own check, which imports it
+    answers = _ask_each_worker(client, list(client.scheduler_info()["workers"]), CHECK_TIMEOUT, os.getpid)
+    responsive = [address for address, answer in answers.items() if not isinstance(answer, BaseException)]
+    facts = {**answers, **_ask_each_worker(client, responsive, IMPORT_TIMEOUT, worker_facts, store_path)}
     current = client.scheduler_info()["workers"]  # a worker that left meanwhile (lost, restarting) is no concern
     names = {address: info.get("name") for address, info in current.items()}
-    facts = {address: fact for address, fact in facts.items() if address in current}
     problems = []
     for address, fact in sorted(facts.items()):
+        if address not in current:
+            continue
         worker = f"{names.get(address)} ({address})" if names.get(address) not in (None, address) else address
         if isinstance(fact, TimeoutError):
-            problems.append(f"{worker}: did not answer within {CHECK_TIMEOUT} s (frozen or overloaded?)")
+            problems.append(f"{worker}: did not answer within {CHECK_TIMEOUT} s (frozen or overloaded?)"
+                            if address not in responsive else
+                            f"{worker}: answers, but did not import distfact within {IMPORT_TIMEOUT} s")
         elif isinstance(fact, BaseException):
             missing = "No module named 'distfact" in str(fact)
             problems.append(f"{worker}: cannot run distfact ({fact})" + (
@@ -158,3 +219,4 @@ def check_workers(client, store_path: str | None, n_workers: int = 1) -> None:
                             "must be on a file system every worker mounts at the same path")
     if problems:
         raise ValueError("the Dask workers cannot run this fit:\n  " + "\n  ".join(problems))
+

@@ -20,6 +20,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .executor import aligned
+from .finite import NonFiniteError, check_global, check_objective
 
 logger = logging.getLogger("distfact")
 
@@ -154,13 +155,18 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
     if state is None:
         if checkpointer is not None:
             checkpointer.check_fresh_start()
-        started = start()
-        if isinstance(started, tuple):  # an initialisation whose last pass already gave the statistics
-            global_state, stats = started
-        else:
-            global_state = started
-            stats = executor.run_pass(method.block_stats, shipped(method, global_state), update=False)
-        value, per_group = method.objective(global_state, stats, data)
+        try:
+            started = start()
+            if isinstance(started, tuple):  # an initialisation whose last pass already gave the statistics
+                global_state, stats = started
+            else:
+                global_state = started
+                check_global(global_state, 0, "the initial global state")
+                stats = executor.run_pass(method.block_stats, shipped(method, global_state), update=False)
+            value, per_group = method.objective(global_state, stats, data)
+            check_objective(value, per_group, data.group_names, 0)
+        except NonFiniteError as exc:
+            raise exc.at(0, data.group_names) from None
         state = FitState(global_state, stats, [value], [per_group])
         logger.info("pass 0: objective %.6g", value)
     while state.iteration < max_iter and not state.converged:
@@ -169,16 +175,24 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             state.timed_out = True
             logger.info("time limit of %.3g s reached after %d iterations", time_limit, state.iteration)
             break
-        state.global_state = aligned(method.global_step(state.global_state, state.stats, data))
-        state.stats = executor.run_pass(method.local_step, shipped(method, state.global_state), update=True)
-        if hasattr(method, "column_step"):
-            pieces, column_stats = executor.run_column_pass(method.column_step, shipped(method, state.global_state))
-            state.global_state = aligned(method.assemble_columns(state.global_state, pieces))
-            state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
-        value, per_group = method.objective(state.global_state, state.stats, data)
+        iteration = state.iteration + 1
+        try:
+            state.global_state = aligned(method.global_step(state.global_state, state.stats, data))
+            check_global(state.global_state, iteration)
+            state.stats = executor.run_pass(method.local_step, shipped(method, state.global_state), update=True)
+            if hasattr(method, "column_step"):
+                pieces, column_stats = executor.run_column_pass(method.column_step,
+                                                                shipped(method, state.global_state))
+                state.global_state = aligned(method.assemble_columns(state.global_state, pieces))
+                check_global(state.global_state, iteration)
+                state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
+            value, per_group = method.objective(state.global_state, state.stats, data)
+            check_objective(value, per_group, data.group_names, iteration)
+        except NonFiniteError as exc:
+            raise exc.at(iteration, data.group_names) from None
         state.objectives.append(value)
         state.group_objectives.append(per_group)
-        state.iteration += 1
+        state.iteration = iteration
         state.converged = method.converged(state.objectives, state.group_objectives)
         seconds = time.perf_counter() - started
         logger.info("iteration %d: objective %.6g (%.3f s)", state.iteration, value, seconds)

@@ -12,7 +12,7 @@ it returns the column block's piece of the global factor and statistics as array
 
 - :class:`InProcessExecutor` (the default: nothing to start). One block, or one
   thread, is a plain loop with no task graph (the fast path for small data);
-  otherwise Dask's threaded scheduler runs the blocks of a pass in parallel.
+  otherwise a pool of threads runs the blocks of a pass in parallel.
 - :class:`DistributedExecutor` (``client=``): X blocks and local factors stay
   on the workers as futures, each block on its *home* worker (contiguous runs of
   about equal work, ``contiguous_placement``); only the statistics come back,
@@ -23,6 +23,7 @@ it returns the column block's piece of the global factor and statistics as array
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import operator
@@ -38,6 +39,7 @@ import zarr
 from ..kernels.memory import aligned
 from ..store.format import Block
 from ..store.grouped import compressed, write_arrays
+from .finite import check_block
 from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce, tree_reduce_arrivals
 
 
@@ -60,9 +62,11 @@ def run_block(fn, reader, block, X_b, local, args, update, spill=None, generatio
     out = fn(X_b, aligned(materialise(local)), block, *aligned(args))
     if update:
         new_local, stats = out
+        check_block(block, new_local, stats)
         if spill is not None:
             new_local = spill.store(block, new_local, generation)
         return new_local, keyed(block.group, stats)
+    check_block(block, stats=out)
     return keyed(block.group, out)
 
 
@@ -73,7 +77,9 @@ def run_column_block(fn, reader, column_block, Xc, locals_, args):
         Xc = reader(column_block)
     parts = [materialise(local) for local in locals_]
     W = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return fn(Xc, aligned(W), column_block, *aligned(args))
+    piece, stats = fn(Xc, aligned(W), column_block, *aligned(args))
+    check_block(column_block, piece, stats)
+    return piece, stats
 
 
 def map_local_one(fn, block, local, args, spill, generation):
@@ -246,7 +252,7 @@ class Executor:
 
 
 class InProcessExecutor(Executor):
-    """Runs passes in this process: a plain loop, or Dask's threaded scheduler across blocks."""
+    """Runs passes in this process: a plain loop, or a pool of threads across blocks."""
 
     def __init__(self, data, n_threads: int | None = None, spill_dir: str | None = None):
         super().__init__(data, spill_dir)
@@ -254,6 +260,7 @@ class InProcessExecutor(Executor):
         self.reader = data.reader()
         self.locals: list = [None] * data.n_blocks
         self._holds_blas = not self._serial()
+        self._pool = None  # threads for the blocks of a pass, made at the first parallel pass
         if self._holds_blas:
             # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
             # the driver's small products between passes must not leave BLAS threads spinning
@@ -261,7 +268,7 @@ class InProcessExecutor(Executor):
             SINGLE_THREAD_BLAS.acquire()
 
     def describe(self) -> dict:
-        mode = "loop" if self._serial() else "dask-threads"
+        mode = "loop" if self._serial() else "threads"
         return {"scheduler": "in-process", "mode": mode, "threads": self.n_threads}
 
     def _serial(self) -> bool:
@@ -273,12 +280,15 @@ class InProcessExecutor(Executor):
                 or (self.data.in_memory and not self.data.is_sparse))
 
     def _map(self, tasks: list, serial: bool | None = None):
+        """The tasks' results in order. In parallel threads, every task ends before the first failure (in task
+        order) is raised, so that none is still writing (a checkpoint, W) when the caller cleans up after it."""
         if self._serial() if serial is None else serial:
             return [task() for task in tasks]
-        import dask.threaded
-
-        graph = {("block", i): (task,) for i, task in enumerate(tasks)}
-        return dask.threaded.get(graph, list(graph), num_workers=self.n_threads)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.n_threads, thread_name_prefix="distfact-block")
+        futures = [self._pool.submit(task) for task in tasks]
+        concurrent.futures.wait(futures)
+        return [future.result() for future in futures]
 
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         """``local_b <- fn(block, *args[, per_block[b]])`` for every block, where it will live."""
@@ -338,6 +348,9 @@ class InProcessExecutor(Executor):
                                  for block in self.blocks])
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         self._remove_spill()
         if self._holds_blas:
             SINGLE_THREAD_BLAS.release()

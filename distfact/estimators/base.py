@@ -66,11 +66,16 @@ def check_rank(n_components, shape) -> int:
     return int(n_components)
 
 
-def check_iteration_params(max_iter, tol) -> None:
-    if not isinstance(max_iter, numbers.Integral) or max_iter < 0:
+def check_iteration_params(max_iter, tol, random_state=None) -> None:
+    """``max_iter`` a non-negative integer, ``tol`` a finite non-negative number, ``random_state`` None or a
+    non-negative integer (a seed from which every block derives its own)."""
+    if not isinstance(max_iter, numbers.Integral) or isinstance(max_iter, bool) or max_iter < 0:
         raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
-    if not isinstance(tol, numbers.Real) or tol < 0:
-        raise ValueError(f"tol must be a non-negative number, got {tol!r}")
+    if not isinstance(tol, numbers.Real) or not np.isfinite(tol) or tol < 0:
+        raise ValueError(f"tol must be a finite non-negative number, got {tol!r}")
+    if random_state is not None and (not isinstance(random_state, numbers.Integral) or isinstance(random_state, bool)
+                                     or random_state < 0):
+        raise ValueError(f"random_state must be None or a non-negative integer (a seed), got {random_state!r}")
 
 
 def check_factor(F, shape, name: str, dtype) -> np.ndarray:
@@ -80,6 +85,20 @@ def check_factor(F, shape, name: str, dtype) -> np.ndarray:
     if not np.all(np.isfinite(F)) or (F < 0).any():
         raise ValueError(f"{name} must be finite and non-negative")
     return np.ascontiguousarray(F, dtype=dtype)
+
+
+def check_new_directory(path, name: str) -> None:
+    """An output directory (``W_out``) must be new or empty: distfact writes no file over one it did not write.
+    Checked before a fit starts, so that a long fit does not fail at its end."""
+    if path is None:
+        return
+    path = os.fspath(path)
+    if os.path.lexists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise ValueError(f"{name} {path!r} exists and is not an empty directory; distfact does not write over "
+                         "files: give a new directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} {path!r}: its directory {parent!r} is not writable")
 
 
 def given_local(block, local):
@@ -168,11 +187,19 @@ class FactorEstimator(TransformerMixin, BaseEstimator):
 
     @staticmethod
     def _save_local_factors(executor, directory) -> None:
-        """Write W block by block (one Zarr array per block, by the process holding it) into
-        ``directory``, replacing any blocks of an earlier fit."""
+        """Write W block by block (one Zarr array per block, by the process holding it) beside ``directory`` and
+        rename it into place (``directory`` was absent or empty: see :func:`check_new_directory`)."""
         directory = os.path.abspath(os.fspath(directory))
-        shutil.rmtree(directory, ignore_errors=True)
-        executor.save_local(directory)
+        aside = f"{directory}.partial-{uuid.uuid4().hex[:8]}"
+        try:
+            executor.save_local(aside)
+            check_new_directory(directory, "W_out")  # again: something may have appeared meanwhile
+            if os.path.isdir(directory):
+                os.rmdir(directory)
+            os.rename(aside, directory)
+        except BaseException:
+            shutil.rmtree(aside, ignore_errors=True)
+            raise
 
     @staticmethod
     def _rows_in_caller_order(data, blocks: list) -> np.ndarray:

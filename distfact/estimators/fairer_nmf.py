@@ -117,7 +117,7 @@ class FairerNMF(FactorEstimator):
                              "installed: pip install clarabel")
         if not isinstance(self.n_estimates, (int, np.integer)) or self.n_estimates < 1:
             raise ValueError(f"n_estimates must be a positive integer, got {self.n_estimates!r}")
-        check_iteration_params(self.max_iter, self.tol)
+        check_iteration_params(self.max_iter, self.tol, self.random_state)
         check_iteration_params(self.estimate_max_iter, self.estimate_tol)
         data = self._grouped(X, groups)
         r = check_rank(self.n_components, data.shape)
@@ -125,6 +125,10 @@ class FairerNMF(FactorEstimator):
         if small:
             raise ValueError(f"group {small[0][0]!r} has {small[0][1]} rows, fewer than n_components={r}: "
                              "its rank-r error E_l is not defined")
+        zero = [name for name, sq_norm in zip(data.group_names, data.group_sq_norms) if not sq_norm > 0]
+        if zero:
+            raise ValueError(f"group {zero[0]!r} is all zeros: Fairer-NMF measures each group's loss relative to "
+                             "||X_l||_F (Definition 4.1), which is 0 for it; drop the group or fit NMF")
         return data, r
 
     @survives_worker_loss

@@ -124,7 +124,7 @@ class MultigroupSVD(FactorEstimator):
     def fit(self, X, groups=None, client=None):
         """Fit on X (array, sparse matrix, DataFrame, GroupedMatrix or store path) with row ``groups``
         (None for a GroupedMatrix or store; for an array, None means a single group: the SVD)."""
-        check_iteration_params(self.max_iter, self.tol)
+        check_iteration_params(self.max_iter, self.tol, self.random_state)
         if self.max_iter < 1 or self.tol <= 0:
             raise ValueError(f"max_iter must be at least 1 and tol positive, got max_iter={self.max_iter!r}, "
                              f"tol={self.tol!r}")

@@ -11,7 +11,8 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
-from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
+                   data_fingerprint, survives_worker_loss)
 
 INITS = ("random", "nndsvda", "custom")
 
@@ -116,9 +117,10 @@ class NMF(FactorEstimator):
 
     @survives_worker_loss
     def _fit(self, X, groups, W, H, client, want_W, W_out=None):
+        check_new_directory(W_out, "W_out")
         data = self._grouped(X, groups)
         r = check_rank(self.n_components, data.shape)
-        check_iteration_params(self.max_iter, self.tol)
+        check_iteration_params(self.max_iter, self.tol, self.random_state)
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if (W is not None or H is not None) and self.init != "custom":

@@ -13,8 +13,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
-                   given_local, survives_worker_loss)
+from ..store.validate import check_label_spellings
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
+                   data_fingerprint, given_local, survives_worker_loss)
 
 INITS = ("random", "custom")
 
@@ -35,10 +36,20 @@ def one_hot(y, n_rows: int):
     y = np.asarray(y)
     if y.shape != (n_rows,):
         raise ValueError(f"y has shape {y.shape}, expected ({n_rows},): one label per row of X")
+    missing = pd.isna(y)
+    if missing.any():
+        row = int(np.flatnonzero(missing)[0])
+        raise ValueError(f"y has a missing label ({y[row]}) at row {row}; mark unlabelled rows with -1")
     labelled = ~pd.Series(y).isin([-1, "-1"]).to_numpy()
     if not labelled.any():
         raise ValueError("y has no labelled row (every label is -1)")
-    classes, codes = np.unique(y[labelled], return_inverse=True)
+    if y.dtype == object:
+        check_label_spellings(y[labelled], "y (the labelled rows)")
+    try:
+        classes, codes = np.unique(y[labelled], return_inverse=True)
+    except TypeError:  # labels of several types do not sort
+        kinds = sorted({type(v).__name__ for v in y[labelled]})
+        raise ValueError(f"y mixes labels of types {', '.join(kinds)}; give labels of one type") from None
     Y = np.zeros((n_rows, len(classes)))
     Y[np.flatnonzero(labelled), codes] = 1.0
     return Y, labelled, classes
@@ -129,7 +140,7 @@ class SSNMF(FactorEstimator):
         return self._fit(X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W=True)
 
     def _check_params(self):
-        check_iteration_params(self.max_iter, self.tol)
+        check_iteration_params(self.max_iter, self.tol, self.random_state)
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if not isinstance(self.lam, numbers.Real) or not np.isfinite(self.lam) or self.lam < 0:
@@ -178,6 +189,7 @@ class SSNMF(FactorEstimator):
 
     @survives_worker_loss
     def _fit(self, X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W, W_out=None):
+        check_new_directory(W_out, "W_out")
         self._check_params()
         if (W is not None or H is not None or B is not None) and self.init != "custom":
             raise ValueError("W, H and B are used only with init='custom'")

@@ -10,7 +10,8 @@ import numpy as np
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.stratified_nmf import StratifiedMU
-from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
+                   data_fingerprint, survives_worker_loss)
 
 INITS = ("random", "custom")
 
@@ -100,7 +101,7 @@ class StratifiedNMF(FactorEstimator):
         return self._fit(X, strata, W, H, v, client, want_W=True)
 
     def _check_params(self):
-        check_iteration_params(self.max_iter, 0.0 if self.tol is None else self.tol)
+        check_iteration_params(self.max_iter, 0.0 if self.tol is None else self.tol, self.random_state)
         if not isinstance(self.v_updates, numbers.Integral) or self.v_updates < 1:
             raise ValueError(f"v_updates must be a positive integer, got {self.v_updates!r}")
         if not isinstance(self.eps, numbers.Real) or not np.isfinite(self.eps) or self.eps < 0:
@@ -110,6 +111,7 @@ class StratifiedNMF(FactorEstimator):
 
     @survives_worker_loss
     def _fit(self, X, strata, W, H, v, client, want_W, W_out=None):
+        check_new_directory(W_out, "W_out")
         self._check_params()
         if (W is not None or H is not None or v is not None) and self.init != "custom":
             raise ValueError("W, H and v are used only with init='custom'")

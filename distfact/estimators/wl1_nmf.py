@@ -15,7 +15,8 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
 from ..store.grouped import GroupedMatrix
-from .base import FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
+from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
+                   data_fingerprint, survives_worker_loss)
 
 INITS = ("hals", "random", "custom")
 
@@ -123,7 +124,7 @@ class WeightedL1NMF(FactorEstimator):
         return self._fit(X, groups, W, H, client, want_W=True)
 
     def _check_params(self):
-        check_iteration_params(self.max_iter, self.tol)
+        check_iteration_params(self.max_iter, self.tol, self.random_state)
         if not isinstance(self.lam, numbers.Real) or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"lam must be a number in [0, 1] (the weight of the zeros in eq. 5.1), got {self.lam!r}")
         if self.init not in INITS:
@@ -164,6 +165,7 @@ class WeightedL1NMF(FactorEstimator):
 
     @survives_worker_loss
     def _fit(self, X, groups, W, H, client, want_W, W_out=None):
+        check_new_directory(W_out, "W_out")
         self._check_params()
         if (W is not None or H is not None) and self.init != "custom":
             raise ValueError("W and H are used only with init='custom'")
@@ -216,8 +218,8 @@ class WeightedL1NMF(FactorEstimator):
         G = state.global_state
         totals = data.group_totals
 
-        def per_group_sum(values):
-            return np.divide(values, totals, out=np.full(np.shape(values), np.nan), where=totals > 0)
+        def per_group_sum(values):  # a group of zeros has error 0 (as in the other methods), not 0 / 0
+            return values / np.maximum(totals, np.finfo(np.float64).tiny)
         l1_errors = method.group_objectives(G, state.stats, lam=1.0)
         self.components_ = method.components(G)
         self.loss_history_ = np.asarray(state.objectives)

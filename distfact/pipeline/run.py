@@ -12,7 +12,6 @@ does nothing; a changed section redoes its stage and everything downstream; ``--
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import inspect
@@ -27,6 +26,7 @@ import time
 import numpy as np
 
 from .. import __version__
+from ..outputs import PARTIAL_MARKER, Locked, exchange, locked, recover, write_json
 from .spec import METRICS, Spec, estimator_class, load_spec
 
 STAGES = ("ingest", "fit", "evaluate", "report", "publish")
@@ -118,8 +118,23 @@ def stage_hashes(spec: Spec, root: str) -> dict:
 
 # -- the run ----------------------------------------------------------------------------------------
 
-class RunLocked(RuntimeError):
-    """Another process is running the same pipeline and date."""
+def check_url(url: str) -> None:
+    """Before any work: ``url``'s protocol is one fsspec knows and can use here (its package installed)."""
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise ValueError(f"--output / [output] root {url!r}: unknown protocol {protocol!r} (fsspec knows "
+                         f"{', '.join(sorted(p for p in fsspec.available_protocols() if len(p) > 1)[:12])}, ...)") \
+            from None
+    except ImportError as exc:
+        raise ValueError(f"--output / [output] root {url!r}: the {protocol!r} protocol needs a package that is not "
+                         f"installed ({exc})") from None
+
+
+RunLocked = Locked  # another process is running the same pipeline and date
 
 
 def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None, resume: bool = False,
@@ -130,7 +145,13 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
 
     ``root`` (default: the spec's ``[output] root``) is a local path, relative to the current directory, or
     an fsspec URL; for a URL the stages run in ``~/.cache/distfact/runs/<hash of the URL>/`` and publish uploads.
-    ``scheduler`` and ``tls_dir`` (its certificates) override the spec's ``[cluster]``."""
+    ``scheduler`` and ``tls_dir`` (its certificates) override the spec's ``[cluster]``.
+
+    The stages that run are built aside, in ``.<date>.next/`` beside the run (the committed stages they build on
+    hard-linked into it), and swapped into place in one step once publish has committed: a stage that fails, or a
+    kill, leaves the date's previous run as it was (and ``LATEST``, the top-level ``metrics.json`` with it).
+    Stages committed in the build by a run that failed later are reused by the next run, like those of the run
+    itself; a fit's partial checkpoints only with ``resume``."""
     spec = load_spec(spec_path)
     date = date or dt.date.today().isoformat()
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
@@ -142,83 +163,108 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     root = root if root is not None else spec.root
     remote = "://" in root and not root.startswith("file://")
     if remote:
+        check_url(root)
         local_root = os.path.join(os.path.expanduser("~/.cache/distfact/runs"), _digest(root)[:16])
     else:
         root = local_root = os.path.abspath(os.path.expanduser(root.removeprefix("file://")))
     run_dir = os.path.join(local_root, spec.name, date)
-    log = RunLog(run_dir, spec.name, date, stream)
+    build = os.path.join(local_root, spec.name, f".{date}.next")
+    log = RunLog(build, spec.name, date, stream)
     hashes = stage_hashes(spec, root)
-    context = {"spec": spec, "run_dir": run_dir, "root": root, "remote": remote, "resume": resume,
-               "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date, "fit_hash": hashes["fit"]}
+    context = {"spec": spec, "run_dir": build, "final_dir": run_dir, "root": root, "remote": remote,
+               "resume": resume, "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date,
+               "fit_hash": hashes["fit"]}
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
-    with _locked(f"{run_dir}.lock", spec.name, date):
-        ran, skipped = [], []
+    with locked(f"{run_dir}.lock", f"a run of {spec.name} for {date}"):
+        recover(run_dir)
+        if os.path.lexists(build) and not os.path.isfile(os.path.join(build, PARTIAL_MARKER)):
+            raise ValueError(f"{build!r} exists and was not made by distfact; move it away")
+        ran, skipped, reused = [], [], []
         for stage in STAGES:
-            committed = _read_marker(os.path.join(run_dir, stage))
-            if not force and not ran and committed is not None and committed.get("hash") == hashes[stage]:
+            source = None if force or ran else next(
+                (d for d in (os.path.join(run_dir, stage), os.path.join(build, stage))
+                 if (_read_marker(d) or {}).get("hash") == hashes[stage]), None)
+            if source is not None:
                 skipped.append(stage)
+                reused.append(source)
                 log(stage, "skip", hash=hashes[stage][:12], reason="committed with the same inputs")
                 continue
             if not ran:
-                os.makedirs(run_dir, exist_ok=True)
+                _start_build(build, run_dir, spec, reused, STAGES[STAGES.index(stage):])
                 log.to_file = True
-                shutil.copyfile(spec.path, os.path.join(run_dir, "spec.toml"))
-                for later in STAGES[STAGES.index(stage):]:  # nothing downstream may look current meanwhile
-                    _remove_committed(os.path.join(run_dir, later))
             _run_stage(stage, hashes[stage], context)
             ran.append(stage)
-        if "publish" in ran:
-            _publish_locally(run_dir, date)
+        if not ran and any(source.startswith(build + os.sep) for source in reused):
+            _start_build(build, run_dir, spec, reused, ())  # committed aside by a run stopped before its swap
+        if ran or any(source.startswith(build + os.sep) for source in reused):
+            _finish_build(build, run_dir, date)
     if not ran:
         log("run", "up-to-date", message=f"{run_dir}: every stage is committed with the same spec and data; "
                                          "nothing to do (--force redoes it)")
     return {"run_dir": run_dir, "ran": ran, "skipped": skipped}
 
 
-@contextlib.contextmanager
-def _locked(path: str, name: str, date: str):
-    """An exclusive lock on ``path`` for the run (released when the process ends, however it ends)."""
-    import fcntl
-
-    handle = open(path, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise RunLocked(f"another run of {name} for {date} is in progress (pid {holder}); not starting a second")
-    try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        yield
-    finally:
-        handle.close()
-
-
-def _remove_committed(stage_dir: str) -> None:
-    if os.path.isdir(stage_dir):
-        shutil.rmtree(stage_dir)
+def _start_build(build: str, run_dir: str, spec: Spec, reused: list[str], to_run) -> None:
+    """The build directory holds the reused stages (linked from the run if they are its), the run's log so far, the
+    spec, and nothing of the stages about to run but a fit's partial directory (which ``_run_stage`` keeps or
+    discards)."""
+    if not os.path.isdir(build):
+        os.makedirs(build)
+        write_json(os.path.join(build, PARTIAL_MARKER), {"kind": "pipeline run", "dest": run_dir, "pid": os.getpid()})
+    for source in reused:
+        target = os.path.join(build, os.path.basename(source))
+        if source != target:
+            if os.path.lexists(target):
+                shutil.rmtree(target)
+            link_tree(source, target)
+    for stage in to_run:
+        if os.path.isdir(os.path.join(build, stage)):  # committed by an earlier attempt with other inputs
+            shutil.rmtree(os.path.join(build, stage))
+    old_log, new_log = os.path.join(run_dir, "log.jsonl"), os.path.join(build, "log.jsonl")
+    if os.path.isfile(old_log) and not os.path.exists(new_log):
+        shutil.copyfile(old_log, new_log)  # the date's history continues (appended to: a copy, not a link)
+    shutil.copyfile(spec.path, os.path.join(build, "spec.toml"))
 
 
-def _publish_locally(run_dir: str, date: str) -> None:
-    """After publish committed: its metrics.json at the run's top, and LATEST (if this date is the newest)."""
-    shutil.copyfile(os.path.join(run_dir, "publish", "metrics.json"), os.path.join(run_dir, "metrics.json"))
+def link_tree(source: str, target: str) -> None:
+    """``target`` as a copy of the directory ``source`` made of hard links (files are never written in place by
+    distfact or Zarr, which write aside and rename), or of copies where links cannot be made."""
+    for top, dirs, names in os.walk(source):
+        here = os.path.join(target, os.path.relpath(top, source))
+        os.makedirs(here, exist_ok=True)
+        for name in names:
+            try:
+                os.link(os.path.join(top, name), os.path.join(here, name))
+            except OSError:
+                shutil.copy2(os.path.join(top, name), os.path.join(here, name))
+
+
+def _finish_build(build: str, run_dir: str, date: str) -> None:
+    """Publish's metrics.json at the build's top, swap the build into place (the previous run removed), then
+    ``LATEST`` beside the dated runs if this date is the newest."""
+    shutil.copyfile(os.path.join(build, "publish", "metrics.json"), os.path.join(build, "metrics.json"))
+    os.remove(os.path.join(build, PARTIAL_MARKER))
+    if os.path.exists(run_dir):
+        exchange(build, run_dir)
+        shutil.rmtree(build)  # the previous run of this date
+    else:
+        os.rename(build, run_dir)
     latest = os.path.join(os.path.dirname(run_dir), "LATEST")
     current = open(latest).read().strip() if os.path.isfile(latest) else ""
     if date >= current:
-        with open(latest, "w") as f:
+        with open(f"{latest}.partial", "w") as f:
             f.write(date + "\n")
+        os.replace(f"{latest}.partial", latest)
 
 
 def _read_marker(stage_dir: str):
     path = os.path.join(stage_dir, MARKER)
-    if not os.path.isfile(path):
+    try:
+        with open(path) as f:
+            marker = json.load(f)
+    except (OSError, ValueError):  # absent, or damaged: the stage is not committed (it runs again)
         return None
-    with open(path) as f:
-        return json.load(f)
+    return marker if isinstance(marker, dict) else None
 
 
 def _run_stage(stage: str, digest: str, context: dict) -> None:
@@ -245,10 +291,10 @@ def _run_stage(stage: str, digest: str, context: dict) -> None:
         log(stage, "fail", seconds=round(time.perf_counter() - started, 3), error=f"{type(exc).__name__}: {exc}")
         raise StageFailed(stage, exc) from exc
     seconds = time.perf_counter() - started
-    with open(os.path.join(partial, MARKER), "w") as f:  # written last: the stage's outputs are complete
-        json.dump({"stage": stage, "hash": digest, "seconds": seconds, "finished": dt.datetime.now(dt.timezone.utc)
-                   .isoformat(), "distfact": __version__, **facts}, f, indent=1, default=str)
-    os.rename(partial, final)  # downstream directories were removed before the first stage ran
+    write_json(os.path.join(partial, MARKER), {  # written last: the stage's outputs are complete
+        "stage": stage, "hash": digest, "seconds": seconds, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "distfact": __version__, **facts}, indent=1)
+    os.rename(partial, final)  # the build holds no committed copy of a stage that runs (_start_build)
     log(stage, "done", seconds=round(seconds, 3), hash=digest[:12])
 
 
@@ -307,10 +353,9 @@ def stage_ingest(out: str, context: dict) -> dict:
         store = "data.zarr"
     if options.get("column_blocks") and not data.has_column_blocks:
         data = data.with_column_blocks()
-    with open(os.path.join(out, "input.json"), "w") as f:
-        json.dump({"store": store, "shape": list(data.shape), "groups": dict(zip(data.group_names,
-                                                                               data.group_sizes.tolist())),
-                   "layout": data.layout, "nnz": int(data.nnz)}, f, indent=1)
+    write_json(os.path.join(out, "input.json"), {
+        "store": store, "shape": list(data.shape), "groups": dict(zip(data.group_names, data.group_sizes.tolist())),
+        "layout": data.layout, "nnz": int(data.nnz)}, indent=1)
     return {"shape": list(data.shape), "n_groups": data.n_groups}
 
 
@@ -423,8 +468,7 @@ def stage_evaluate(out: str, context: dict) -> dict:
     worst = table.loc[table.groupby(["fit", "rank", "metric"], sort=False)["value"].idxmax()]  # in fit order
     summary = {"fits": [{"fit": e["name"], "method": e["fit"].method, "rank": e["rank"], **e["facts"]} for e in fits],
                "worst_group": worst.to_dict(orient="records")}
-    with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+    write_json(os.path.join(out, "metrics.json"), summary, indent=1)
     return {"rows": len(table)}
 
 
@@ -450,9 +494,8 @@ def stage_publish(out: str, context: dict) -> dict:
                "stage_seconds": {s: m["seconds"] for s, m in stages.items()},
                "input": {"kind": spec.input["kind"], "value": spec.input["value"], **data},
                "scheduler": stages["fit"].get("scheduler"), "workers": stages["fit"].get("workers"), **evaluation}
-    with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=1, default=str)
-    destination = run_dir
+    write_json(os.path.join(out, "metrics.json"), metrics, indent=1)
+    destination = context["final_dir"]
     if context["remote"]:
         import fsspec
 

@@ -30,6 +30,7 @@ import tomllib
 from dataclasses import dataclass
 
 from ..store.corpus import JSONL_SUFFIXES
+from ..store.files import utf8_text
 from ..store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
 
 DATASETS = ("digits", "heart", "heart-multigroup", "fairer-synthetic", "stratified-synthetic")
@@ -189,7 +190,7 @@ def load_spec(path) -> Spec:
     if not os.path.isfile(path):
         raise SpecError(f"{path}: no such pipeline spec")
     with open(path, "rb") as f:
-        text = f.read().decode("utf-8")
+        text = utf8_text(f.read(), path, SpecError)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

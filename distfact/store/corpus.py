@@ -61,25 +61,32 @@ def _corpus_files(source) -> list[str]:
     return [os.path.abspath(f) for f in files]
 
 
-def _open_text(path: str):
-    if path.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
 
 
 def _documents(files, text_field: str, group_field: str, lookup: dict | None):
     """Yield ``(text, group name)`` per document, in file and line order; blank lines are skipped.
 
-    Every problem raises ``ValueError`` naming the file and the (1-based) line.
+    Every problem raises ``ValueError`` naming the file and the (1-based) line. Lines are decoded one by one, so
+    that a byte that is not UTF-8 is reported on its own line. Group labels are names: a number and a string that
+    read the same (``1`` and ``"1"``), or two ways of writing one number (``1`` and ``1.0``), would silently become
+    one group, or two, so mixing them is an error naming both lines.
     """
+    first_seen: dict[str, tuple[str, str, int]] = {}  # group name -> (JSON type, file, line)
     for path in files:
         line_no = 0
         try:
-            with _open_text(path) as fh:
-                for line_no, line in enumerate(fh, 1):
+            with _open_binary(path) as fh:
+                for line_no, raw in enumerate(fh, 1):
+                    where = f"{path}: line {line_no}"
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise ValueError(f"{where}: not UTF-8 text (byte {raw[exc.start:exc.start + 1]!r} at byte "
+                                         f"{exc.start} of the line)") from None
                     if not line.strip():
                         continue
-                    where = f"{path}: line {line_no}"
                     try:
                         doc = json.loads(line)
                     except json.JSONDecodeError as exc:
@@ -95,17 +102,31 @@ def _documents(files, text_field: str, group_field: str, lookup: dict | None):
                     group = doc.get(group_field)
                     if group is None or (isinstance(group, float) and math.isnan(group)):
                         raise ValueError(f"{where}: missing group field {group_field!r}")
-                    if not isinstance(group, (str, int, float)):
+                    if isinstance(group, bool) or not isinstance(group, (str, int, float)):
                         raise ValueError(f"{where}: group field {group_field!r} is a {type(group).__name__}, "
                                          f"not a string or number")
-                    group = str(group)
-                    if lookup is not None and group not in lookup:
-                        raise ValueError(f"{where}: group {group!r} is not one of group_names {list(lookup)}")
-                    yield text, group
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path}: not UTF-8 text after line {line_no} ({exc.reason})") from None
+                    name, kind = str(group), "string" if isinstance(group, str) else "number"
+                    seen = first_seen.setdefault(name, (kind, path, line_no))
+                    if seen[0] != kind:
+                        raise ValueError(f"{where}: group {group!r} (a {kind}) and the group {name!r} of {seen[1]}: "
+                                         f"line {seen[2]} (a {seen[0]}) would be one group; write group labels one way")
+                    if kind == "number" and not isinstance(group, str):
+                        _check_number_spelling(group, name, first_seen, where)
+                    if lookup is not None and name not in lookup:
+                        raise ValueError(f"{where}: group {name!r} is not one of group_names {list(lookup)}")
+                    yield text, name
         except (OSError, EOFError) as exc:
             raise ValueError(f"{path}: cannot be read after line {line_no} ({exc})") from None
+
+
+def _check_number_spelling(group, name: str, first_seen: dict, where: str) -> None:
+    """``1`` and ``1.0`` are one number but two names: refuse the second spelling of a number."""
+    other = str(int(group)) if isinstance(group, float) and group.is_integer() else (
+        f"{float(group)}" if isinstance(group, int) else None)
+    if other is not None and other != name and other in first_seen and first_seen[other][0] == "number":
+        _, path, line = first_seen[other]
+        raise ValueError(f"{where}: group {group!r} and the group {other} of {path}: line {line} are the same number "
+                         "written two ways; write group labels one way")
 
 
 def _batches(docs, batch_docs: int):

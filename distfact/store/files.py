@@ -8,26 +8,50 @@ import numpy as np
 
 
 def read_labels(path: str) -> np.ndarray:
-    """One label per row: a .npy array, or a text file with one label per line."""
+    """One label per row: a .npy array (numbers or text; never Python objects), or a UTF-8 text file with one label
+    per line (the labels are then strings)."""
     if path.endswith(".npy"):
-        return np.load(path, allow_pickle=False)
-    with open(path) as f:
-        return np.array([line.rstrip("\n") for line in f])
+        try:
+            return np.load(path, allow_pickle=False)
+        except ValueError as exc:  # an object array, or not an .npy file
+            raise ValueError(f"labels file {path!r} cannot be read as an array of numbers or text: {exc}") from None
+    with open(path, "rb") as f:
+        return np.array(utf8_text(f.read(), f"labels file {path!r}").splitlines(), dtype=str)
+
+
+def utf8_text(raw: bytes, where: str, error=ValueError) -> str:
+    """``raw`` decoded as UTF-8; else ``error`` naming ``where``, the line and the column of the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise error(f"{where}:{line}: not UTF-8 text (byte {raw[exc.start:exc.start + 1]!r} at column {column})") \
+            from None
 
 
 def load_npz(path: str):
     """``(X, groups)`` from an .npz holding an array ``X`` (and optionally ``groups``), or a scipy sparse .npz
-    (``groups`` None)."""
+    (``groups`` None). Arrays of Python objects are refused (nothing is unpickled)."""
+    import zipfile
+
     import scipy.sparse as sp
 
-    with np.load(path, allow_pickle=False) as z:
-        keys = set(z.files)
-        if "X" in keys:
-            return z["X"], (z["groups"] if "groups" in keys else None)
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path!r} is not an .npz file (a zip archive of arrays, as numpy.savez writes)")
     try:
+        with np.load(path, allow_pickle=False) as z:
+            keys = set(z.files)
+            if "X" in keys:
+                return z["X"], (z["groups"] if "groups" in keys else None)
         return sp.load_npz(path), None
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"{path!r} holds neither an array 'X' nor a scipy sparse matrix") from exc
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise ValueError(f"{path!r} holds an array of Python objects, which distfact does not load (give numbers, "
+                             "and labels as numbers or text)") from None
+        raise ValueError(f"{path!r} holds neither an array 'X' nor a scipy sparse matrix ({exc})") from None
+    except (KeyError, OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path!r} holds neither an array 'X' nor a scipy sparse matrix ({exc})") from None
 
 
 def class_labels(option: str, data):
@@ -41,6 +65,7 @@ def class_labels(option: str, data):
     if not os.path.exists(option):
         raise ValueError(f"--labels {option!r}: expected 'groups', 'none' or an existing file")
     labels = read_labels(option)
-    if labels.dtype.kind in "OUS":  # a text file: -1 stays the unlabelled marker
-        labels = np.where(labels == "-1", -1, labels).astype(object)
+    if labels.dtype.kind in "OUS":  # text: "-1" stays the unlabelled marker
+        labels = labels.astype(object)
+        labels[labels == "-1"] = -1
     return labels

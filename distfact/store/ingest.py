@@ -102,9 +102,13 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         bad = [c for c, t in X.dtypes.items() if not (is_numeric_dtype(t) or is_bool_dtype(t))]
         if bad:
             raise ValueError(f"column {bad[0]!r} is not numeric (dtype {X.dtypes[bad[0]]})")
+        missing = X.isna().to_numpy()
+        if missing.any():  # nullable columns (Int64, Float64, boolean) hold pd.NA, which to_numpy() makes objects
+            row, col = divmod(int(np.flatnonzero(missing)[0]), X.shape[1])
+            raise ValueError(f"X has a missing value ({X.iat[row, col]!r}) at row {row}, column {X.columns[col]!r}")
         if feature_names is None:
             feature_names = [str(c) for c in X.columns]
-        X = X.to_numpy()
+        X = X.to_numpy(dtype=np.result_type(*(getattr(t, "numpy_dtype", t) for t in X.dtypes)))
     if not (sp.issparse(X) or hasattr(X, "compute")):
         X = np.asarray(X)
     if len(X.shape) != 2:

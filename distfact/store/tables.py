@@ -171,13 +171,30 @@ def _chunk_codes(labels: pd.Series, group_column: str, offset: int, where: str, 
     return codes, names
 
 
-def _csv_chunks(source: str, sep: str, group_column: str, columns: list[str], chunk_rows: int):
+_FIELD_COUNT = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+
+
+def _csv_chunks(source: str, sep: str, group_column: str, columns: list[str], chunk_rows: int, where: str):
+    """The group and value columns, ``chunk_rows`` rows at a time. Every column is parsed (not just ``usecols``,
+    with which pandas silently drops the extra fields of a row that has too many) so that a row of the wrong width
+    is an error naming its line; a row with too few fields has missing values, refused as such."""
     na_values = {c: _NA_STRINGS for c in columns}
     na_values[group_column] = [""]
-    reader = pd.read_csv(source, sep=sep, usecols=[group_column, *columns], chunksize=chunk_rows,
-                         dtype={group_column: str}, keep_default_na=False, na_values=na_values)
+    reader = pd.read_csv(source, sep=sep, chunksize=chunk_rows, dtype={group_column: str}, keep_default_na=False,
+                         na_values=na_values)
     with reader:
-        yield from reader
+        try:
+            for frame in reader:
+                yield frame[[group_column, *columns]]
+        except pd.errors.ParserError as exc:
+            width = _FIELD_COUNT.search(str(exc))
+            if width is None:
+                raise ValueError(f"{where} cannot be parsed as CSV: {str(exc).strip()}") from None
+            expected, line, saw = width.groups()
+            raise ValueError(f"{where}: line {line} has {saw} fields, the header has {expected}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
+                             f"{exc.start} of a chunk: {exc.reason})") from None
 
 
 def _parquet_chunks(pf, group_column: str, columns: list[str], chunk_rows: int):
@@ -236,7 +253,7 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
             raise ValueError(f"{where} is empty (no header line)") from None
         columns = _select_columns(header, group_column, columns, where)
         dtype = np.dtype("float64")
-        chunks = _csv_chunks(source, sep, group_column, columns, chunk_rows)
+        chunks = _csv_chunks(source, sep, group_column, columns, chunk_rows, where)
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq

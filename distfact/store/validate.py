@@ -64,8 +64,29 @@ def check_groups(groups, n_rows: int, where: str = "groups") -> np.ndarray:
         row = int(np.flatnonzero(missing)[0])
         raise ValueError(f"{where} has a missing label ({labels[row]!r}) at row {row}")
     if labels.dtype == object:  # mixed types would not sort; labels are names
+        check_label_spellings(labels, where)
         labels = labels.astype(str)
     return labels
+
+
+def check_label_spellings(labels: np.ndarray, where: str = "groups") -> None:
+    """Labels of an object array become names (``str``): refuse two different labels with one name (``1`` and
+    ``'1'``, which would be merged into one group) and one label written two ways (``1`` and ``1.0``, equal in
+    Python, which would become two groups); the error names a row of each."""
+    import pandas as pd
+
+    by_value, _ = pd.factorize(labels)  # equal labels share a code (1 == 1.0)
+    by_name, names = pd.factorize(labels.astype(str))
+    pairs, first = np.unique(np.stack([by_value, by_name]), axis=1, return_index=True)
+    if pairs.shape[1] == by_value.max() + 1 == len(names):
+        return
+    for codes, outcome in ((pairs[0], "two groups"), (pairs[1], "one group")):  # one value, two names; vice versa
+        values, counts = np.unique(codes, return_counts=True)
+        if (counts > 1).any():
+            a, b = (int(first[i]) for i in np.flatnonzero(codes == values[np.argmax(counts > 1)])[:2])
+            raise ValueError(f"{where}: the labels {labels[a]!r} (row {a}, {type(labels[a]).__name__}) and "
+                             f"{labels[b]!r} (row {b}, {type(labels[b]).__name__}) would be {outcome}; give labels "
+                             "of one type")
 
 
 def group_lookup(group_names) -> dict[str, int] | None:

@@ -1,0 +1,85 @@
+"""Stop a fit at the first non-finite value (DESIGN §7: never exit 0 with NaN in an output).
+
+Checked where the values are made: every block task checks its statistics and its new local factor, the driver
+checks the global state after each global step and the objective after each pass. The error names the iteration,
+the block and its group, and the array. The arrays are a block's rows x rank or rank x n_features: a cheap check
+beside the products that made them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def first_nonfinite(value, name: str = "") -> str | None:
+    """The name (``key``, ``key[i]``) of the first floating-point array or number in ``value`` (also inside dicts,
+    lists, tuples, sparse matrices) holding a NaN or an infinity; None if all are finite."""
+    if isinstance(value, dict):
+        items = ((str(key), item) for key, item in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{name}[{i}]", item) for i, item in enumerate(value))
+    else:
+        data = value.data if sp.issparse(value) else value
+        if isinstance(data, (np.ndarray, np.floating, float)) and np.asarray(data).dtype.kind in "fc":
+            return None if np.isfinite(data).all() else name
+        return None
+    return next((found for key, item in items if (found := first_nonfinite(item, key)) is not None), None)
+
+
+class NonFiniteError(ValueError):
+    """A NaN or an infinity appeared in a fit, in ``what`` (an array), made by ``block`` (a row or column block) or
+    at ``where`` (the global step, the objective), at ``iteration`` once the driver knows it. A ``ValueError``: the
+    data or the parameters are beyond what the method can represent (the CLI exits with status 2)."""
+
+    def __init__(self, what: str, block=None, where: str | None = None, iteration: int | None = None,
+                 group_names=None):
+        self.what, self.block, self.where, self.iteration, self.group_names = what, block, where, iteration, group_names
+        if block is None:
+            place = where
+        elif hasattr(block, "row_start"):
+            group = block.group if group_names is None else repr(group_names[block.group])
+            place = f"block {block.index} (group {group}, stored rows {block.row_start}:{block.row_stop})"
+        else:
+            place = f"column block {block.index} (columns {block.col_start}:{block.col_stop})"
+        at = "" if iteration is None else "pass 0 (the start): " if iteration == 0 else f"iteration {iteration}: "
+        super().__init__(f"{at}{place} produced a non-finite value (NaN or infinity) in {what}; the fit stopped "
+                         "(check the data's scale and the parameters)")
+
+    def __reduce__(self):  # raised on a worker, re-raised on the driver
+        return type(self), (self.what, self.block, self.where, self.iteration, self.group_names)
+
+    def at(self, iteration: int, group_names) -> "NonFiniteError":
+        """The same error, with the iteration and the group's name."""
+        return NonFiniteError(self.what, self.block, self.where, iteration, list(group_names))
+
+
+def check_block(block, local=None, stats=None) -> None:
+    """In a block task: its new local factor and its statistics are finite, else :class:`NonFiniteError`."""
+    found = first_nonfinite(local)
+    if found is not None:
+        raise NonFiniteError("its local factor" + (f" ({found!r})" if found else ""), block)
+    found = first_nonfinite(stats)
+    if found is not None:
+        raise NonFiniteError(f"statistic {found!r}", block)
+
+
+def check_global(state: dict, iteration: int, where: str = "the global step") -> None:
+    """On the driver, after a global step (or the start)."""
+    found = first_nonfinite(state)
+    if found is not None:
+        raise NonFiniteError(f"{found!r}", where=where, iteration=iteration)
+
+
+def check_objective(value: float, per_group, group_names, iteration: int) -> None:
+    """On the driver, after a pass: the objective and its per-group terms (a vector per group, or per group and
+    run: then the first group whose term is non-finite is named)."""
+    per_group = np.asarray(per_group, dtype=np.float64).ravel()
+    if np.isfinite(value) and np.isfinite(per_group).all():
+        return
+    bad = np.flatnonzero(~np.isfinite(per_group))
+    if bad.size and per_group.size % len(group_names) == 0:
+        group = group_names[bad[0] // (per_group.size // len(group_names))]
+        raise NonFiniteError(f"its value ({per_group[bad[0]]!r})", where=f"the objective of group {group!r}",
+                             iteration=iteration)
+    raise NonFiniteError(f"its value ({value!r})", where="the objective", iteration=iteration)

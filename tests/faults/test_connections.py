@@ -1,0 +1,106 @@
+"""Every wait on another process is bounded and says what it waited for (issue 17, case 9 and the scheduler-file
+error; the worker check times a worker's cold import apart from its answer)."""
+
+import http.server
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import distfact
+from conftest import grouped_data, start_cli_cluster, stop_cli_cluster
+from damage import assert_refused, cli, snapshot
+from distfact.engine.cluster import CHECK_TIMEOUT, CONNECT_TIMEOUT
+
+
+@pytest.fixture
+def web_server():
+    """A plain HTTP server on loopback: something listens at the address, but it is no Dask scheduler."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"tcp://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def store(tmp_path):
+    X, groups = grouped_data(m=60, n=6, n_groups=2, seed=6)
+    return distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=20).path
+
+
+def test_a_server_that_is_no_scheduler_is_an_error_within_the_bound(web_server, store, tmp_path):
+    """Case 9: --scheduler at a plain HTTP server hung (killed after 91 s)."""
+    before = snapshot(tmp_path)
+    started = time.perf_counter()
+    out = cli("fit", store, "--rank", 2, "--no-progress", "--scheduler", web_server, "--output", tmp_path / "fit",
+              cwd=tmp_path, timeout=120)
+    assert_refused(out, f"cannot reach a Dask scheduler at '{web_server}' within {CONNECT_TIMEOUT} s (no answer)",
+                   "a Dask scheduler (not another server)")
+    assert time.perf_counter() - started < CONNECT_TIMEOUT + 20  # the bound, plus starting Python
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="cannot reach a Dask scheduler"):
+        distfact.NMF(2, max_iter=2).fit(store, client=web_server)
+    assert time.perf_counter() - started < CONNECT_TIMEOUT + 5
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("content", ['{"not": "a scheduler file"}', "[1, 2]", "\u00e9t\u00e9"])
+def test_a_json_file_that_is_no_scheduler_file_is_named(content, store, tmp_path):
+    (tmp_path / "scheduler.json").write_text(content, encoding="latin-1")
+    out = cli("fit", store, "--rank", 2, "--scheduler", tmp_path / "scheduler.json", "--output", tmp_path / "fit",
+              cwd=tmp_path, timeout=60)
+    assert_refused(out, f"scheduler file '{tmp_path / 'scheduler.json'}' is not a Dask scheduler file")
+
+
+SLOW_IMPORT = """
+# every worker's first import of distfact takes 12 s (a cold start: compiling, a slow shared file system)
+import sys
+import time
+
+
+class SlowFirstImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "distfact":
+            sys.meta_path.remove(self)
+            time.sleep(12)
+        return None
+
+
+def dask_setup(worker):
+    sys.meta_path.insert(0, SlowFirstImport())
+"""
+
+
+@pytest.mark.cluster
+def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named(store, tmp_path):
+    (tmp_path / "preload.py").write_text(SLOW_IMPORT)
+    directory = tmp_path / "cluster"
+    pids = start_cli_cluster(directory, options=["--preload", str(tmp_path / "preload.py")])
+    scheduler = directory / "scheduler.json"
+    try:
+        slow = cli("fit", store, "--rank", 2, "--max-iter", 3, "--no-progress", "--scheduler", scheduler,
+                   "--output", tmp_path / "fit", cwd=tmp_path, timeout=180)
+        assert slow.returncode == 0, slow.stderr  # 12 s to import: more than CHECK_TIMEOUT, yet not "frozen"
+        here = distfact.NMF(2, max_iter=3, random_state=0).fit(store)
+        assert np.array_equal(np.load(tmp_path / "fit" / "H.npy"), here.components_)
+        worker = next(child for child in psutil.Process(pids[1]).children()  # the worker process under its nanny
+                      if "spawn_main" in " ".join(child.cmdline()))
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            started = time.perf_counter()
+            frozen = cli("fit", store, "--rank", 2, "--no-progress", "--scheduler", scheduler, "--output",
+                         tmp_path / "again", cwd=tmp_path, timeout=180)
+            assert time.perf_counter() - started < CHECK_TIMEOUT + 25
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert frozen.returncode == 2 and "Traceback" not in frozen.stderr, frozen.stderr
+        assert f"did not answer within {CHECK_TIMEOUT} s (frozen or overloaded?)" in frozen.stderr
+        assert "worker-1" in frozen.stderr and "worker-2" not in frozen.stderr
+        assert not os.path.exists(tmp_path / "again")
+    finally:
+        stop_cli_cluster(directory, pids)

@@ -1,0 +1,86 @@
+"""No NaN in an output with exit status 0 (issue 17, cases 1 and 2): a fit stops at the first non-finite value,
+naming the iteration, the block and its group; a group that a method cannot divide by is refused; JSON outputs
+are strict JSON."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import distfact
+from conftest import grouped_data
+from damage import assert_refused, cli, snapshot
+from distfact.engine.finite import NonFiniteError
+
+
+@pytest.fixture
+def zero_group(tmp_path):
+    X, groups = grouped_data(m=90, n=6, n_groups=3, seed=8)
+    X[groups == "g1"] = 0.0
+    return X, groups, distfact.from_arrays(X, groups, tmp_path / "z.zarr", block_rows=15).path
+
+
+def test_fairer_nmf_refuses_a_group_of_zeros(zero_group, tmp_path):
+    """Case 2: Fairer-NMF with one group all zeros gave NaN factors and errors, exit 0."""
+    X, groups, store = zero_group
+    with pytest.raises(ValueError, match=r"group 'g1' is all zeros: Fairer-NMF measures each group's loss relative "
+                                         r"to \|\|X_l\|\|_F"):
+        distfact.FairerNMF(2, max_iter=5).fit(X, groups=groups)
+    before = snapshot(tmp_path)
+    out = cli("fit", store, "--method", "fairer-nmf", "--rank", 2, "--no-progress", "--output", tmp_path / "fit",
+              cwd=tmp_path)
+    assert_refused(out, "group 'g1' is all zeros")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("cls", [distfact.NMF, distfact.StratifiedNMF, distfact.SSNMF, distfact.WeightedL1NMF])
+def test_methods_that_allow_a_group_of_zeros_give_finite_results(cls, zero_group):
+    """The other NMF methods divide by a group's norm only with a floor: a group of zeros has error 0."""
+    X, groups, store = zero_group
+    model = cls(2, max_iter=5, random_state=0).fit(store)
+    assert np.isfinite(model.components_).all() and np.isfinite(model.group_errors_).all()
+    assert model.group_errors_[model.group_names_.index("g1")] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # numpy says so too; the fit must stop
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_non_finite_global_state_stops_the_fit(dtype):
+    X, groups = grouped_data(m=60, n=5, n_groups=3, seed=9, dtype=dtype)
+    H = np.full((2, 5), np.sqrt(np.finfo(dtype).max), dtype=dtype)  # finite; H H^T is not
+    with pytest.raises(NonFiniteError, match=r"^pass 0 \(the start\): the initial global state produced a "
+                                             r"non-finite value \(NaN or infinity\) in 'HHt'; the fit stopped"):
+        distfact.NMF(2, init="custom", max_iter=5).fit(X, groups=groups, W=np.ones((60, 2), dtype=dtype), H=H)
+
+
+BLOCK_ERROR = (r"^pass 0 \(the start\): block \d+ \(group 'g\d', stored rows \d+:\d+\) produced a non-finite value "
+               r"\(NaN or infinity\) in statistic 'WtW'")
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
+def test_a_non_finite_statistic_stops_the_fit_naming_the_block_and_group():
+    X, groups = grouped_data(m=60, n=5, n_groups=3, seed=9)
+    W = np.full((60, 2), 1e160)  # finite, but W_b^T W_b, made by each block in pass 0, overflows
+    with pytest.raises(NonFiniteError, match=BLOCK_ERROR):
+        distfact.NMF(2, init="custom", max_iter=5, block_rows=20).fit(X, groups=groups, W=W, H=np.ones((2, 5)))
+
+
+@pytest.mark.cluster
+def test_a_non_finite_statistic_on_a_worker_reaches_the_driver_named(local_cluster_client):
+    X, groups = grouped_data(m=60, n=5, n_groups=3, seed=9)
+    W = np.full((60, 2), 1e160)
+    with pytest.raises(NonFiniteError, match=BLOCK_ERROR):
+        distfact.NMF(2, init="custom", max_iter=5, block_rows=20).fit(X, groups=groups, W=W, H=np.ones((2, 5)),
+                                                                       client=local_cluster_client)
+
+
+def test_json_outputs_are_strict(tmp_path):
+    """Case 1's metrics.json held NaN: the writer refuses non-finite numbers instead of writing invalid JSON."""
+    from distfact.outputs import write_json
+
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        write_json(tmp_path / "m.json", {"loss": [1.0, float("nan")]})
+    assert os.listdir(tmp_path) == []  # nothing half-written
+    write_json(tmp_path / "m.json", {"loss": np.float32(0.5), "n": np.int64(3), "h": np.arange(2.0)})
+    strict = json.loads((tmp_path / "m.json").read_text(), parse_constant=lambda token: pytest.fail(token))
+    assert strict == {"loss": 0.5, "n": 3, "h": [0.0, 1.0]}
