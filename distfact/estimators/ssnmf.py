@@ -193,7 +193,8 @@ class SSNMF(FactorEstimator):
                       "targets_and_masks": self._inputs_digest}
             state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
                              start=self._start(method, data, executor, inputs, n_targets, W, H, B),
-                             checkpointer=self._checkpointer(config), resume=self.resume)
+                             checkpointer=self._checkpointer(config), resume=self.resume,
+                             global_args={"n_targets": n_targets})
             self._set_results(method, data, state, executor, classes)
             if want_W:
                 return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
