@@ -13,8 +13,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_rank, data_fingerprint,
-                   given_local, survives_worker_loss)
+from .base import (FactorEstimator, SavedEstimator, check_factor, check_iteration_params, check_rank,
+                   data_fingerprint, given_local, survives_worker_loss)
 
 INITS = ("random", "custom")
 
@@ -267,7 +267,7 @@ def _represent_block(X_b, inputs, block, method, H, max_iter, tol):
     return method.represent(X_b, H, inputs.get("M"), max_iter, tol, W0)
 
 
-class SSNMFClassifier(ClassifierMixin, BaseEstimator):
+class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
     """A classifier from SSNMF (ssnmf.txt, Section 2.3): fit SSNMF with the training labels, represent
     new rows with the dictionary H fixed, predict argmax(W_new B).
 
