@@ -167,7 +167,7 @@ class Checkpointer:
         except DamagedCheckpoint:
             raise
         except (OSError, ValueError) as exc:  # a missing file, a TreeError, check's verdict, a block's local factor
-            raise DamagedCheckpoint(str(exc)) from None
+            raise DamagedCheckpoint(str(exc).replace(path + os.sep, "")) from None  # files named within the checkpoint
         return state
 
 
