@@ -159,7 +159,8 @@ class Checkpointer:
             if _file_sha256(os.path.join(path, CONFIG)) != record["files"][CONFIG]:
                 raise DamagedCheckpoint(f"{CONFIG} is not the file that was written")
             state = arraytree.TreeFile(os.path.join(path, STATE), record["files"][STATE]).read()
-            if not isinstance(state, dict) or state.get("iteration") != record["iteration"]:
+            if not (isinstance(state, dict) and type(state.get("iteration")) is int
+                    and state["iteration"] == record["iteration"]):
                 raise DamagedCheckpoint(f"{STATE} is not iteration {record['iteration']}'s state")
             if check is not None:
                 check(state)

@@ -224,7 +224,7 @@ def check_restored(saved: dict, method, data, global_args: dict) -> None:
         raise ValueError(f"the statistics are not {data.n_groups} alike per-group dicts")
     for name in ("objectives", "group_objectives"):
         history = saved[name]
-        if not isinstance(history, np.ndarray) or len(history) != iteration + 1:
+        if not isinstance(history, np.ndarray) or history.ndim == 0 or len(history) != iteration + 1:
             raise ValueError(f"{name} is not a history of {iteration + 1} entries (iteration {iteration})")
     if not isinstance(saved["n_passes"], int) or not isinstance(saved["converged"], (bool, np.bool_)):
         raise ValueError("n_passes or converged is not of its kind")
