@@ -130,7 +130,7 @@ class TreeFile:
             if text.shape != () or text.dtype.kind != "U":
                 raise ValueError(f"its {SKELETON!r} member is not a string")
             skeleton = json.loads(str(text[()]))
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        except (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile) as exc:
             raise TreeError(f"{self.path}: not a readable distfact array file ({type(exc).__name__}: {exc})") from None
         if not isinstance(skeleton, dict) or skeleton.get("format") != FORMAT or not isinstance(skeleton.get("meta"), dict):
             raise TreeError(f"{self.path}: its skeleton is not that of a {FORMAT!r} file")
@@ -146,7 +146,10 @@ class TreeFile:
         ``path`` (a tuple of keys and indices) may be NaN (never infinite); by default none may."""
         self._nan_allowed = nan_allowed or (lambda path: False)
         self._unused = set(self._npz.files) - {SKELETON}
-        tree = self._decode(self._tree, ())
+        try:
+            tree = self._decode(self._tree, ())
+        except RecursionError:
+            raise TreeError(f"{self.path}: its skeleton is nested too deeply") from None
         if self._unused:
             raise TreeError(f"{self.path}: members {sorted(self._unused)} are not in the skeleton")
         return tree
@@ -182,9 +185,11 @@ class TreeFile:
             raise self._error(path, f"its array {member!r} is missing (or used twice)")
         self._unused.discard(member)
         try:
-            dtype = np.dtype(node.get("dtype"))
+            dtype = np.dtype(node["dtype"]) if isinstance(node.get("dtype"), str) else None
         except TypeError:
-            raise self._error(path, f"the recorded dtype {node.get('dtype')!r} is not a dtype") from None
+            dtype = None
+        if dtype is None:
+            raise self._error(path, f"the recorded dtype {node.get('dtype')!r} is not a dtype")
         problem = _dtype_problem(dtype)
         if problem:
             raise self._error(path, problem)
