@@ -82,7 +82,7 @@ def _encode_model(model) -> tuple[dict, dict]:
         raise TypeError(f"a {name} is not one of distfact's estimators; only those are saved")
     model._check_fitted()
     classes = {"estimator": name, "estimators": {}}
-    tree = {"params": {key: _param(key, value) for key, value in model.get_params(deep=False).items()},
+    tree = {"params": {key: _param(value) for key, value in model.get_params(deep=False).items()},
             **{section: {} for section in SECTIONS[1:]}}
     for key, value in vars(model).items():
         if not (FITTED_NAME.fullmatch(key) or key in model._fitted_private):
@@ -101,7 +101,8 @@ def _encode_model(model) -> tuple[dict, dict]:
     return classes, tree
 
 
-def _param(name: str, value):
+def _param(value):
+    """A parameter as saved: callables (``callback``) are not, paths are strings."""
     if callable(value):
         return None
     return os.fspath(value) if isinstance(value, os.PathLike) else value
