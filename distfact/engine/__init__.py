@@ -2,11 +2,11 @@
 
 It knows nothing of any method's mathematics (DESIGN §1, §6)."""
 
-from .checkpoint import Checkpointer, config_hash
+from .checkpoint import Checkpointer, DamagedCheckpointWarning, config_hash
 from .driver import BlockSeeds, FitState, IterationInfo, IterativeMethod, fit, initialise
 from .executor import DistributedExecutor, InProcessExecutor, WorkerLost, make_executor
 from .reduce import tree_reduce
 
-__all__ = ["BlockSeeds", "Checkpointer", "DistributedExecutor", "FitState", "InProcessExecutor",
-           "IterationInfo", "IterativeMethod", "WorkerLost", "config_hash", "fit", "initialise", "make_executor",
+__all__ = ["BlockSeeds", "Checkpointer", "DamagedCheckpointWarning", "DistributedExecutor", "FitState",
+           "InProcessExecutor", "IterationInfo", "IterativeMethod", "WorkerLost", "config_hash", "fit", "initialise", "make_executor",
            "tree_reduce"]

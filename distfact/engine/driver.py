@@ -135,22 +135,23 @@ def initialise(method, data, executor, random_state, local_inputs: list | None =
 
 def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callable[[], dict],
         callback: Callable[[IterationInfo], None] | None = None, checkpointer=None,
-        resume: bool = False, time_limit: float | None = None) -> FitState:
+        resume: bool = False, time_limit: float | None = None, global_args: dict | None = None) -> FitState:
     """Run the loop from the newest checkpoint (``resume``) or else from ``start()``, which
     initialises the executor's local factors and returns the initial global state (or the
     pair (global state, statistics) when its last pass already produced pass 0's statistics).
 
-    ``time_limit``: seconds after which no new iteration starts (counted from this call)."""
+    ``time_limit``: seconds after which no new iteration starts (counted from this call).
+    ``global_args``: the keyword arguments ``start`` gives ``method.initial_global`` (see :func:`initialise`);
+    a resumed state is checked against the global state they give (:func:`check_restored`)."""
     began = time.perf_counter()
     state = None
     if resume and checkpointer is not None:
-        found = checkpointer.latest()
+        found = checkpointer.restore(executor, lambda saved: check_restored(saved, method, data, global_args or {}))
         if found is not None:
             saved, path = found
-            executor.load_local(f"{path}/local")
             executor.n_passes = saved["n_passes"]
-            state = FitState(saved["global_state"], saved["stats"], saved["objectives"],
-                             saved["group_objectives"], saved["iteration"], saved["converged"])
+            state = FitState(saved["global_state"], saved["stats"], saved["objectives"].tolist(),
+                             list(saved["group_objectives"]), saved["iteration"], saved["converged"])
             logger.info("resumed from %s (iteration %d)", path, state.iteration)
     if state is None:
         if checkpointer is not None:
@@ -202,7 +203,42 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         finished = state.converged or state.iteration >= max_iter
         if checkpointer is not None and (checkpointer.due(state.iteration) or finished):
             checkpointer.save(state.iteration, {
-                "global_state": state.global_state, "stats": state.stats, "objectives": state.objectives,
-                "group_objectives": state.group_objectives, "converged": state.converged,
+                "global_state": state.global_state, "stats": state.stats,
+                "objectives": np.asarray(state.objectives, dtype=np.float64),
+                "group_objectives": np.stack(state.group_objectives), "converged": state.converged,
                 "n_passes": executor.n_passes}, executor)
     return state
+
+
+def check_restored(saved: dict, method, data, global_args: dict) -> None:
+    """ValueError unless a checkpoint's state has the structure this fit's own would have: the entries of
+    ``method.initial_global`` (for this data and ``global_args``) of the same kinds, shapes and dtypes (the
+    global state may hold more: what the global steps add), statistics for every group alike, a loss
+    history of ``iteration + 1`` entries."""
+    def kind(value):
+        if isinstance(value, np.ndarray):
+            return f"an array of shape {value.shape} and dtype {value.dtype}"
+        if isinstance(value, (bool, np.bool_)):
+            return "a bool"
+        return "a number" if isinstance(value, (int, float, np.number)) else f"a {type(value).__name__}"
+
+    missing = {"global_state", "stats", "objectives", "group_objectives", "converged", "n_passes"} - saved.keys()
+    if missing:
+        raise ValueError(f"the state lacks {sorted(missing)}")
+    expected = method.initial_global(data, np.random.default_rng(0), **global_args)
+    restored = saved["global_state"]
+    if not isinstance(restored, dict):
+        raise ValueError(f"the global state is {kind(restored)}, not a dict")
+    for key in expected.keys() & restored.keys():
+        if kind(restored[key]) != kind(expected[key]):
+            raise ValueError(f"global state {key!r} is {kind(restored[key])}, this fit's is {kind(expected[key])}")
+    stats, iteration = saved["stats"], saved["iteration"]
+    if (not isinstance(stats, list) or len(stats) != data.n_groups or not all(isinstance(s, dict) for s in stats)
+            or any({k: kind(v) for k, v in s.items()} != {k: kind(v) for k, v in stats[0].items()} for s in stats)):
+        raise ValueError(f"the statistics are not {data.n_groups} alike per-group dicts")
+    for name in ("objectives", "group_objectives"):
+        history = saved[name]
+        if not isinstance(history, np.ndarray) or history.ndim == 0 or len(history) != iteration + 1:
+            raise ValueError(f"{name} is not a history of {iteration + 1} entries (iteration {iteration})")
+    if not isinstance(saved["n_passes"], int) or not isinstance(saved["converged"], (bool, np.bool_)):
+        raise ValueError("n_passes or converged is not of its kind")

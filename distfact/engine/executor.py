@@ -32,13 +32,14 @@ import shutil
 import threading
 from dataclasses import dataclass
 
+import google_crc32c
 import numpy as np
 import scipy.sparse as sp
 import zarr
 
 from ..kernels.memory import aligned
 from ..store.format import Block
-from ..store.grouped import compressed, write_arrays
+from ..store.grouped import write_arrays
 from .finite import check_block
 from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce, tree_reduce_arrivals
 
@@ -88,34 +89,95 @@ def map_local_one(fn, block, local, args, spill, generation):
     return new_local if spill is None else spill.store(block, new_local, generation)
 
 
-def save_local(directory: str, block, local) -> None:
+CSR_PARTS = ("data", "indices", "indptr")
+
+
+def save_local(directory: str, block, local) -> dict:
     """Write one block's local factor under ``directory`` (run where the factor lives): one Zarr
     array, or for a local state of several named row-aligned parts (a dict of dense arrays and
-    CSR matrices) one Zarr group with an array, or a data/indices/indptr group, per part."""
-    path = os.path.join(directory, f"{block.index:06d}")
+    CSR matrices) one Zarr group with an array, or a data/indices/indptr group, per part.
+
+    Returns the block's manifest (what :func:`load_local` checks when given it): for every array written,
+    its Zarr path under ``directory`` -> shape, dtype and CRC32C of its bytes; for a CSR part, its path ->
+    the matrix's shape."""
+    name = f"{block.index:06d}"
+    path = os.path.join(directory, name)
     if not isinstance(local, dict):  # an array on its own path: blocks written concurrently share no node
         local = np.asarray(local)
         zarr.open_array(path, mode="w", shape=local.shape, dtype=local.dtype, chunks=local.shape,
                         zarr_format=3)[...] = local
-        return
+        return {name: _array_manifest(local)}
     node = zarr.open_group(path, mode="w", zarr_format=3)
-    for name, part in local.items():
+    manifest = {}
+    for part_name, part in local.items():
         if sp.issparse(part):
             part = sp.csr_matrix(part)
-            sub = node.create_group(name)
+            sub = node.create_group(part_name)
             sub.attrs["shape"] = list(part.shape)
-            write_arrays(sub, data=part.data, indices=part.indices, indptr=part.indptr)
+            arrays = dict(zip(CSR_PARTS, (part.data, part.indices, part.indptr)))
+            write_arrays(sub, **arrays)
+            manifest[f"{name}/{part_name}"] = {"csr_shape": list(part.shape)}
+            manifest.update({f"{name}/{part_name}/{key}": _array_manifest(array) for key, array in arrays.items()})
         else:
-            write_arrays(node, **{name: np.asarray(part)})
+            part = np.asarray(part)
+            write_arrays(node, **{part_name: part})
+            manifest[f"{name}/{part_name}"] = _array_manifest(part)
+    return manifest
 
 
-def load_local(directory: str, block):
-    node = zarr.open(os.path.join(directory, f"{block.index:06d}"), mode="r")
+def _array_manifest(array: np.ndarray) -> dict:
+    return {"shape": list(array.shape), "dtype": array.dtype.str,
+            "crc32c": google_crc32c.value(np.ascontiguousarray(array))}
+
+
+def load_local(directory: str, block, expected: dict | None = None):
+    """One block's local factor as :func:`save_local` wrote it. Only numeric Zarr v3 arrays are read (bool,
+    integers, floats: nothing that decodes into objects). ``expected``: the block's manifest from
+    ``save_local``; the arrays read must match it exactly (no array missing or added, the same shapes,
+    dtypes and CRC32C: a lost chunk reads as zeros and is caught here), else ValueError naming the array."""
+    name = f"{block.index:06d}"
+    node = zarr.open(os.path.join(directory, name), mode="r", zarr_format=3)
     if isinstance(node, zarr.Array):
-        return node[...]
-    return {name: (compressed(part, sp.csr_matrix, tuple(part.attrs["shape"])) if isinstance(part, zarr.Group)
-                   else part[...])
-            for name, part in node.members()}
+        arrays, shapes = {name: _read_numeric(node, name)}, {}
+    else:
+        arrays, shapes = {}, {}
+        for part_name, part in node.members():
+            path = f"{name}/{part_name}"
+            if isinstance(part, zarr.Group):
+                shapes[path] = part.attrs.get("shape")
+                arrays.update({f"{path}/{key}": _read_numeric(array, f"{path}/{key}") for key, array in part.members()})
+            else:
+                arrays[path] = _read_numeric(part, path)
+    if expected is not None:
+        found = {**{path: {"csr_shape": shape} for path, shape in shapes.items()},
+                 **{path: _array_manifest(array) for path, array in arrays.items()}}
+        _check_manifest(directory, expected, found)
+    if name in arrays:
+        return arrays[name]
+    local = {path.removeprefix(f"{name}/"): sp.csr_matrix(tuple(arrays[f"{path}/{key}"] for key in CSR_PARTS),
+                                                          shape=tuple(shape))
+             for path, shape in shapes.items()}
+    local.update({path.removeprefix(f"{name}/"): array for path, array in arrays.items() if path.count("/") == 1})
+    return local
+
+
+def _read_numeric(array: zarr.Array, path: str) -> np.ndarray:
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"array {path!r} has dtype {array.dtype}; a local factor holds numbers only")
+    return array[...]
+
+
+def _check_manifest(directory: str, expected: dict, found: dict) -> None:
+    """ValueError naming the first array (or CSR part) of a block that differs from what was written."""
+    for path in sorted(expected.keys() | found.keys()):
+        if path not in found:
+            raise ValueError(f"{directory}: {path!r} is missing")
+        if path not in expected:
+            raise ValueError(f"{directory}: {path!r} was not written by distfact")
+        if found[path] != expected[path]:
+            differ = [f"{key} {found[path].get(key)!r} (written: {value!r})" for key, value in expected[path].items()
+                      if found[path].get(key) != value]
+            raise ValueError(f"{directory}: {path!r} has {', '.join(differ) or 'other entries'}")
 
 
 @dataclass(frozen=True)
@@ -187,13 +249,19 @@ def _init_one(fn, block, args, spill, *own):
     return local if spill is None else spill.store(block, local, 0)
 
 
-def _restore_one(directory, block, spill):
-    local = load_local(directory, block)
+def _restore_one(directory, block, spill, expected=None):
+    """A block's local factor from a checkpoint, checked against its manifest ``expected``, where it will live."""
+    try:
+        local = load_local(directory, block, expected)
+    except Exception as exc:  # whatever a damaged file makes Zarr or a codec raise: the checkpoint is unusable
+        detail = str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"block {block.index}'s local factor: {detail}") from None
     return local if spill is None else spill.store(block, local, 0)
 
 
-def _checkpoint_one(directory, block, local):
-    save_local(directory, block, materialise(local))
+def _checkpoint_one(directory, block, local) -> dict:
+    """Write a block's local factor into a checkpoint (where it lives); returns its manifest."""
+    return save_local(directory, block, materialise(local))
 
 
 class _SingleThreadBLAS:
@@ -242,6 +310,14 @@ class Executor:
         self._count_pass()
         total = tree_reduce([stats for _, stats in results], add)
         return [piece for piece, _ in results], aligned(split_by_group(total, self.data.n_groups))
+
+    def _manifests(self, expected: list | None) -> list:
+        """Per block, the manifest its restored local factor must match (None: unchecked)."""
+        if expected is None:
+            return [None] * len(self.blocks)
+        if len(expected) != len(self.blocks):
+            raise ValueError(f"local factors of {len(expected)} blocks recorded, the data have {len(self.blocks)}")
+        return list(expected)
 
     def _remove_spill(self):
         if self.spill is not None:
@@ -339,12 +415,13 @@ class InProcessExecutor(Executor):
     def local_factors(self) -> list:
         return [materialise(local) for local in self.locals]
 
-    def save_local(self, directory: str) -> None:
-        self._map([functools.partial(_checkpoint_one, directory, block, local)
-                   for block, local in zip(self.blocks, self.locals)])
+    def save_local(self, directory: str) -> list[dict]:
+        return self._map([functools.partial(_checkpoint_one, directory, block, local)
+                          for block, local in zip(self.blocks, self.locals)])
 
-    def load_local(self, directory: str) -> None:
-        self.locals = self._map([functools.partial(_restore_one, directory, block, self.spill)
+    def load_local(self, directory: str, expected: list | None = None) -> None:
+        expected = self._manifests(expected)
+        self.locals = self._map([functools.partial(_restore_one, directory, block, self.spill, expected[block.index])
                                  for block in self.blocks])
 
     def close(self) -> None:
@@ -535,13 +612,22 @@ class DistributedExecutor(Executor):
         with self._lost_workers_raise("the gathering of the local factors"):
             return [materialise(local) for local in self.client.gather(self.locals)]
 
-    def save_local(self, directory: str) -> None:
+    def save_local(self, directory: str) -> list[dict]:
         with self._lost_workers_raise("the saving of the local factors"):
-            self.client.gather(self._per_block(_checkpoint_one, directory, self.blocks, self.locals,
-                                               homes=self.pass_homes))
+            return self.client.gather(self._per_block(_checkpoint_one, directory, self.blocks, self.locals,
+                                                      homes=self.pass_homes))
 
-    def load_local(self, directory: str) -> None:
-        self.locals = self._per_block(_restore_one, directory, self.blocks, self.spill, homes=self.home)
+    def load_local(self, directory: str, expected: list | None = None) -> None:
+        from distributed import wait
+
+        restored = self._per_block(_restore_one, directory, self.blocks, self.spill, self._manifests(expected),
+                                   homes=self.home)
+        with self._lost_workers_raise("the restoring of the local factors"):
+            wait(restored)
+            for future in restored:
+                if future.status == "error":  # a damaged block: raised here, while another checkpoint can be tried
+                    future.result()
+        self.locals = restored
 
     def close(self) -> None:
         futures = [f for f in self.X_refs + (self.Xc_refs or []) + self.locals if f is not None]

@@ -16,6 +16,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from ..engine import Checkpointer, make_executor
 from ..engine.executor import WorkerLost
 from ..store.coerce import as_grouped
+from .persistence import save_model
 
 logger = logging.getLogger("distfact")
 MAX_WORKER_LOSSES = 3
@@ -113,8 +114,29 @@ def data_fingerprint(data) -> dict:
             "blocks": [(b.row_start, b.row_stop) for b in data.blocks]}
 
 
-class FactorEstimator(TransformerMixin, BaseEstimator):
+class SavedEstimator:
+    """``save(path)`` for distfact's estimators; ``distfact.load(path)`` reads the file back
+    (``estimators/persistence.py``)."""
+
+    #: private attributes that the fitted estimator's methods use, saved with the fitted ones (``name_``)
+    _fitted_private: tuple = ()
+    #: fitted attributes whose float values may be NaN (a per-group metric undefined for a group)
+    _nan_attributes: tuple = ()
+
+    def save(self, path) -> None:
+        """Write this fitted estimator to ``path`` in distfact's model format: one file (``.npz`` by
+        convention; no suffix is added) of arrays and JSON, versioned, read back by ``distfact.load(path)``
+        without unpickling anything. It holds the parameters (``get_params()``; a callable ``callback`` is
+        not saved and comes back as None, paths come back as strings) and every fitted attribute the
+        estimator's methods use, so that ``transform``, ``predict``, ... give bitwise the same results after
+        loading. The file is written under a temporary name and renamed into place."""
+        save_model(self, path)
+
+
+class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
     """Base of distfact's estimators (fit on grouped data, run by the engine)."""
+
+    _fitted_private = ("_method",)
 
     def _grouped(self, X, groups):
         return as_grouped(X, groups, block_rows=getattr(self, "block_rows", None),

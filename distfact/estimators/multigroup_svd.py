@@ -103,6 +103,8 @@ class MultigroupSVD(FactorEstimator):
     scheduler_ : dict
     """
 
+    _fitted_private = ("_grams", "_basis", "_traces")  # what losses_of and svd_components use
+
     def __init__(self, n_components, *, solver="auto", tol=1e-6, max_iter=100, center=False, scale=False,
                  fw_step="line-search", max_gram_features=4096, sketch_size=None, power_iterations=2,
                  random_state=None, block_rows=None, n_threads=None):

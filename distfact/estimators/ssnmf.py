@@ -14,8 +14,8 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
 from ..store.validate import check_label_spellings
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
-                   data_fingerprint, given_local, survives_worker_loss)
+from .base import (FactorEstimator, SavedEstimator, check_factor, check_iteration_params, check_new_directory,
+                   check_rank, data_fingerprint, given_local, survives_worker_loss)
 
 INITS = ("random", "custom")
 
@@ -205,7 +205,8 @@ class SSNMF(FactorEstimator):
                       "targets_and_masks": self._inputs_digest}
             state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
                              start=self._start(method, data, executor, inputs, n_targets, W, H, B),
-                             checkpointer=self._checkpointer(config), resume=self.resume)
+                             checkpointer=self._checkpointer(config), resume=self.resume,
+                             global_args={"n_targets": n_targets})
             self._set_results(method, data, state, executor, classes)
             if want_W:
                 return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
@@ -278,7 +279,7 @@ def _represent_block(X_b, inputs, block, method, H, max_iter, tol):
     return method.represent(X_b, H, inputs.get("M"), max_iter, tol, W0)
 
 
-class SSNMFClassifier(ClassifierMixin, BaseEstimator):
+class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
     """A classifier from SSNMF (ssnmf.txt, Section 2.3): fit SSNMF with the training labels, represent
     new rows with the dictionary H fixed, predict argmax(W_new B).
 

@@ -17,7 +17,6 @@ import hashlib
 import inspect
 import json
 import os
-import pickle
 import re
 import shutil
 import sys
@@ -26,6 +25,7 @@ import time
 import numpy as np
 
 from .. import __version__
+from ..estimators.persistence import load as load_model
 from ..outputs import PARTIAL_MARKER, Locked, exchange, locked, recover, write_json
 from .spec import METRICS, Spec, estimator_class, load_spec
 
@@ -395,12 +395,11 @@ def stage_fit(out: str, context: dict) -> dict:
             model = _fit_one(fit, rank, data, directory, client, spec, context["resume"])
             seconds = time.perf_counter() - started
             np.save(os.path.join(directory, "components.npy"), model.components_)
-            with open(os.path.join(directory, "model.pkl"), "wb") as f:
-                pickle.dump(model, f)
+            model.save(os.path.join(directory, "model.npz"))  # distfact's model format: no pickle
             n_iter = model.n_iter_.tolist() if isinstance(model.n_iter_, np.ndarray) else int(model.n_iter_)
-            with open(os.path.join(directory, "fit.json"), "w") as f:
-                json.dump({"method": fit.method, "rank": rank, "seconds": seconds, "n_iter": n_iter,
-                           "n_passes": int(model.n_passes_), "scheduler": model.scheduler_}, f, indent=1, default=str)
+            write_json(os.path.join(directory, "fit.json"), {
+                "method": fit.method, "rank": rank, "seconds": seconds, "n_iter": n_iter,
+                "n_passes": int(model.n_passes_), "scheduler": model.scheduler_}, indent=1)
             open(os.path.join(directory, "DONE"), "w").close()
             shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)  # only needed to resume
             log("fit", "fit-done", fit=name, seconds=round(seconds, 3), n_iter=n_iter, n_passes=int(model.n_passes_))
@@ -428,14 +427,23 @@ def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: b
 
 
 def load_fits(run_dir: str, spec: Spec) -> list[dict]:
-    """Every committed fit: its name, spec, rank, model and facts."""
+    """Every committed fit: its name, spec, rank, model (``distfact.load``: nothing is unpickled) and facts
+    (``fit.json``, checked: ValueError naming the file and the field)."""
     out = []
     for name, fit, rank in fit_runs(spec):
         directory = os.path.join(run_dir, "fit", name)
-        with open(os.path.join(directory, "model.pkl"), "rb") as f:
-            model = pickle.load(f)
-        with open(os.path.join(directory, "fit.json")) as f:
-            facts = json.load(f)
+        model = load_model(os.path.join(directory, "model.npz"))
+        path = os.path.join(directory, "fit.json")
+        try:
+            with open(path) as f:
+                facts = json.load(f)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not readable JSON ({exc})") from None
+        kinds = {"seconds": (int, float), "n_passes": int, "n_iter": (int, list)}
+        wrong = [key for key, kind in kinds.items() if not isinstance(facts, dict) or isinstance(facts.get(key), bool)
+                 or not isinstance(facts.get(key), kind)]
+        if wrong:
+            raise ValueError(f"{path}: field {wrong[0]!r} is missing or not a number")
         out.append({"name": name, "fit": fit, "rank": rank, "model": model, "facts": facts})
     return out
 
