@@ -9,8 +9,7 @@ temporary name and renamed into place.
 
 :class:`TreeFile` reads it with ``allow_pickle=False`` and checks every leaf against the skeleton: the member
 exists and is used once, no member is left over, the dtype is the recorded one and one of bool, integers,
-float32/float64 or unicode strings, the shape is the recorded one, and float values are finite (NaN is
-accepted where the caller allows it; infinities never). Object arrays are refused on writing and on reading,
+float32/float64 or unicode strings, the shape is the recorded one, and float values are finite. Object arrays are refused on writing and on reading,
 except arrays of ``str`` (scikit-learn's ``feature_names_in_``): stored as unicode, read back as object
 arrays. Arrays come back C-contiguous at a 64-byte boundary (``kernels/memory.py``), like those the engine
 makes, so that BLAS takes the same code path with them. Every problem is a :class:`TreeError` naming the
@@ -26,8 +25,6 @@ import math
 import os
 import uuid
 import zipfile
-from typing import Callable
-
 import numpy as np
 
 from ..kernels.memory import aligned
@@ -141,10 +138,8 @@ class TreeFile:
         self.meta = skeleton["meta"]
         self._tree = skeleton.get("tree")
 
-    def read(self, nan_allowed: Callable[[tuple], bool] | None = None):
-        """The tree, every leaf checked against the skeleton. ``nan_allowed(path)``: whether float values at
-        ``path`` (a tuple of keys and indices) may be NaN (never infinite); by default none may."""
-        self._nan_allowed = nan_allowed or (lambda path: False)
+    def read(self):
+        """The tree, every leaf checked against the skeleton."""
         self._unused = set(self._npz.files) - {SKELETON}
         try:
             tree = self._decode(self._tree, ())
@@ -174,7 +169,7 @@ class TreeFile:
         if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
             return value
         if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not (math.isfinite(value) or (math.isnan(value) and self._nan_allowed(path))):
+            if not math.isfinite(value):
                 raise self._error(path, f"the value {value} is not finite")
             return float(value)
         raise self._error(path, f"not a valid skeleton node: {json.dumps(node)[:200]}")
@@ -203,12 +198,8 @@ class TreeFile:
         if array.dtype != dtype or array.shape != tuple(shape):
             raise self._error(path, f"the array has dtype {array.dtype} and shape {array.shape}, the skeleton "
                                     f"records {dtype} and {tuple(shape)}")
-        if dtype.kind == "f":
-            bad = ~np.isfinite(array)
-            if self._nan_allowed(path):
-                bad &= ~np.isnan(array)
-            if bad.any():
-                raise self._error(path, f"{int(bad.sum())} non-finite values")
+        if dtype.kind == "f" and not np.isfinite(array).all():
+            raise self._error(path, f"{int((~np.isfinite(array)).sum())} non-finite values")
         if "object" in node:
             if node["object"] != "str" or dtype.kind != "U" or node["kind"] != "array":
                 raise self._error(path, f"an object array of {node['object']!r} cannot be read")

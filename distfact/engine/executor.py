@@ -613,9 +613,12 @@ class DistributedExecutor(Executor):
             return [materialise(local) for local in self.client.gather(self.locals)]
 
     def save_local(self, directory: str) -> list[dict]:
+        from distributed import wait
+
+        written = self._per_block(_checkpoint_one, directory, self.blocks, self.locals, homes=self.pass_homes)
         with self._lost_workers_raise("the saving of the local factors"):
-            return self.client.gather(self._per_block(_checkpoint_one, directory, self.blocks, self.locals,
-                                                      homes=self.pass_homes))
+            wait(written)  # every block's write has ended, also when one failed: none writes after a cleanup
+            return self.client.gather(written)
 
     def load_local(self, directory: str, expected: list | None = None) -> None:
         from distributed import wait

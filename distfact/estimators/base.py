@@ -120,8 +120,6 @@ class SavedEstimator:
 
     #: private attributes that the fitted estimator's methods use, saved with the fitted ones (``name_``)
     _fitted_private: tuple = ()
-    #: fitted attributes whose float values may be NaN (a per-group metric undefined for a group)
-    _nan_attributes: tuple = ()
 
     def save(self, path) -> None:
         """Write this fitted estimator to ``path`` in distfact's model format: one file (``.npz`` by

@@ -24,9 +24,8 @@ The tree holds, per estimator:
   ``transform`` calls), as their class name, looked up in :data:`METHODS`, and fields;
 - ``estimators``: fitted attributes that are estimators, each a tree like this one.
 
-Loading checks every array's dtype and shape against the skeleton, that float values are finite (NaN only in
-the attributes an estimator declares may hold it, ``_nan_attributes``: a per-group metric undefined for a
-group), that the parameters and attribute names are the estimator's, that the estimator is fitted, and that
+Loading checks every array's dtype and shape against the skeleton, that float values are finite, that the
+parameters and attribute names are the estimator's, that the estimator is fitted, and that
 ``components_`` agrees with ``n_components_`` and ``n_features_in_``; a damaged or edited file raises
 ValueError naming the file and the field. Everything a fitted estimator's public methods use is saved, so
 ``transform``, ``inverse_transform``, ``predict``, ``score``, ``top_features``, ... give bitwise what they gave
@@ -126,7 +125,7 @@ def load(path):
     path = os.fspath(path)
     reader = arraytree.TreeFile(path)
     classes = _check_header(path, reader.meta)
-    tree = reader.read(nan_allowed=lambda field: _nan_allowed(classes, field))
+    tree = reader.read()
     return _decode_model(path, classes, tree, ())
 
 
@@ -155,16 +154,6 @@ def _check_classes(path: str, classes, field: str) -> None:
         raise ValueError(f"{path}: field {field!r}: {name!r} is not one of distfact's estimators ({sorted(known)})")
     for key, nested in classes["estimators"].items():
         _check_classes(path, nested, f"{field}/{key}")
-
-
-def _nan_allowed(classes: dict, field: tuple) -> bool:
-    """Whether a float value at ``field`` (a path in the tree) may be NaN: in the ``_nan_attributes`` of its
-    estimator only."""
-    while field[:1] == ("estimators",) and len(field) > 2:
-        classes, field = classes["estimators"].get(field[1], {}), field[2:]
-    cls = estimator_classes().get(classes.get("estimator"))
-    return cls is not None and field[:1] in (("attributes",), ("frames",)) and len(field) > 1 \
-        and field[1] in cls._nan_attributes
 
 
 def _decode_model(path: str, classes: dict, tree, where: tuple):

@@ -91,8 +91,6 @@ class WeightedL1NMF(FactorEstimator):
     scheduler_ : dict
     """
 
-    _nan_attributes = ("group_losses_", "group_loss_history_", "group_errors_")  # NaN for an all-zero group
-
     def __init__(self, n_components, *, lam=1.0, init="hals", hals_iter=10, max_iter=30, tol=1e-6,
                  time_limit=None, random_state=None, block_rows=None, column_blocks=None, checkpoint_dir=None,
                  checkpoint_every=10, resume=False, callback=None, n_threads=None, local_memory_budget=None):
