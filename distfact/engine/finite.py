@@ -8,6 +8,8 @@ beside the products that made them.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -15,14 +17,17 @@ import scipy.sparse as sp
 def first_nonfinite(value, name: str = "") -> str | None:
     """The name (``key``, ``key[i]``) of the first floating-point array or number in ``value`` (also inside dicts,
     lists, tuples, sparse matrices) holding a NaN or an infinity; None if all are finite."""
+    if isinstance(value, np.ndarray):
+        return None if value.dtype.kind != "f" or np.isfinite(value).all() else name
     if isinstance(value, dict):
         items = ((str(key), item) for key, item in value.items())
     elif isinstance(value, (list, tuple)):
         items = ((f"{name}[{i}]", item) for i, item in enumerate(value))
+    elif isinstance(value, (float, np.floating)):
+        return None if math.isfinite(value) else name
+    elif sp.issparse(value):
+        return first_nonfinite(value.data, name)
     else:
-        data = value.data if sp.issparse(value) else value
-        if isinstance(data, (np.ndarray, np.floating, float)) and np.asarray(data).dtype.kind in "fc":
-            return None if np.isfinite(data).all() else name
         return None
     return next((found for key, item in items if (found := first_nonfinite(item, key)) is not None), None)
 
