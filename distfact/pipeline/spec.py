@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import os
 import re
 import tomllib
@@ -179,6 +180,8 @@ class Checker:
         if not ok:
             self.fail((*path, key), f"expected {names.get(kind, kind.__name__)}, got {type(value).__name__} "
                                     f"{value!r}")
+        if kind is float and not math.isfinite(value):  # TOML has nan and inf
+            self.fail((*path, key), f"expected a finite number, got {value!r}")
         return float(value) if kind is float else value
 
 

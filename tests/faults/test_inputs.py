@@ -190,6 +190,13 @@ def test_a_spec_that_is_not_utf8_names_its_file_and_line(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+def test_a_non_finite_number_in_a_spec_is_refused_before_any_work(tmp_path):
+    (tmp_path / "spec.toml").write_text(SPEC.format(note="") + "tol = nan\n")
+    out = cli("run", tmp_path / "spec.toml", "--output", tmp_path / "runs", cwd=tmp_path)
+    assert_refused(out, "spec.toml:8: [fit] #1 key 'tol': expected a finite number, got nan")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_unknown_output_protocol_is_refused_before_any_stage(tmp_path):
     """Unhelpful: `run --output s4://...` ran every stage, then publish failed."""
     from distfact.pipeline import run_pipeline
