@@ -557,8 +557,8 @@ def cmd_make_certs(args):
 def main(argv=None) -> int:
     """Run a command. Exit status: 0 done; 2 bad input or a bad environment (a one-line message naming the problem
     and where: a missing or corrupt file, a full or read-only disk, an unreachable scheduler); 1 a failed pipeline
-    stage, a lost cluster, or an internal error (with its traceback: please report it); ``--debug`` shows the
-    traceback of any error."""
+    stage, another process writing the same output (or running the same pipeline and date), a lost cluster, or an
+    internal error (with its traceback: please report it); ``--debug`` shows the traceback of any error."""
     args = _parser().parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")

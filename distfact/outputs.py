@@ -1,27 +1,34 @@
 """Output directories written all or nothing, and never over someone else's files (DESIGN §7).
 
-``distfact fit -o DIR`` and ``distfact report -o DIR`` (and the pipelines' dated runs) write into a staging
-directory beside the destination, ``.<name>.partial``, and swap it into place only when everything is written,
-with the manifest ``distfact-output.json`` (the files written) last. So a kill, an error or a full disk leaves
-the previous complete output, or nothing, at the destination. A destination is written only when it does not
-exist, is empty, or is an earlier distfact output of the same kind whose files are all listed in its manifest
-(replaced only when asked: ``overwrite``); anything else is refused before any work, naming a file distfact did
-not write.
+``distfact fit -o DIR``, ``distfact report -o DIR`` and a pipeline's dated runs write into a staging directory
+beside the destination, ``.<name>.partial``, and swap it into place only when everything is written, with the
+manifest ``distfact-output.json`` (the files written, and when) last. So a kill, an error or a full disk leaves the
+previous complete output, or nothing, at the destination.
 
-The swap is one ``renameat2(RENAME_EXCHANGE)`` (Linux; atomic: a reader sees the old directory or the new one),
-else two renames; if a process dies between those two, the next run puts the old output back first.
+- **What may be replaced** (:func:`check_destination`, before any work): nothing, an empty directory, or an
+  earlier distfact output of the same kind holding only what its manifest lists (no other file, directory or
+  symbolic link), and that only when asked (``overwrite``). Not a symbolic link, a mount point or the current
+  directory (a swap cannot replace those).
+- **The swap** (:func:`swap_into_place`): one ``renameat2(RENAME_EXCHANGE)`` (Linux: a reader sees the old
+  directory or the new one); where the file system lacks it, the old output is renamed to ``.<name>.old`` and the
+  new one into place. The old output is then removed.
+- **A killed process** (:func:`settle`, run first, under the lock ``.<name>.lock``): a staging directory with a
+  manifest and no ``distfact-partial.json`` is a complete output whose swap did not finish; the newer of it and the
+  destination stays. An ``.<name>.old`` goes back into place if the destination is missing, else it is removed.
+  A staging directory with ``distfact-partial.json`` is an interrupted attempt: resumed (a fit's checkpoints) or
+  discarded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import datetime as dt
 import errno
 import json
 import logging
 import os
 import shutil
+import time
 import uuid
 
 import numpy as np
@@ -32,7 +39,7 @@ logger = logging.getLogger("distfact")
 
 MANIFEST = "distfact-output.json"
 MANIFEST_FORMAT = "distfact.output"
-PARTIAL_MARKER = "distfact-partial.json"  # written first into a staging directory: this directory is distfact's
+PARTIAL_MARKER = "distfact-partial.json"  # written first into a staging directory: an attempt in progress
 
 
 class Locked(RuntimeError):
@@ -41,8 +48,9 @@ class Locked(RuntimeError):
 
 @contextlib.contextmanager
 def locked(path: str, what: str):
-    """An exclusive lock on ``path`` (created if need be) for as long as the block runs; released when the process
-    ends, however it ends. ``what`` names the work in the :class:`Locked` error a second process gets."""
+    """An exclusive lock on the file ``path`` (created if need be, and left in place: removing it would let a
+    waiting process lock a file that is gone) for as long as the block runs; released when the process ends,
+    however it ends. ``what`` names the work in the :class:`Locked` error a second process gets."""
     import fcntl
 
     handle = open(path, "a+")
@@ -74,8 +82,11 @@ def _json_default(value):
 def write_json(path, doc, indent: int | None = 2) -> None:
     """``doc`` as strict JSON (numpy values converted; NaN and infinities refused rather than written as the
     invalid tokens ``NaN``/``Infinity``), written aside and renamed into place."""
-    text = json.dumps(doc, indent=indent, allow_nan=False, default=_json_default)
     path = os.fspath(path)
+    try:
+        text = json.dumps(doc, indent=indent, allow_nan=False, default=_json_default)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not written: {exc} (a result holds NaN or an infinity)") from None
     aside = f"{path}.partial-{uuid.uuid4().hex[:8]}"
     try:
         with open(aside, "w") as f:
@@ -87,82 +98,126 @@ def write_json(path, doc, indent: int | None = 2) -> None:
         raise
 
 
+def sibling(dest: str, suffix: str) -> str:
+    """``.<name>.<suffix>`` beside ``dest``: its staging directory, lock, or replaced output."""
+    parent, name = os.path.split(dest)
+    return os.path.join(parent, f".{name}.{suffix}")
+
+
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def exchange(a: str, b: str) -> None:
-    """Swap the directories ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``); where the system
-    or file system has no such call, by ``b -> b.old-<hex>``, ``a -> b``, ``b.old -> a`` (see :func:`recover`)."""
+def _exchange(a: str, b: str) -> bool:
+    """Swap the directories ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``); False where the
+    system or file system has no such call (nothing was done)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        swap = libc.renameat2
+        swap = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
-        swap = None
-    if swap is not None:
-        if swap(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-            return
-        code = ctypes.get_errno()
-        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise OSError(code, f"cannot swap {a!r} and {b!r}: {os.strerror(code)}")
-    parent, name = os.path.split(b)
-    old = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(b, old)
-    os.rename(a, b)
-    os.rename(old, a)
+        return False
+    if swap(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):  # EPERM: some seccomp profiles
+        return False
+    raise OSError(code, f"cannot swap {a!r} and {b!r}: {os.strerror(code)}")
 
 
-def recover(dest: str) -> None:
-    """Undo a swap interrupted between its two renames: ``dest`` missing and ``.<name>.old-<hex>`` present."""
-    parent, name = os.path.split(dest)
-    if os.path.exists(dest) or not os.path.isdir(parent):
+def swap_into_place(staging: str, dest: str) -> None:
+    """Put the complete directory ``staging`` at ``dest``, removing the earlier ``dest`` (see the module doc)."""
+    if not os.path.lexists(dest):
+        os.rename(staging, dest)
         return
-    olds = sorted(n for n in os.listdir(parent) if n.startswith(f".{name}.old-"))
-    if olds:
-        os.rename(os.path.join(parent, olds[-1]), dest)
-        logger.warning("restored %s from %s (a replacement was interrupted)", dest, olds[-1])
+    old = sibling(dest, "old")
+    if _exchange(staging, dest):
+        os.rename(staging, old)  # the earlier output, under a name settle() recognises
+    else:
+        os.rename(dest, old)
+        os.rename(staging, dest)
+    shutil.rmtree(old)
 
 
-def _files(directory: str) -> list[str]:
-    """Every file below ``directory``, relative, sorted."""
-    found = []
-    for top, dirs, names in os.walk(directory):
-        dirs.sort()
-        found += [os.path.relpath(os.path.join(top, n), directory) for n in names]
-    return sorted(found)
+def _written(directory: str) -> int:
+    manifest = read_manifest(directory)
+    return int(manifest.get("written_ns", 0)) if manifest else 0
+
+
+def settle(dest: str, kind: str) -> None:
+    """Finish or undo what a killed process left of a swap into ``dest`` (see the module doc). Run under the
+    lock, before anything else looks at ``dest``."""
+    staging, old = sibling(dest, "partial"), sibling(dest, "old")
+    complete = (read_manifest(staging, kind) is not None
+                and not os.path.exists(os.path.join(staging, PARTIAL_MARKER)))
+    if os.path.lexists(dest) and read_manifest(dest, kind) is None:
+        return  # not an output of ours: nothing is replaced (check_destination says why)
+    if complete and (not os.path.lexists(dest) or _written(staging) > _written(dest)):
+        logger.warning("completing the interrupted replacement of %s by %s", dest, staging)
+        swap_into_place(staging, dest)
+    elif complete:
+        shutil.rmtree(staging)  # the earlier output, swapped out before it could be removed
+    if os.path.isdir(old) and read_manifest(old, kind) is not None:
+        if os.path.lexists(dest):
+            shutil.rmtree(old)
+        else:
+            logger.warning("restoring %s, which an interrupted replacement left at %s", dest, old)
+            os.rename(old, dest)
+
+
+def _entries(directory: str) -> tuple[list[str], list[str]]:
+    """(every file, every directory) below ``directory``, relative and sorted; symbolic links count as files."""
+    files, dirs = [], []
+    for top, subdirs, names in os.walk(directory):
+        links = [d for d in subdirs if os.path.islink(os.path.join(top, d))]
+        subdirs[:] = sorted(d for d in subdirs if d not in links)
+        dirs += [os.path.relpath(os.path.join(top, d), directory) for d in subdirs]
+        files += [os.path.relpath(os.path.join(top, n), directory) for n in names + links]
+    return sorted(files), sorted(dirs)
+
+
+def _ancestors(name: str):
+    """The directories of a relative path: ``a/b/c`` -> ``a/b``, ``a``."""
+    while name := os.path.dirname(name):
+        yield name
 
 
 def read_manifest(directory: str, kind: str | None = None) -> dict | None:
-    """The manifest of an earlier distfact output in ``directory`` (of ``kind`` if given), or None."""
-    path = os.path.join(directory, MANIFEST)
+    """The manifest of a distfact output in ``directory`` (of ``kind`` if given), or None."""
     try:
-        with open(path) as f:
+        with open(os.path.join(directory, MANIFEST)) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("files"), list):
         return None
-    if kind is not None and doc.get("kind") != kind:
-        return None
-    return doc
+    return doc if kind is None or doc.get("kind") == kind else None
 
 
 def check_destination(dest: str, kind: str, overwrite: bool, option: str = "--output") -> None:
     """Refuse ``dest`` unless it is absent, an empty directory, or (with ``overwrite``) an earlier distfact output
-    of ``kind`` holding only the files its manifest lists. Raises ``ValueError`` naming the problem."""
-    recover(dest)
+    of ``kind`` holding only what its manifest lists. Raises ``ValueError`` naming the problem."""
+    if os.path.islink(dest):
+        raise ValueError(f"{option} {dest!r} is a symbolic link; give the directory it points to, or another")
     if not os.path.lexists(dest):
         return
-    if not os.path.isdir(dest) or os.path.islink(dest):
+    if not os.path.isdir(dest):
         raise ValueError(f"{option} {dest!r} exists and is not a directory; choose another {option}")
-    present = _files(dest)
-    if not present and not os.listdir(dest):
+    if os.path.ismount(dest):
+        raise ValueError(f"{option} {dest!r} is a mount point, which cannot be replaced as a whole; give a "
+                         "directory inside it")
+    cwd = os.getcwd()
+    if cwd == dest or cwd.startswith(dest + os.sep):
+        raise ValueError(f"{option} {dest!r} is (or holds) the current directory, which a replacement would leave "
+                         "you in after it is gone; give another directory")
+    files, dirs = _entries(dest)
+    if not files and not dirs:
         return
     manifest = read_manifest(dest, kind)
     if manifest is None:
         raise ValueError(f"{option} {dest!r} is not empty and is not an earlier distfact {kind} output (it has no "
                          f"{MANIFEST}); distfact does not write over files it did not write: choose another {option}")
-    foreign = sorted(set(present) - set(manifest["files"]) - {MANIFEST})
+    listed = set(manifest["files"]) | {MANIFEST}
+    holding = {parent for name in listed for parent in _ancestors(name)}  # the directories its files are in
+    foreign = sorted(set(files) - listed) + sorted(d + os.sep for d in dirs if d not in holding)
     if foreign:
         more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
         raise ValueError(f"{option} {dest!r} holds {foreign[0]!r}{more}, which the earlier {kind} output did not "
@@ -174,93 +229,97 @@ def check_destination(dest: str, kind: str, overwrite: bool, option: str = "--ou
 
 
 class OutputDir:
-    """Write a ``kind`` of output (``"fit"``, ``"report"``) to ``dest``, all or nothing.
+    """Write a ``kind`` of output (``"fit"``, ``"report"``, ``"pipeline run"``) to ``dest``, all or nothing.
 
-    ``with OutputDir(dest, kind, overwrite=...) as out:`` checks the destination and that its parent is writable
-    (before any work), locks it, and gives ``out.path``, the staging directory to write into; ``out.commit()`` (at
-    the end of the block) writes the manifest and swaps the staging directory into place, replacing an earlier
-    output. If the block raises, the staging directory is removed, except its ``keep`` subdirectories (a fit's
-    checkpoints, for ``resume``); ``resume=True`` keeps a staging directory left by an interrupted run for the new
-    one (else it is discarded). Files listed in ``scratch`` (e.g. ``checkpoints``) are removed before the swap.
+    ``with OutputDir(dest, kind, overwrite=...) as out:`` locks the destination, settles what a killed process
+    left, checks the destination and that its directory is writable (before any work), and gives ``out.path``,
+    the staging directory to write into; ``out.commit()`` (at the end of the block) writes the manifest and swaps
+    the staging directory into place, replacing an earlier output.
+
+    If the block raises, the staging directory is removed, except its ``keep`` subdirectories (a fit's
+    checkpoints, for ``resume``). ``resume=True`` keeps what an interrupted attempt left in ``keep`` (the rest is
+    discarded); ``keep_all=True`` keeps all of it (a pipeline reuses the stages it committed). ``scratch``
+    subdirectories (e.g. ``checkpoints``) are removed before the swap. ``lock=False``: the caller holds the lock
+    (``locked(sibling(dest, "lock"), ...)``) and has settled.
     """
 
-    def __init__(self, dest, kind: str, *, overwrite: bool = False, resume: bool = False, option: str = "--output",
-                 keep: tuple = (), scratch: tuple = ()):
+    def __init__(self, dest, kind: str, *, overwrite: bool = False, resume: bool = False, keep_all: bool = False,
+                 option: str = "--output", keep: tuple = (), scratch: tuple = (), lock: bool = True):
         self.dest = os.path.abspath(os.fspath(dest))
-        self.kind, self.overwrite, self.resume, self.option = kind, overwrite, resume, option
+        self.kind, self.overwrite, self.option = kind, overwrite, option
+        self.resume, self.keep_all, self.lock = resume, keep_all, lock
         self.keep, self.scratch = tuple(keep), tuple(scratch)
-        parent, name = os.path.split(self.dest)
-        self.path = os.path.join(parent, f".{name}.partial")
-        self._lock_fd = None
+        self.path = sibling(self.dest, "partial")
+        self._stack = contextlib.ExitStack()
         self.committed = False
 
     def __enter__(self) -> "OutputDir":
-        check_destination(self.dest, self.kind, self.overwrite, self.option)
         parent = os.path.dirname(self.dest)
         try:
             os.makedirs(parent, exist_ok=True)
-            os.makedirs(self.path, exist_ok=True)  # the first write: a read-only or full disk says so here
-            self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as exc:
+            if self.lock:
+                self._stack.enter_context(locked(sibling(self.dest, "lock"), f"writing {self.dest}"))
+        except OSError as exc:  # the first write: a read-only or full disk says so here
             raise ValueError(f"{self.option} {self.dest!r} cannot be written ({exc.strerror} in {parent!r})") from None
         try:
-            self._lock_and_prepare()
+            if self.lock:
+                settle(self.dest, self.kind)
+            check_destination(self.dest, self.kind, self.overwrite, self.option)
+            self._prepare()
         except BaseException:
-            os.close(self._lock_fd)
+            self._stack.close()
             raise
         return self
 
-    def _lock_and_prepare(self) -> None:
-        """Lock the staging directory (its own inode: it becomes the destination), then make it this run's."""
-        import fcntl
-
-        marker = os.path.join(self.path, PARTIAL_MARKER)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Locked(f"another distfact process is writing {self.dest} ({self.path} is locked)") from None
-        entries = os.listdir(self.path)
-        if entries and PARTIAL_MARKER not in entries:
-            raise ValueError(f"{self.path!r} exists and was not made by distfact; move it away")
-        if entries and not self.resume:
-            logger.warning("discarding %s, left by an interrupted run (resume=True / --resume continues it)",
-                           self.path)
-            self._clear(keep=())
-        write_json(marker, {"kind": self.kind, "dest": self.dest, "pid": os.getpid()})
-
-    def _clear(self, keep) -> None:
-        """Remove what the staging directory holds but ``keep``."""
-        for name in os.listdir(self.path):
-            if name in keep:
-                continue
-            target = os.path.join(self.path, name)
-            shutil.rmtree(target) if os.path.isdir(target) and not os.path.islink(target) else os.remove(target)
+    def _prepare(self) -> None:
+        """Make the staging directory this attempt's: keep what a resumed attempt continues from."""
+        if os.path.lexists(self.path):
+            if not os.path.isfile(os.path.join(self.path, PARTIAL_MARKER)):
+                raise ValueError(f"{self.path!r} exists and was not made by distfact; move it away")
+            kept = os.listdir(self.path) if self.keep_all else (PARTIAL_MARKER, *self.keep) if self.resume else ()
+            discarded = [name for name in os.listdir(self.path) if name not in kept and name != PARTIAL_MARKER]
+            if discarded:
+                logger.warning("discarding %s of %s, left by an interrupted run%s", ", ".join(sorted(discarded)),
+                               self.path, "" if self.resume or not self.keep else " (--resume continues it)")
+            for name in discarded:
+                _remove(os.path.join(self.path, name))
+        os.makedirs(self.path, exist_ok=True)
+        write_json(os.path.join(self.path, PARTIAL_MARKER), {"kind": self.kind, "dest": self.dest,
+                                                             "pid": os.getpid()})
 
     def commit(self) -> None:
-        """Write the manifest (last) and swap the staging directory into place."""
+        """Write the manifest and swap the staging directory into place. If the destination has changed meanwhile
+        or cannot be replaced, the complete output stays in the staging directory, and the error names it."""
         for name in self.scratch:
             shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
-        os.remove(os.path.join(self.path, PARTIAL_MARKER))
-        files = _files(self.path)
+        files, _ = _entries(self.path)
         write_json(os.path.join(self.path, MANIFEST), {
             "format": MANIFEST_FORMAT, "version": 1, "kind": self.kind, "distfact": __version__,
-            "written": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "files": files})
-        check_destination(self.dest, self.kind, self.overwrite, self.option)  # again: another process may have written
-        if os.path.exists(self.dest):
-            exchange(self.path, self.dest)
-            shutil.rmtree(self.path)  # the earlier output, which check_destination found to be all distfact's
-        else:
-            os.rename(self.path, self.dest)
+            "written_ns": time.time_ns(), "files": [name for name in files if name != PARTIAL_MARKER]})
+        try:
+            check_destination(self.dest, self.kind, self.overwrite, self.option)  # another process may have written
+            os.remove(os.path.join(self.path, PARTIAL_MARKER))  # complete: settle() would now finish the swap
+            swap_into_place(self.path, self.dest)
+        except (OSError, ValueError) as exc:
+            self.committed = True  # keep it: the work is done
+            raise ValueError(f"the {self.kind} output is complete in {self.path!r} but was not put at {self.dest!r}: "
+                             f"{exc}") from None
         self.committed = True
 
     def __exit__(self, exc_type, exc, tb):
         try:
-            if exc_type is not None and not self.committed and os.path.isdir(self.path):
+            if not self.committed and os.path.isdir(self.path):
                 kept = [n for n in self.keep if os.path.isdir(os.path.join(self.path, n))]
-                if kept:  # what a resumed run continues from stays; the rest of the attempt goes
-                    self._clear(keep=(*kept, PARTIAL_MARKER))
+                if self.keep_all or kept:  # what a resumed run continues from stays; the rest of the attempt goes
+                    for name in os.listdir(self.path):
+                        if not self.keep_all and name not in (*kept, PARTIAL_MARKER):
+                            _remove(os.path.join(self.path, name))
                 else:
                     shutil.rmtree(self.path, ignore_errors=True)
         finally:
-            os.close(self._lock_fd)
+            self._stack.close()
         return False
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)

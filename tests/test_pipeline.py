@@ -66,7 +66,7 @@ def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
     for stage in ("ingest", "fit", "evaluate", "report", "publish"):
         assert json.loads((run_dir / stage / "COMMITTED").read_text())["stage"] == stage
         assert not (run_dir / f"{stage}.partial").exists()
-    assert not (run_dir.parent / f".{DATE}.next").exists()  # built aside, swapped into place
+    assert not (run_dir.parent / f".{DATE}.partial").exists()  # built aside, swapped into place
     events = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
     assert [e["stage"] for e in events if e["event"] == "done"] == ["ingest", "fit", "evaluate", "report", "publish"]
     assert all("seconds" in e for e in events if e["event"] == "done")
@@ -124,7 +124,7 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
                                 str(tmp_path / "cut"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    partial = tmp_path / "cut" / "resumable" / f".{DATE}.next" / "fit.partial" / "nmf-r8" / "checkpoints"
+    partial = tmp_path / "cut" / "resumable" / f".{DATE}.partial" / "fit.partial" / "nmf-r8" / "checkpoints"
     deadline = time.time() + 300
     while not list(partial.glob("*/COMMITTED")) and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
@@ -146,7 +146,7 @@ def test_resume_redoes_fits_whose_spec_changed(tmp_path):
     spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
     first = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
     run_dir = first["run_dir"]
-    build = os.path.join(os.path.dirname(run_dir), f".{DATE}.next")  # as if a rerun was killed after its fits
+    build = os.path.join(os.path.dirname(run_dir), f".{DATE}.partial")  # as if a rerun was killed after its fits
     shutil.copytree(run_dir, build)
     os.rename(os.path.join(build, "fit"), os.path.join(build, "fit.partial"))
     os.remove(os.path.join(build, "fit.partial", "COMMITTED"))
@@ -165,7 +165,7 @@ def test_a_second_run_of_the_same_date_is_refused_while_one_runs(tmp_path):
     first = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
                               str(tmp_path / "runs"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-    partial = tmp_path / "runs" / "resumable" / f".{DATE}.next" / "fit.partial"
+    partial = tmp_path / "runs" / "resumable" / f".{DATE}.partial" / "fit.partial"
     deadline = time.time() + 120
     while not partial.exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -219,7 +219,7 @@ def test_a_failing_stage_publishes_nothing_and_its_committed_stages_are_reused(t
     out = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
     assert out.returncode == 1
     assert "stage 'fit' failed" in out.stderr and "n_components=100" in out.stderr
-    run_dir, build = tmp_path / "runs" / "small" / DATE, tmp_path / "runs" / "small" / f".{DATE}.next"
+    run_dir, build = tmp_path / "runs" / "small" / DATE, tmp_path / "runs" / "small" / f".{DATE}.partial"
     assert not run_dir.exists() and not (tmp_path / "runs" / "small" / "LATEST").exists()  # nothing published
     assert (build / "ingest" / "COMMITTED").exists()  # built aside, kept for the next run
     assert not (build / "fit").exists() and not (build / "fit.partial").exists()

@@ -42,7 +42,8 @@ def save(path, tree, meta: dict | None = None) -> str:
     """Write ``tree`` to ``path`` (written aside, then renamed into place); returns the file's SHA-256 (hex).
 
     ``meta``: a JSON-serialisable dict kept in the skeleton, readable before the tree is decoded
-    (:attr:`TreeFile.meta`). Raises TypeError, naming the field, for a value that is not a tree."""
+    (:attr:`TreeFile.meta`). Raises TypeError, naming the field, for a value that is not a tree, and ValueError
+    for NaN or infinite values (which the reader refuses)."""
     arrays: dict[str, np.ndarray] = {}
     skeleton = {"format": FORMAT, "version": VERSION, "meta": meta or {}, "tree": _encode(tree, arrays, ())}
     path = os.fspath(path)
@@ -71,6 +72,8 @@ def _encode(value, arrays: dict, path: tuple) -> dict:
         return {"kind": type(value).__name__, "items": [_encode(item, arrays, (*path, i)) for i, item in enumerate(value)]}
     if value is None:
         return {"kind": "none"}
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"field {_name(path)!r}: the value {value} is not finite")
     for kind in (bool, int, float, str):  # bool before int: True is an int
         if isinstance(value, kind):
             return {"kind": kind.__name__, "value": kind(value)}
@@ -89,6 +92,8 @@ def _encode_array(value, arrays: dict, path: tuple) -> dict:
     problem = _dtype_problem(array.dtype)
     if problem:
         raise TypeError(f"field {_name(path)!r}: {problem}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():  # the reader refuses them: refuse them here
+        raise ValueError(f"field {_name(path)!r}: holds NaN or infinite values")
     member = f"a{len(arrays)}"
     arrays[member] = array
     return {**node, "member": member, "dtype": array.dtype.str, "shape": list(array.shape)}

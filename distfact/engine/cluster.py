@@ -66,38 +66,66 @@ def scheduler_file_address(path: str) -> str:
 
 
 def probe_scheduler(address: str, security=None, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Connect to ``address`` and ask it who it is, within ``timeout`` seconds in all: a ``ValueError`` if nothing
-    answers, or something answers that is not a Dask scheduler (e.g. a web server, which would wait forever for a
-    request line: ``distributed.Client`` has no bound on that handshake). Runs on its own thread and event loop,
-    so it works inside a running loop (a notebook) too."""
+    """Resolve ``address``, connect and ask who is there, within ``timeout`` seconds in all: a ``ValueError`` if
+    nothing answers, or something answers that is not a Dask scheduler (e.g. a web server, which would wait forever
+    for a request line: ``distributed.Client`` has no bound on that handshake). It runs on a daemon thread with its
+    own event loop (so it works inside a running loop, a notebook's, and a name lookup that hangs cannot keep the
+    process from exiting); the wait for it is what is bounded."""
     import asyncio
-    import concurrent.futures
+    import socket
+    import threading
 
     from distributed.comm import connect as comm_connect
+    from distributed.comm.addressing import parse_address, parse_host_port, unparse_host_port
 
+    scheme, location = parse_address(address)
+    if scheme not in ("tcp", "tls"):  # in-process or other transports: nothing a web server could sit behind
+        return
+    try:
+        host, port = parse_host_port(location)
+    except ValueError as exc:
+        raise ValueError(f"the scheduler address {address!r} is not an address such as tcp://host:8786 ({exc})") \
+            from None
     connection_args = {} if security is None else security.get_connection_args("client")
 
-    async def identity():
-        comm = await comm_connect(address, timeout=timeout, **connection_args)
+    async def identity(target):
+        comm = await comm_connect(target, timeout=timeout, **connection_args)
         try:
             await comm.write({"op": "identity"})
             return await comm.read()
         finally:
             comm.abort()
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    outcome = {}
+
+    def ask():
         try:
-            answer = pool.submit(asyncio.run, asyncio.wait_for(identity(), timeout)).result()
-        except (OSError, asyncio.TimeoutError, TimeoutError) as exc:
-            hint = (" (over TLS: do the scheduler and this client use certificates of the same authority?)"
-                    if address.startswith("tls://") else "")
-            timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError))
-            reason = "no answer" if timed_out else str(exc) or type(exc).__name__
-            raise ValueError(f"cannot reach a Dask scheduler at {address!r} within {timeout} s ({reason}){hint}; is "
-                             "it running, reachable from here, and a Dask scheduler (not another server)?") from None
-        except Exception as exc:  # a server speaking another protocol: a garbled frame
-            raise ValueError(f"the server at {address!r} is not a Dask scheduler (its answer could not be read: "
-                             f"{type(exc).__name__})") from None
+            ip = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+            loop = asyncio.new_event_loop()
+            try:
+                outcome["answer"] = loop.run_until_complete(
+                    asyncio.wait_for(identity(f"{scheme}://{unparse_host_port(ip, port)}"), timeout))
+            finally:
+                loop.close()
+        except BaseException as exc:  # reported by the waiting thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=ask, name="distfact-scheduler-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 1)
+    error = outcome.get("error")
+    hint = (" (over TLS: do the scheduler and this client use certificates of the same authority?)"
+            if scheme == "tls" else "")
+    if thread.is_alive() or isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        raise ValueError(f"cannot reach a Dask scheduler at {address!r} within {timeout} s (no answer){hint}; is it "
+                         "running, reachable from here, and a Dask scheduler (not another server)?")
+    if isinstance(error, OSError):
+        raise ValueError(f"cannot reach a Dask scheduler at {address!r} ({error.strerror or error}){hint}; is it "
+                         "running and reachable from here?")
+    if error is not None:  # a server speaking another protocol: a garbled frame
+        raise ValueError(f"the server at {address!r} is not a Dask scheduler (its answer could not be read: "
+                         f"{type(error).__name__})")
+    answer = outcome["answer"]
     if not isinstance(answer, dict) or answer.get("type") != "Scheduler":
         raise ValueError(f"the server at {address!r} is not a Dask scheduler (it answered {str(answer)[:80]!r})")
 
@@ -118,9 +146,6 @@ def connect(scheduler: str, tls_dir=None):
         address = scheduler_file_address(scheduler)
         kwargs = {"scheduler_file": scheduler}
     else:
-        if "://" not in scheduler and ":" not in scheduler:
-            raise ValueError(f"--scheduler {scheduler!r} is neither an address (tcp://host:8786, tls://host:8786) "
-                             "nor a scheduler file (*.json)")
         kwargs, address = {"address": scheduler}, scheduler
     security = None if tls_dir is None else security_from_dir(tls_dir)
     configured = dask.config.get("distributed.comm.tls.ca-file", None)

@@ -79,7 +79,7 @@ def run_column_block(fn, reader, column_block, Xc, locals_, args):
     parts = [materialise(local) for local in locals_]
     W = parts[0] if len(parts) == 1 else np.concatenate(parts)
     piece, stats = fn(Xc, aligned(W), column_block, *aligned(args))
-    check_block(column_block, piece, stats)
+    check_block(column_block, piece, stats, "its part of the global factor")
     return piece, stats
 
 

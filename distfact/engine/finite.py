@@ -20,7 +20,7 @@ def first_nonfinite(value, name: str = "") -> str | None:
     if isinstance(value, np.ndarray):
         return None if value.dtype.kind != "f" or np.isfinite(value).all() else name
     if isinstance(value, dict):
-        items = ((str(key), item) for key, item in value.items())
+        items = ((f"{name}/{key}" if name else str(key), item) for key, item in value.items())
     elif isinstance(value, (list, tuple)):
         items = ((f"{name}[{i}]", item) for i, item in enumerate(value))
     elif isinstance(value, (float, np.floating)):
@@ -59,11 +59,12 @@ class NonFiniteError(ValueError):
         return NonFiniteError(self.what, self.block, self.where, iteration, list(group_names))
 
 
-def check_block(block, local=None, stats=None) -> None:
-    """In a block task: its new local factor and its statistics are finite, else :class:`NonFiniteError`."""
+def check_block(block, local=None, stats=None, local_name: str = "its local factor") -> None:
+    """In a block task: its new local factor (a column block: its part of the global factor) and its statistics
+    are finite, else :class:`NonFiniteError`."""
     found = first_nonfinite(local)
     if found is not None:
-        raise NonFiniteError("its local factor" + (f" ({found!r})" if found else ""), block)
+        raise NonFiniteError(local_name + (f" ({found!r})" if found else ""), block)
     found = first_nonfinite(stats)
     if found is not None:
         raise NonFiniteError(f"statistic {found!r}", block)

@@ -11,6 +11,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
+from ..metrics import relative_to
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
 
@@ -77,7 +78,7 @@ class NMF(FactorEstimator):
     group_losses_ : ndarray (n_groups,)
         The loss restricted to each group's rows.
     group_errors_ : ndarray (n_groups,)
-        Relative error ||X_l - W_l H||_F / ||X_l||_F per group.
+        Relative error ||X_l - W_l H||_F / ||X_l||_F per group (for a group of zeros, the error itself).
     converged_ : bool
     scheduler_ : dict
         Where the fit ran.
@@ -162,7 +163,7 @@ class NMF(FactorEstimator):
         self.group_losses_ = state.group_objectives[-1]
         self.reconstruction_err_ = float(np.sqrt(2.0 * max(state.objectives[-1], 0.0)))
         sq = method.squared_errors(state.global_state, state.stats, data)
-        self.group_errors_ = np.sqrt(sq / np.maximum(data.group_sq_norms, np.finfo(np.float64).tiny))
+        self.group_errors_ = np.sqrt(relative_to(sq, data.group_sq_norms))
 
     # ------------------------------------------------------------ transform
     def transform(self, X, groups=None, client=None, max_iter=None):

@@ -13,6 +13,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
+from ..metrics import relative_to
 from ..store.validate import check_label_spellings
 from .base import (FactorEstimator, SavedEstimator, check_factor, check_iteration_params, check_new_directory,
                    check_rank, data_fingerprint, given_local, survives_worker_loss)
@@ -100,7 +101,7 @@ class SSNMF(FactorEstimator):
         The objective restricted to each group's rows; ``group_loss_parts_`` (n_groups, 2) its R and S.
     group_errors_ : ndarray (n_groups,)
         The reconstruction per group, relative to the group's data: sqrt(R_l) / ||X_l||_F (F), or
-        R_l / sum(X_l) (D).
+        R_l / sum(X_l) (D); for a group of zeros, the reconstruction itself.
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, n_features_in_.
     """
 
@@ -237,11 +238,10 @@ class SSNMF(FactorEstimator):
         self.group_names_ = data.group_names
         self.group_loss_parts_ = parts[-1]
         self.group_losses_ = parts[-1, :, 0] + method.lam * parts[-1, :, 1]
-        tiny = np.finfo(np.float64).tiny
         if method.losses[0] == "F":  # relative to the whole of X_l, whatever the data mask
-            self.group_errors_ = np.sqrt(parts[-1, :, 0] / np.maximum(data.group_sq_norms, tiny))
+            self.group_errors_ = np.sqrt(relative_to(parts[-1, :, 0], data.group_sq_norms))
         else:
-            self.group_errors_ = parts[-1, :, 0] / np.maximum(data.group_totals, tiny)
+            self.group_errors_ = relative_to(parts[-1, :, 0], data.group_totals)
         self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform

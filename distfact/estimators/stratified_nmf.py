@@ -10,6 +10,7 @@ import numpy as np
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.stratified_nmf import StratifiedMU
+from ..metrics import relative_to
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
 
@@ -61,7 +62,7 @@ class StratifiedNMF(FactorEstimator):
         ||A(i) - 1 v(i)^T - W(i) H||_F^2, eq. (2)'s terms.
     group_loss_history_ : ndarray (n_iter_ + 1, n_strata)
     group_errors_ : ndarray (n_strata,)
-        ||A(i) - 1 v(i)^T - W(i) H||_F / ||A(i)||_F.
+        ||A(i) - 1 v(i)^T - W(i) H||_F / ||A(i)||_F (for a stratum of zeros, the numerator).
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, feature_names_in_ (when the data
     carry feature names), n_features_in_.
     """
@@ -150,7 +151,7 @@ class StratifiedNMF(FactorEstimator):
         self.group_names_ = data.group_names
         self.group_loss_history_ = np.vstack(state.group_objectives)
         self.group_losses_ = self.group_loss_history_[-1]
-        self.group_errors_ = np.sqrt(self.group_losses_ / np.maximum(data.group_sq_norms, np.finfo(np.float64).tiny))
+        self.group_errors_ = np.sqrt(relative_to(self.group_losses_, data.group_sq_norms))
         self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform

@@ -14,6 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
+from ..metrics import relative_to
 from ..store.grouped import GroupedMatrix
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
@@ -77,7 +78,7 @@ class WeightedL1NMF(FactorEstimator):
         whose rows are all zero).
     group_loss_history_ : ndarray (n_iter_ + 1, n_groups)
     group_errors_ : ndarray (n_groups,)
-        Relative L1 error per group, ||X_l - W_l H||_1 / ||X_l||_1.
+        Relative L1 error per group, ||X_l - W_l H||_1 / ||X_l||_1 (for a group of zeros, the error itself).
     reconstruction_err_ : float
         ||X - W H||_1.
     n_iter_ : int
@@ -218,8 +219,8 @@ class WeightedL1NMF(FactorEstimator):
         G = state.global_state
         totals = data.group_totals
 
-        def per_group_sum(values):  # a group of zeros has error 0 (as in the other methods), not 0 / 0
-            return values / np.maximum(totals, np.finfo(np.float64).tiny)
+        def per_group_sum(values):
+            return relative_to(values, totals)
         l1_errors = method.group_objectives(G, state.stats, lam=1.0)
         self.components_ = method.components(G)
         self.loss_history_ = np.asarray(state.objectives)

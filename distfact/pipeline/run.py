@@ -12,6 +12,7 @@ does nothing; a changed section redoes its stage and everything downstream; ``--
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import inspect
@@ -21,12 +22,13 @@ import re
 import shutil
 import sys
 import time
+import uuid
 
 import numpy as np
 
 from .. import __version__
 from ..estimators.persistence import load as load_model
-from ..outputs import PARTIAL_MARKER, Locked, exchange, locked, recover, write_json
+from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
 from .spec import METRICS, Spec, estimator_class, load_spec
 
 STAGES = ("ingest", "fit", "evaluate", "report", "publish")
@@ -36,8 +38,9 @@ MARKER = "COMMITTED"
 class StageFailed(RuntimeError):
     """A stage raised; ``stage`` names it (the CLI exits with status 1 and says which)."""
 
-    def __init__(self, stage: str, error: BaseException):
-        super().__init__(f"stage {stage!r} failed: {type(error).__name__}: {error}")
+    def __init__(self, stage: str, error: BaseException, log: str | None = None):
+        super().__init__(f"stage {stage!r} failed: {type(error).__name__}: {error}"
+                         + (f" (the run's log: {log})" if log else ""))
         self.stage = stage
 
 
@@ -119,10 +122,15 @@ def stage_hashes(spec: Spec, root: str) -> dict:
 # -- the run ----------------------------------------------------------------------------------------
 
 def check_url(url: str) -> None:
-    """Before any work: ``url``'s protocol is one fsspec knows and can use here (its package installed)."""
+    """Before any work: ``url``'s protocols (several in a chained URL) are ones fsspec knows and can use here
+    (their packages installed)."""
+    for part in url.split("::"):  # chained URLs: simplecache::s3://bucket/runs
+        _check_protocol(url, part.split("://", 1)[0] if "://" in part else part)
+
+
+def _check_protocol(url: str, protocol: str) -> None:
     import fsspec
 
-    protocol = url.split("://", 1)[0]
     try:
         fsspec.get_filesystem_class(protocol)
     except ValueError:
@@ -147,11 +155,11 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     an fsspec URL; for a URL the stages run in ``~/.cache/distfact/runs/<hash of the URL>/`` and publish uploads.
     ``scheduler`` and ``tls_dir`` (its certificates) override the spec's ``[cluster]``.
 
-    The stages that run are built aside, in ``.<date>.next/`` beside the run (the committed stages they build on
-    hard-linked into it), and swapped into place in one step once publish has committed: a stage that fails, or a
-    kill, leaves the date's previous run as it was (and ``LATEST``, the top-level ``metrics.json`` with it).
-    Stages committed in the build by a run that failed later are reused by the next run, like those of the run
-    itself; a fit's partial checkpoints only with ``resume``."""
+    The stages that run are built aside, in ``.<date>.partial/`` beside the run (an :class:`OutputDir`: the
+    committed stages they build on are linked into it), and swapped into place in one step once publish has
+    committed: a stage that fails, or a kill, leaves the date's previous run as it was (and ``LATEST``, the
+    top-level ``metrics.json`` with it). Stages committed in the build by a run that failed later are reused by the
+    next run, like those of the run itself; a fit's partial checkpoints only with ``resume``."""
     spec = load_spec(spec_path)
     date = date or dt.date.today().isoformat()
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
@@ -168,21 +176,19 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     else:
         root = local_root = os.path.abspath(os.path.expanduser(root.removeprefix("file://")))
     run_dir = os.path.join(local_root, spec.name, date)
-    build = os.path.join(local_root, spec.name, f".{date}.next")
-    log = RunLog(build, spec.name, date, stream)
+    build = OutputDir(run_dir, RUN_KIND, overwrite=True, keep_all=True, option="the run", lock=False)
+    log = RunLog(build.path, spec.name, date, stream)
     hashes = stage_hashes(spec, root)
-    context = {"spec": spec, "run_dir": build, "final_dir": run_dir, "root": root, "remote": remote,
+    context = {"spec": spec, "run_dir": build.path, "final_dir": run_dir, "root": root, "remote": remote,
                "resume": resume, "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date,
                "fit_hash": hashes["fit"]}
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
-    with locked(f"{run_dir}.lock", f"a run of {spec.name} for {date}"):
-        recover(run_dir)
-        if os.path.lexists(build) and not os.path.isfile(os.path.join(build, PARTIAL_MARKER)):
-            raise ValueError(f"{build!r} exists and was not made by distfact; move it away")
+    with locked(sibling(run_dir, "lock"), f"a run of {spec.name} for {date}"), contextlib.ExitStack() as stack:
+        settle(run_dir, RUN_KIND)
         ran, skipped, reused = [], [], []
         for stage in STAGES:
             source = None if force or ran else next(
-                (d for d in (os.path.join(run_dir, stage), os.path.join(build, stage))
+                (d for d in (os.path.join(run_dir, stage), os.path.join(build.path, stage))
                  if (_read_marker(d) or {}).get("hash") == hashes[stage]), None)
             if source is not None:
                 skipped.append(stage)
@@ -190,27 +196,33 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
                 log(stage, "skip", hash=hashes[stage][:12], reason="committed with the same inputs")
                 continue
             if not ran:
-                _start_build(build, run_dir, spec, reused, STAGES[STAGES.index(stage):])
+                stack.enter_context(build)
+                _start_build(build.path, run_dir, spec, reused, STAGES[STAGES.index(stage):])
                 log.to_file = True
             _run_stage(stage, hashes[stage], context)
             ran.append(stage)
-        if not ran and any(source.startswith(build + os.sep) for source in reused):
-            _start_build(build, run_dir, spec, reused, ())  # committed aside by a run stopped before its swap
-        if ran or any(source.startswith(build + os.sep) for source in reused):
-            _finish_build(build, run_dir, date)
+        built_aside = any(os.path.dirname(source) == build.path for source in reused)
+        if built_aside and not ran:  # committed aside by a run stopped before its swap
+            stack.enter_context(build)
+            _start_build(build.path, run_dir, spec, reused, ())
+        if built_aside or ran:
+            shutil.copyfile(os.path.join(build.path, "publish", "metrics.json"),
+                            os.path.join(build.path, "metrics.json"))
+            build.commit()
+        _update_latest(run_dir, date)
     if not ran:
         log("run", "up-to-date", message=f"{run_dir}: every stage is committed with the same spec and data; "
                                          "nothing to do (--force redoes it)")
     return {"run_dir": run_dir, "ran": ran, "skipped": skipped}
 
 
+RUN_KIND = "pipeline run"
+
+
 def _start_build(build: str, run_dir: str, spec: Spec, reused: list[str], to_run) -> None:
     """The build directory holds the reused stages (linked from the run if they are its), the run's log so far, the
     spec, and nothing of the stages about to run but a fit's partial directory (which ``_run_stage`` keeps or
     discards)."""
-    if not os.path.isdir(build):
-        os.makedirs(build)
-        write_json(os.path.join(build, PARTIAL_MARKER), {"kind": "pipeline run", "dest": run_dir, "pid": os.getpid()})
     for source in reused:
         target = os.path.join(build, os.path.basename(source))
         if source != target:
@@ -227,34 +239,38 @@ def _start_build(build: str, run_dir: str, spec: Spec, reused: list[str], to_run
 
 
 def link_tree(source: str, target: str) -> None:
-    """``target`` as a copy of the directory ``source`` made of hard links (files are never written in place by
-    distfact or Zarr, which write aside and rename), or of copies where links cannot be made."""
+    """``target`` as a copy of the directory ``source``: files hard-linked (distfact writes a new file, aside
+    and renamed, rather than into an existing one), metadata (``*.json``, which a stage may rewrite, e.g. the
+    store's ``zarr.json`` when column blocks are added, and some Zarr versions do so in place) copied, as is any
+    file that cannot be linked."""
     for top, dirs, names in os.walk(source):
         here = os.path.join(target, os.path.relpath(top, source))
         os.makedirs(here, exist_ok=True)
         for name in names:
+            origin, copy = os.path.join(top, name), os.path.join(here, name)
             try:
-                os.link(os.path.join(top, name), os.path.join(here, name))
+                if name.endswith(".json"):
+                    raise OSError("copied")
+                os.link(origin, copy)
             except OSError:
-                shutil.copy2(os.path.join(top, name), os.path.join(here, name))
+                shutil.copy2(origin, copy)
 
 
-def _finish_build(build: str, run_dir: str, date: str) -> None:
-    """Publish's metrics.json at the build's top, swap the build into place (the previous run removed), then
-    ``LATEST`` beside the dated runs if this date is the newest."""
-    shutil.copyfile(os.path.join(build, "publish", "metrics.json"), os.path.join(build, "metrics.json"))
-    os.remove(os.path.join(build, PARTIAL_MARKER))
-    if os.path.exists(run_dir):
-        exchange(build, run_dir)
-        shutil.rmtree(build)  # the previous run of this date
-    else:
-        os.rename(build, run_dir)
-    latest = os.path.join(os.path.dirname(run_dir), "LATEST")
-    current = open(latest).read().strip() if os.path.isfile(latest) else ""
-    if date >= current:
-        with open(f"{latest}.partial", "w") as f:
-            f.write(date + "\n")
-        os.replace(f"{latest}.partial", latest)
+def _update_latest(run_dir: str, date: str) -> None:
+    """``LATEST`` beside the dated runs names the newest date with a committed run (a backfill of an older date
+    leaves it), under a lock shared by the pipeline's dates; also after a run that had nothing to do, so that a
+    process killed between its swap and this corrects itself."""
+    if _read_marker(os.path.join(run_dir, "publish")) is None:
+        return
+    runs = os.path.dirname(run_dir)
+    latest = os.path.join(runs, "LATEST")
+    with locked(os.path.join(runs, ".LATEST.lock"), f"updating {latest}"):
+        current = open(latest).read().strip() if os.path.isfile(latest) else ""
+        if date > current:
+            aside = f"{latest}.partial-{uuid.uuid4().hex[:8]}"
+            with open(aside, "w") as f:
+                f.write(date + "\n")
+            os.replace(aside, latest)
 
 
 def _read_marker(stage_dir: str):
@@ -289,7 +305,7 @@ def _run_stage(stage: str, digest: str, context: dict) -> None:
     except Exception as exc:
         shutil.rmtree(partial, ignore_errors=True)
         log(stage, "fail", seconds=round(time.perf_counter() - started, 3), error=f"{type(exc).__name__}: {exc}")
-        raise StageFailed(stage, exc) from exc
+        raise StageFailed(stage, exc, log.path) from exc
     seconds = time.perf_counter() - started
     write_json(os.path.join(partial, MARKER), {  # written last: the stage's outputs are complete
         "stage": stage, "hash": digest, "seconds": seconds, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),

@@ -16,7 +16,10 @@ def read_labels(path: str) -> np.ndarray:
         except ValueError as exc:  # an object array, or not an .npy file
             raise ValueError(f"labels file {path!r} cannot be read as an array of numbers or text: {exc}") from None
     with open(path, "rb") as f:
-        return np.array(utf8_text(f.read(), f"labels file {path!r}").splitlines(), dtype=str)
+        lines = utf8_text(f.read(), f"labels file {path!r}").split("\n")  # not splitlines(): \x0c is no line end
+    if lines[-1] == "":  # the new line that ends the last label
+        lines.pop()
+    return np.array([line.removesuffix("\r") for line in lines], dtype=str)
 
 
 def utf8_text(raw: bytes, where: str, error=ValueError) -> str:

@@ -9,8 +9,11 @@ as a block as soon as it holds a block's worth of rows, so memory stays at about
 
 from __future__ import annotations
 
+import csv
+import gzip
 import os
 import re
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -175,17 +178,26 @@ _FIELD_COUNT = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
 def _csv_chunks(source: str, sep: str, group_column: str, columns: list[str], chunk_rows: int, where: str):
-    """The group and value columns, ``chunk_rows`` rows at a time. Every column is parsed (not just ``usecols``,
-    with which pandas silently drops the extra fields of a row that has too many) so that a row of the wrong width
-    is an error naming its line; a row with too few fields has missing values, refused as such."""
+    """The group and value columns, ``chunk_rows`` rows at a time, every row as wide as the header.
+
+    pandas is asked to parse every column (with ``usecols`` it silently drops the extra fields of a row that has
+    too many) and never to take the first column as the rows' index (``index_col=False``: it does so, silently,
+    when every data row has one field more than the header, e.g. a trailing delimiter); a row with too many fields
+    is an error naming its line, and a row with too few has missing values, refused as such.
+    """
     na_values = {c: _NA_STRINGS for c in columns}
     na_values[group_column] = [""]
     reader = pd.read_csv(source, sep=sep, chunksize=chunk_rows, dtype={group_column: str}, keep_default_na=False,
-                         na_values=na_values)
-    with reader:
+                         na_values=na_values, index_col=False)
+    with reader, warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.ParserWarning)  # "... loss of data with index_col=False"
         try:
             for frame in reader:
                 yield frame[[group_column, *columns]]
+        except pd.errors.ParserWarning:
+            line, saw, expected = _first_wide_line(source, sep)
+            raise ValueError(f"{where}: line {line} has {saw} fields, the header has {expected} (a trailing "
+                             "delimiter?)") from None
         except pd.errors.ParserError as exc:
             width = _FIELD_COUNT.search(str(exc))
             if width is None:
@@ -195,6 +207,15 @@ def _csv_chunks(source: str, sep: str, group_column: str, columns: list[str], ch
         except UnicodeDecodeError as exc:
             raise ValueError(f"{where} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
                              f"{exc.start} of a chunk: {exc.reason})") from None
+
+
+def _first_wide_line(source: str, sep: str) -> tuple[int, int, int]:
+    """(line number, fields, header's fields) of the first line with more fields than the header."""
+    opener = gzip.open if source.lower().endswith(".gz") else open
+    with opener(source, "rt", encoding="utf-8", newline="") as f:
+        rows = csv.reader(f, delimiter=sep)
+        header = len(next(rows))
+        return next((rows.line_num, len(row), header) for row in rows if len(row) > header)
 
 
 def _parquet_chunks(pf, group_column: str, columns: list[str], chunk_rows: int):

@@ -39,8 +39,9 @@ def test_a_server_that_is_no_scheduler_is_an_error_within_the_bound(web_server, 
     started = time.perf_counter()
     out = cli("fit", store, "--rank", 2, "--no-progress", "--scheduler", web_server, "--output", tmp_path / "fit",
               cwd=tmp_path, timeout=120)
-    assert_refused(out, f"cannot reach a Dask scheduler at '{web_server}' within {CONNECT_TIMEOUT} s (no answer)",
-                   "a Dask scheduler (not another server)")
+    assert_refused(out, web_server)
+    assert ("(no answer)" in out.stderr and "a Dask scheduler (not another server)" in out.stderr
+            or "is not a Dask scheduler" in out.stderr), out.stderr
     assert time.perf_counter() - started < CONNECT_TIMEOUT + 20  # the bound, plus starting Python
     started = time.perf_counter()
     with pytest.raises(ValueError, match="cannot reach a Dask scheduler"):

@@ -40,6 +40,18 @@ def test_a_csv_row_of_the_wrong_width_is_named(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("extra", [",7", ","])
+def test_csv_rows_all_one_field_wider_than_the_header_are_named(extra, tmp_path):
+    """With every data row one field wider (a trailing delimiter, or a shifted table), pandas silently took the
+    first column as the rows' index: the groups became the first feature's values."""
+    rows = ["g,a,b"] + [f"{'xy'[i % 2]},{i},{i + 1}{extra}" for i in range(20)]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    before = snapshot(tmp_path)
+    assert_refused(cli("ingest", tmp_path / "t.csv", tmp_path / "t.zarr", "--group-column", "g", cwd=tmp_path),
+                   "line 2 has 4 fields, the header has 3 (a trailing delimiter?)")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("labels, outcome", [
     ([1, "1"], "would be one group"),  # merged into one group before
     ([1, 1.0], "would be two groups"),

@@ -84,3 +84,65 @@ def test_json_outputs_are_strict(tmp_path):
     write_json(tmp_path / "m.json", {"loss": np.float32(0.5), "n": np.int64(3), "h": np.arange(2.0)})
     strict = json.loads((tmp_path / "m.json").read_text(), parse_constant=lambda token: pytest.fail(token))
     assert strict == {"loss": 0.5, "n": 3, "h": [0.0, 1.0]}
+
+
+class Exploding:
+    """A method for the engine alone (test only): every step is a no-op, except that at iteration ``at`` the
+    step named ``where`` makes a NaN or an infinity: a block's statistic ('local', in block 1), the global state
+    ('global') or a column block's piece ('column')."""
+
+    def __init__(self, at: int, where: str):
+        self.at, self.where = at, where
+
+    def initial_global(self, data, rng):
+        return {"k": np.zeros(1)}
+
+    def initial_local(self, block, G, rows):
+        return np.ones((block.n_rows, 1))
+
+    def block_stats(self, X_b, W_b, block, G):
+        return {"s": np.ones(2)}
+
+    def local_step(self, X_b, W_b, block, G):
+        bad = self.where == "local" and G["k"][0] == self.at and block.index == 1
+        return W_b, {"s": np.array([1.0, np.nan if bad else 1.0])}
+
+    def global_step(self, G, stats, data):
+        k = G["k"] + 1
+        return {"k": k, "h": np.array([np.inf if self.where == "global" and k[0] == self.at else 0.0])}
+
+    def column_step(self, Xc, W, column_block, G):
+        bad = self.where == "column" and G["k"][0] == self.at and column_block.index == 0
+        return np.array([-np.inf if bad else 0.0]), {"c": np.zeros(3)}
+
+    def assemble_columns(self, G, pieces):
+        return G
+
+    def objective(self, G, stats, data):
+        return 0.0, np.zeros(data.n_groups)
+
+    def converged(self, objectives, group_objectives):
+        return False
+
+
+@pytest.mark.parametrize("where, message", [
+    ("local", r"^iteration 3: block 1 \(group 'g\d', stored rows \d+:\d+\) produced a non-finite value \(NaN or "
+              r"infinity\) in statistic 's'"),
+    ("global", r"^iteration 3: the global step produced a non-finite value \(NaN or infinity\) in 'h'"),
+    ("column", r"^iteration 3: column block 0 \(columns 0:\d+\) produced a non-finite value \(NaN or infinity\) in "
+               r"its part of the global factor"),
+])
+def test_the_engine_names_the_iteration_and_the_step_of_a_non_finite_value(where, message):
+    from distfact.engine import InProcessExecutor, fit, initialise
+
+    X, groups = grouped_data(m=60, n=6, n_groups=3, seed=4)
+    data = distfact.from_arrays(X, groups, block_rows=10).with_column_blocks(n_blocks=2)
+    method, executor = Exploding(3, where), InProcessExecutor(data, n_threads=2)
+    seen = []
+    try:
+        with pytest.raises(NonFiniteError, match=message):
+            fit(method, data, executor, max_iter=10, start=lambda: initialise(method, data, executor, 0),
+                callback=lambda info: seen.append(info.iteration))
+    finally:
+        executor.close()
+    assert seen == [1, 2]  # stopped at once: iteration 3 never completed

@@ -5,6 +5,7 @@ after."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def test_an_earlier_output_is_replaced_only_when_asked_and_then_completely(store
                    for top, _, names in os.walk(tmp_path / "fit") for n in names)
     manifest = json.loads((tmp_path / "fit" / "distfact-output.json").read_text())
     assert files == sorted([*manifest["files"], "distfact-output.json"])  # nothing of the rank-2 fit is left
-    assert sorted(os.listdir(tmp_path)) == ["fit", "x.zarr"]  # no staging directory, no lock left behind
+    assert sorted(os.listdir(tmp_path)) == [".fit.lock", "fit", "x.zarr"]  # no staging directory (the lock stays)
 
 
 def test_an_output_that_is_a_file_is_refused_before_the_fit(store, tmp_path):
@@ -97,11 +98,12 @@ def test_a_fit_killed_while_writing_leaves_the_previous_output(tmp_path):
                                 "--max-iter", "1", "--no-progress", "--overwrite", "--output", str(tmp_path / "fit")],
                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while not (staging / "W").exists() and process.poll() is None and time.time() < deadline:
+    while not list(staging.glob("W.partial-*/*")) and process.poll() is None and time.time() < deadline:
         time.sleep(0.001)
-    process.send_signal(signal.SIGKILL)  # while W (48 MB) is being written
+    process.send_signal(signal.SIGKILL)  # while W (48 MB) is being written, aside
     process.wait()
-    assert process.returncode == -signal.SIGKILL and not (staging / "distfact-output.json").exists()
+    assert process.returncode == -signal.SIGKILL and list(staging.glob("W.partial-*"))
+    assert not (staging / "distfact-output.json").exists()
     assert snapshot(tmp_path / "fit") == before  # the rank-2 output, whole
     rerun = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path, rank=3, iterations=1)
     assert rerun.returncode == 0 and "discarding" in rerun.stderr and not staging.exists(), rerun.stderr
@@ -155,8 +157,9 @@ def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path):
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the kill must land mid-fit"
     assert not (tmp_path / "cut").exists() and list(checkpoints.glob("*/COMMITTED"))
-    resumed = subprocess.run([*args, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = subprocess.run([sys.executable, "-m", "distfact.cli", "-v", *args[3:], "--resume"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr  # not started afresh
     assert np.array_equal(np.load(tmp_path / "cut" / "H.npy"), np.load(tmp_path / "whole" / "H.npy"))
     assert not (tmp_path / ".cut.partial").exists() and "checkpoints" not in os.listdir(tmp_path / "cut")
 
@@ -197,9 +200,117 @@ def test_a_pipeline_rerun_that_fails_leaves_the_committed_run(tmp_path):
                                str(tmp_path / "runs"), "--date", "2026-11-23"], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not (runs / ".2026-11-23.next" / "fit.partial").exists() and killed.poll() is None \
+    while not (runs / ".2026-11-23.partial" / "fit.partial").exists() and killed.poll() is None \
             and time.time() < deadline:
         time.sleep(0.001)
     killed.send_signal(signal.SIGKILL)  # mid-fit
     killed.wait()
+    assert killed.returncode == -signal.SIGKILL
     assert snapshot(runs / "2026-11-23") == before
+
+
+# -- the all-or-nothing directory itself (distfact/outputs.py), on real files --------------------------------------
+
+def write_output(dest, kind="fit", overwrite=False, files=("a.txt",), **options):
+    from distfact.outputs import OutputDir
+
+    with OutputDir(dest, kind, overwrite=overwrite, **options) as out:
+        for name in files:
+            os.makedirs(os.path.dirname(os.path.join(out.path, name)), exist_ok=True)
+            with open(os.path.join(out.path, name), "w") as f:
+                f.write(name)
+        out.commit()
+
+
+def test_a_swap_killed_half_way_is_finished_or_undone_by_the_next_run(tmp_path):
+    """What settle() finds after a kill at each step of a replacement: the newer complete output stays."""
+    from distfact.outputs import OutputDir, settle, sibling
+
+    write_output(tmp_path / "older", files=("older.txt",))
+    write_output(tmp_path / "newer", files=("newer.txt",))  # its manifest's time is later
+    dest = str(tmp_path / "out")
+    staging, old = sibling(dest, "partial"), sibling(dest, "old")
+
+    def state(at_dest, in_staging=None, aside=None):
+        for path in (dest, staging, old):
+            shutil.rmtree(path, ignore_errors=True)
+        for source, path in ((at_dest, dest), (in_staging, staging), (aside, old)):
+            if source is not None:
+                shutil.copytree(tmp_path / source, path)
+
+    state("older", in_staging="newer")  # killed after the manifest, before the exchange: the new output wins
+    settle(dest, "fit")
+    assert "newer.txt" in os.listdir(dest) and not os.path.exists(staging) and not os.path.exists(old)
+    state("newer", in_staging="older")  # killed after the exchange: the earlier output is removed
+    settle(dest, "fit")
+    assert "newer.txt" in os.listdir(dest) and not os.path.exists(staging)
+    state(None, aside="older")  # killed between the fallback's two renames, before the new one was ready
+    settle(dest, "fit")
+    assert "older.txt" in os.listdir(dest) and not os.path.exists(old)
+    state("newer", aside="older")  # killed after the fallback's renames, before the removal
+    settle(dest, "fit")
+    assert "newer.txt" in os.listdir(dest) and not os.path.exists(old)
+    state("older", in_staging="newer")
+    os.remove(os.path.join(dest, "distfact-output.json"))  # not ours any more: settle takes nothing for granted
+    with pytest.raises(ValueError, match="is not an earlier distfact fit output"):
+        with OutputDir(dest, "fit", overwrite=True):
+            pass
+    assert "older.txt" in os.listdir(dest)
+
+
+def test_a_resumed_attempt_keeps_only_what_it_continues_from(tmp_path):
+    from distfact.outputs import OutputDir
+
+    dest = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with OutputDir(dest, "fit", keep=("checkpoints",)) as out:
+            os.makedirs(os.path.join(out.path, "checkpoints", "iter-000002"))
+            os.makedirs(os.path.join(out.path, "W.partial-0123abcd"))  # a killed write
+            raise RuntimeError("killed")
+    staging = tmp_path / ".out.partial"
+    assert sorted(os.listdir(staging)) == ["checkpoints", "distfact-partial.json"]
+    os.makedirs(staging / "W")  # as if killed after W's rename
+    with OutputDir(dest, "fit", resume=True, keep=("checkpoints",), scratch=("checkpoints",)) as out:
+        assert sorted(os.listdir(out.path)) == ["checkpoints", "distfact-partial.json"]
+        out.commit()
+    assert os.listdir(dest) == ["distfact-output.json"]
+
+
+@pytest.mark.parametrize("intruder", ["an empty directory", "a symbolic link"])
+def test_a_directory_or_link_added_to_an_earlier_output_is_not_replaced(intruder, tmp_path):
+    dest = tmp_path / "out"
+    write_output(dest, files=("sub/a.txt",))
+    (tmp_path / "mine").mkdir()
+    if intruder == "a symbolic link":
+        os.symlink(tmp_path / "mine", dest / "sub" / "link")
+    else:
+        (dest / "sub" / "notes").mkdir()
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match="which the earlier fit output did not write"):
+        write_output(dest, overwrite=True)
+    assert snapshot(tmp_path) == before
+
+
+def test_destinations_a_swap_cannot_replace_are_refused_before_any_work(tmp_path, monkeypatch):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        write_output(tmp_path / "link")
+    monkeypatch.chdir(tmp_path / "real")
+    with pytest.raises(ValueError, match="is \\(or holds\\) the current directory"):
+        write_output(tmp_path / "real")
+    assert os.listdir(tmp_path / "real") == []
+
+
+def test_a_destination_that_changed_during_the_work_keeps_the_complete_output_aside(tmp_path):
+    from distfact.outputs import OutputDir
+
+    dest = tmp_path / "out"
+    with pytest.raises(ValueError, match="output is complete in .*\\.out\\.partial.* but was not put at"):
+        with OutputDir(dest, "fit") as out:
+            open(os.path.join(out.path, "H.npy"), "w").write("the result")
+            dest.mkdir()
+            (dest / "theirs.txt").write_text("another process's file")
+            out.commit()
+    assert (tmp_path / ".out.partial" / "H.npy").read_text() == "the result"
+    assert os.listdir(dest) == ["theirs.txt"]
