@@ -239,7 +239,7 @@ def test_corrupt_chunk_and_a_file_that_is_not_a_store(tmp_path):
     distfact.from_arrays(X, groups, path, block_rows=5)
     chunk = next(p for p in (path / "blocks" / "000001" / "X").rglob("*") if p.is_file() and p.name != "zarr.json")
     chunk.write_bytes(os.urandom(64))
-    with pytest.raises(ValueError, match=r"is corrupt: block \d+ \(key '000001'\) cannot be read"):
+    with pytest.raises(ValueError, match=r"is corrupt: block \d+ \(key '000001'\), array 'X': checksum mismatch"):
         distfact.NMF(2, max_iter=2).fit(str(path))
     (tmp_path / "data.npz").write_bytes(b"not a store")
     with pytest.raises(ValueError, match="is a file, not a distfact store"):

@@ -108,10 +108,11 @@ def given_local(block, local):
 
 
 def data_fingerprint(data) -> dict:
-    """What identifies the data and its chunking for a checkpoint's configuration hash."""
+    """What identifies the data and its chunking for a checkpoint's configuration hash: readable facts, and the
+    metadata checksum, which covers every block's statistics and (for a store) the CRC32C of every array."""
     return {"shape": data.shape, "dtype": str(data.dtype), "layout": data.layout,
             "groups": [(g.name, g.row_start, g.row_stop, g.sq_norm, g.total) for g in data.meta.groups],
-            "blocks": [(b.row_start, b.row_stop) for b in data.blocks]}
+            "blocks": [(b.row_start, b.row_stop) for b in data.blocks], "checksum": data.meta.checksum()}
 
 
 class SavedEstimator:

@@ -3,28 +3,59 @@
 A store is a Zarr v3 group whose attribute ``"distfact"`` holds the JSON metadata
 below; the attribute is written last, so a store without it is not a store.
 Each row block is a Zarr sub-group ``blocks/<key>`` holding either one dense array
-``X`` (rows x n) or the three CSR arrays ``data``, ``indices``, ``indptr``. A store may
-also hold a copy of X by column blocks, each the sub-group ``columns/<key>`` holding the
-three CSC arrays of a range of columns (optional: version-1 readers that ignore
-``"column_blocks"`` still read X correctly).
+``X`` (rows x n) or the three CSR arrays ``data``, ``indices``, ``indptr``, plus ``rows``.
+A store may also hold a copy of X by column blocks, each the sub-group ``columns/<key>``
+holding the three CSC arrays of a range of columns.
+
+The metadata records, for every stored array, its dtype and the CRC32C of its chunk file, and
+for every row block its non-zeros, sum of squares, sum and smallest value; it carries a
+SHA-256 checksum of itself. :meth:`Metadata.from_json` checks every field's type, the
+document's internal consistency and the checksum; readers (``grouped.py``) check each
+array's shape, dtype and codecs, and its chunk's CRC32C, as they read it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import get_type_hints
 
 import numpy as np
 
 FORMAT_NAME = "distfact.grouped-matrix"
-FORMAT_VERSION = 1
-SIGNED_FORMAT_VERSION = 2  # a signed store: readers that predate the flag must refuse it, not give NMF negative data
-READ_VERSIONS = (FORMAT_VERSION, SIGNED_FORMAT_VERSION)
+FORMAT_VERSION = 3
+READ_VERSIONS = (FORMAT_VERSION,)
+UNCHECKSUMMED_VERSIONS = (1, 2)  # written by distfact before checksums (2: a signed store)
 LAYOUTS = ("dense", "csr")
+DTYPES = ("float32", "float64")
+INDEX_DTYPES = ("int32", "int64")
+STRING_DTYPE = "str"  # how a record names the dtype of a string array (feature_names)
+# Left out of the metadata checksum: the checksum itself, and the column blocks, which are added to a
+# committed store (so that a store's checksum identifies X by rows whether or not it has them). Every
+# column block record is checked on its own: tiling and non-zeros at open, shapes and CRC32Cs on read.
+UNCHECKSUMMED_FIELDS = ("checksum", "column_blocks")
+
+
+@dataclass(frozen=True)
+class ArrayRecord:
+    """What one stored array must read back as: its dtype, and the CRC32C of its chunk file's bytes as stored
+    (None for an array without elements, which has no chunk file)."""
+
+    name: str
+    dtype: str
+    crc32c: int | None
 
 
 @dataclass(frozen=True)
 class Block:
-    """One row block: rows ``[row_start, row_stop)`` of the stored order, all in one group."""
+    """One row block: rows ``[row_start, row_stop)`` of the stored order, all in one group.
+
+    ``nnz``, ``sq_norm`` (sum of squares), ``total`` (sum) and ``min_value`` (smallest stored
+    value, 0 when none) are float64 statistics taken at ingest; ``arrays`` (empty in memory)
+    the records of the block's stored arrays.
+    """
 
     index: int
     key: str
@@ -32,10 +63,21 @@ class Block:
     row_start: int
     row_stop: int
     nnz: int
+    sq_norm: float
+    total: float
+    min_value: float
+    arrays: tuple[ArrayRecord, ...] = ()
 
     @property
     def n_rows(self) -> int:
         return self.row_stop - self.row_start
+
+    def array_shapes(self, layout: str, n_cols: int) -> dict[str, tuple]:
+        """``name -> shape`` of the block's stored arrays."""
+        rows = {"rows": (self.n_rows,)}
+        if layout == "dense":
+            return {"X": (self.n_rows, n_cols), **rows}
+        return {"data": (self.nnz,), "indices": (self.nnz,), "indptr": (self.n_rows + 1,), **rows}
 
 
 @dataclass(frozen=True)
@@ -47,15 +89,26 @@ class ColumnBlock:
     col_start: int
     col_stop: int
     nnz: int
+    arrays: tuple[ArrayRecord, ...] = ()
 
     @property
     def n_cols(self) -> int:
         return self.col_stop - self.col_start
 
+    def array_shapes(self) -> dict[str, tuple]:
+        """``name -> shape`` of the block's stored CSC arrays."""
+        return {"data": (self.nnz,), "indices": (self.nnz,), "indptr": (self.n_cols + 1,)}
+
+
+def allowed_dtypes(name: str, dtype: str) -> tuple[str, ...]:
+    """The dtypes a stored array ``name`` may have in a store of ``dtype``."""
+    return {"X": (dtype,), "data": (dtype,), "rows": ("int64",), "column_sums": ("float64",),
+            "feature_names": (STRING_DTYPE,)}.get(name, INDEX_DTYPES)
+
 
 @dataclass
 class GroupStats:
-    """Per-group constants gathered while ingesting (one streaming pass)."""
+    """Per-group constants: the sums of the group's blocks' statistics (see :func:`group_stats`)."""
 
     name: str
     row_start: int
@@ -63,6 +116,19 @@ class GroupStats:
     sq_norm: float  # ||X_l||_F^2
     total: float  # sum of X_l's entries
     nnz: int
+
+
+def group_stats(name: str, blocks: list[Block]) -> GroupStats:
+    """A group's statistics from its blocks (given in block order): correctly rounded sums
+    (``math.fsum``), so that opening a store can check them for equality, not within a tolerance."""
+    return GroupStats(name, blocks[0].row_start, blocks[-1].row_stop, math.fsum(b.sq_norm for b in blocks),
+                      math.fsum(b.total for b in blocks), sum(b.nnz for b in blocks))
+
+
+def metadata_checksum(doc: dict) -> str:
+    """SHA-256 (hex) of the canonical JSON (sorted keys, no spaces) of the document's checksummed fields."""
+    content = {key: value for key, value in doc.items() if key not in UNCHECKSUMMED_FIELDS}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass
@@ -76,51 +142,85 @@ class Metadata:
     source: dict = field(default_factory=dict)
     column_blocks: list[ColumnBlock] = field(default_factory=list)  # the optional CSC copy
     signed: bool = False  # True: negative entries were allowed at ingest (multigroup SVD); NMF methods refuse it
+    arrays: tuple[ArrayRecord, ...] = ()  # column_sums and feature_names (empty in memory)
+
+    def array_shapes(self) -> dict[str, tuple]:
+        """``name -> shape`` of the store's own arrays."""
+        n = self.shape[1]
+        return {"column_sums": (n,), **({"feature_names": (n,)} if self.has_feature_names else {})}
+
+    def checksum(self) -> str:
+        """The metadata checksum (what identifies the data: every field but the column blocks)."""
+        return self.to_json()["checksum"]
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "format": FORMAT_NAME,
-            "format_version": SIGNED_FORMAT_VERSION if self.signed else FORMAT_VERSION,
+            "format_version": FORMAT_VERSION,
             "shape": list(self.shape),
             "dtype": self.dtype,
             "layout": self.layout,
-            "groups": [asdict(g) for g in self.groups],
-            "blocks": [asdict(b) for b in self.blocks],
-            "has_feature_names": self.has_feature_names,
-            "source": self.source,
-            "column_blocks": [asdict(c) for c in self.column_blocks],
             "signed": self.signed,
+            "groups": [asdict(g) for g in self.groups],
+            "blocks": [{**_scalars(b), "arrays": _records_json(b.arrays)} for b in self.blocks],
+            "has_feature_names": self.has_feature_names,
+            "arrays": _records_json(self.arrays),
+            "source": self.source,
+            "column_blocks": [{**_scalars(c), "arrays": _records_json(c.arrays)} for c in self.column_blocks],
         }
+        return {**doc, "checksum": metadata_checksum(doc)}
 
     @classmethod
-    def from_json(cls, doc: dict, where: str) -> "Metadata":
-        if doc.get("format") != FORMAT_NAME:
-            raise ValueError(f"{where}: not a distfact store (format {doc.get('format')!r})")
-        version = doc.get("format_version")
+    def from_json(cls, doc, where: str) -> "Metadata":
+        """The metadata of the store ``where`` (a description, for messages) from its JSON document.
+
+        Checked in this order, so that an edit gets the most specific message that applies:
+        every field's presence and type, the document's internal consistency (:meth:`check`),
+        then its checksum, which catches any other change."""
+        top = _Fields(doc, where, "")
+        if top.doc.get("format") != FORMAT_NAME:
+            raise ValueError(f"{where}: not a distfact store (format {top.doc.get('format')!r})")
+        version = top.doc.get("format_version")
+        if version in UNCHECKSUMMED_VERSIONS:
+            raise ValueError(f"{where} was written by an older distfact (format version {version}), without the "
+                             "checksums this version verifies its data with: ingest it again")
         if version not in READ_VERSIONS:
-            raise ValueError(
-                f"{where}: store format version {version!r} is not supported "
-                f"(this distfact reads versions {', '.join(map(str, READ_VERSIONS))})"
-            )
-        try:
-            meta = cls(
-                shape=(int(doc["shape"][0]), int(doc["shape"][1])),
-                dtype=str(np.dtype(doc["dtype"])),
-                layout=doc["layout"],
-                groups=[GroupStats(**g) for g in doc["groups"]],
-                blocks=[Block(**b) for b in doc["blocks"]],
-                has_feature_names=bool(doc.get("has_feature_names", False)),
-                source=dict(doc.get("source", {})),
-                column_blocks=[ColumnBlock(**c) for c in doc.get("column_blocks", [])],  # older stores have none
-                signed=version == SIGNED_FORMAT_VERSION,
-            )
-        except (KeyError, TypeError, IndexError) as exc:
-            raise ValueError(f"{where}: corrupt store metadata ({exc!r})") from exc
+            raise ValueError(f"{where}: store format version {version!r} is not supported "
+                             f"(this distfact reads version {', '.join(map(str, READ_VERSIONS))})")
+        shape = top.get("shape", "list")
+        if len(shape) != 2 or not all(_KINDS["count"][0](s) for s in shape):
+            raise top.error("shape", f"must be two non-negative integers [m, n], not {_short(shape)}")
+        dtype = top.get("dtype", "text")
+        if dtype not in DTYPES:
+            raise top.error("dtype", f"must be one of {', '.join(DTYPES)}, not {_short(dtype)}")
+        layout = top.get("layout", "text")
+        if layout not in LAYOUTS:
+            raise top.error("layout", f"must be one of {', '.join(LAYOUTS)}, not {_short(layout)}")
+        groups = [GroupStats(**_Fields(g, where, f"group {i}").read(GroupStats))
+                  for i, g in enumerate(top.get("groups", "list"))]
+        blocks = []
+        for i, item in enumerate(top.get("blocks", "list")):
+            entry = _Fields(item, where, _place("block", i, item))
+            block = Block(**entry.read(Block))
+            blocks.append(replace(block, arrays=entry.records(block.array_shapes(layout, shape[1]), dtype)))
+        column_blocks = []
+        for i, item in enumerate(top.get("column_blocks", "list")):
+            entry = _Fields(item, where, _place("column block", i, item))
+            block = ColumnBlock(**entry.read(ColumnBlock))
+            column_blocks.append(replace(block, arrays=entry.records(block.array_shapes(), dtype)))
+        meta = cls(shape=(shape[0], shape[1]), dtype=dtype, layout=layout, groups=groups, blocks=blocks,
+                   has_feature_names=top.get("has_feature_names", "flag"), source=top.get("source", "object"),
+                   column_blocks=column_blocks, signed=top.get("signed", "flag"))
+        meta.arrays = top.records(meta.array_shapes(), dtype)
         meta.check(where)
+        if top.get("checksum", "text") != metadata_checksum(doc):
+            raise ValueError(f"{where}: corrupt metadata: its checksum does not match its content "
+                             "(the document was edited or damaged)")
         return meta
 
     def check(self, where: str) -> None:
-        """Internal consistency: blocks tile the rows group by group, in order (column blocks the columns)."""
+        """Internal consistency: blocks tile the rows group by group, in order (column blocks the columns);
+        statistics are finite, non-negative where they must be, and the groups' are the sums of their blocks'."""
         if self.layout not in LAYOUTS:
             raise ValueError(f"{where}: unknown layout {self.layout!r}")
         row = 0
@@ -129,29 +229,134 @@ class Metadata:
                 raise ValueError(f"{where}: corrupt metadata: group {g.name!r} rows {g.row_start}:{g.row_stop}")
             row = g.row_stop
         if row != self.shape[0]:
-            raise ValueError(f"{where}: corrupt metadata: groups cover {row} rows, shape says {self.shape[0]}")
+            raise ValueError(f"{where}: corrupt metadata: field 'shape': {self.shape[0]} rows, the groups cover {row}")
         row = 0
         for i, b in enumerate(self.blocks):
             g = self.groups[b.group] if 0 <= b.group < len(self.groups) else None
             if (b.index != i or b.row_start != row or g is None
                     or not g.row_start <= b.row_start < b.row_stop <= g.row_stop):
                 raise ValueError(f"{where}: corrupt metadata: block {i} (rows {b.row_start}:{b.row_stop})")
+            if not b.nnz <= b.n_rows * self.shape[1]:
+                raise ValueError(f"{where}: corrupt metadata: block {i} (key {b.key!r}), field 'nnz': {b.nnz} "
+                                 f"non-zeros in {b.n_rows} x {self.shape[1]} entries")
+            self._check_stats(b, f"block {i} (key {b.key!r})", where)
             row = b.row_stop
         if row != self.shape[0]:
-            raise ValueError(f"{where}: corrupt metadata: blocks cover {row} rows, shape says {self.shape[0]}")
+            raise ValueError(f"{where}: corrupt metadata: field 'shape': {self.shape[0]} rows, the blocks cover {row}")
+        for g_idx, g in enumerate(self.groups):
+            self._check_stats(g, f"group {g_idx} ({g.name!r})", where)
+            expected = group_stats(g.name, [b for b in self.blocks if b.group == g_idx])
+            for name in ("sq_norm", "total", "nnz"):
+                if getattr(g, name) != getattr(expected, name):
+                    raise ValueError(f"{where}: corrupt metadata: group {g_idx} ({g.name!r}), field {name!r}: "
+                                     f"{getattr(g, name)!r}, but its blocks' add up to {getattr(expected, name)!r}")
         if self.column_blocks:
             self._check_column_blocks(where)
+
+    def _check_stats(self, item, place: str, where: str) -> None:
+        """A block's or a group's statistics are possible: finite, and never negative where the data cannot
+        make them so (a sum of squares; in an unsigned store, a sum or a smallest value)."""
+        names = [name for name in ("sq_norm", "total", "min_value") if hasattr(item, name)]
+        for name in names:
+            value = getattr(item, name)
+            if not math.isfinite(value):
+                raise ValueError(f"{where}: corrupt metadata: {place}, field {name!r}: {value!r} is not finite")
+            if value < 0 and (name == "sq_norm" or not self.signed):
+                raise ValueError(f"{where}: corrupt metadata: {place}, field {name!r}: {value!r} is negative"
+                                 + ("" if name == "sq_norm" else ", but the store is not signed"))
 
     def _check_column_blocks(self, where: str) -> None:
         """Column blocks tile ``[0, n)`` in order and hold every non-zero of the groups."""
         n, col, nnz = self.shape[1], 0, 0
         for i, c in enumerate(self.column_blocks):
             last = i == len(self.column_blocks) - 1
-            if (c.index != i or c.col_start != col or not c.col_start < c.col_stop <= n or c.nnz < 0
+            if (c.index != i or c.col_start != col or not c.col_start < c.col_stop <= n
                     or (last and c.col_stop != n)):
                 raise ValueError(f"{where}: corrupt metadata: column block {i} (columns {c.col_start}:{c.col_stop}); "
                                  f"column blocks must tile columns 0:{n} in order")
+            if not 0 <= c.nnz <= c.n_cols * self.shape[0]:
+                raise ValueError(f"{where}: corrupt metadata: column block {i} (key {c.key!r}), field 'nnz': "
+                                 f"{c.nnz} non-zeros in {self.shape[0]} x {c.n_cols} entries")
             col, nnz = c.col_stop, nnz + c.nnz
         total = sum(g.nnz for g in self.groups)
         if nnz != total:
             raise ValueError(f"{where}: corrupt metadata: column blocks hold {nnz} non-zeros, groups hold {total}")
+
+
+def _scalars(item) -> dict:
+    """A block's fields but its array records."""
+    return {f.name: getattr(item, f.name) for f in fields(item) if f.name != "arrays"}
+
+
+def _records_json(records: tuple[ArrayRecord, ...]) -> dict:
+    return {r.name: {"dtype": r.dtype, "crc32c": r.crc32c} for r in records}
+
+
+# The JSON types of the metadata's fields: a test and how a message describes it. ``bool`` is
+# an ``int`` in Python, and must not pass for a count or a number.
+_KINDS = {
+    "count": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
+    "number": (lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "flag": (lambda v: type(v) is bool, "true or false"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    # null for an array without elements (it has no chunk file); a reader checks the chunks zarr asks for
+    "checksum": (lambda v: v is None or (type(v) is int and 0 <= v < 2**32), "a 32-bit checksum or null"),
+}
+_FIELD_KINDS = {int: "count", float: "number", str: "text", bool: "flag"}
+
+
+def _place(kind: str, index: int, item) -> str:
+    """How a message names a (row or column) block of the document, by its key too when it has one."""
+    key = item.get("key") if isinstance(item, dict) else None
+    return f"{kind} {index}" + (f" (key {key!r})" if isinstance(key, str) else "")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+class _Fields:
+    """Typed access to one JSON object of the metadata: a missing field or one of the wrong type
+    raises ``ValueError`` naming the store, the object (``place``) and the field."""
+
+    def __init__(self, doc, where: str, place: str):
+        self.where, self.place = where, place
+        if not isinstance(doc, dict):
+            raise ValueError(f"{where}: corrupt metadata: {place or 'the document'} is {_short(doc)}, not an object")
+        self.doc = doc
+
+    def error(self, key: str, problem: str) -> ValueError:
+        place = f"{self.place}, field {key!r}" if self.place else f"field {key!r}"
+        return ValueError(f"{self.where}: corrupt metadata: {place} {problem}")
+
+    def get(self, key: str, kind: str):
+        if key not in self.doc:
+            raise self.error(key, "is missing")
+        value = self.doc[key]
+        test, description = _KINDS[kind]
+        if not test(value):
+            raise self.error(key, f"must be {description}, not {_short(value)}")
+        return value
+
+    def read(self, cls) -> dict:
+        """The scalar fields of the dataclass ``cls`` (a block or a group), each checked for its type."""
+        return {name: self.get(name, _FIELD_KINDS[kind]) for name, kind in get_type_hints(cls).items()
+                if name != "arrays"}
+
+    def records(self, names, dtype: str) -> tuple[ArrayRecord, ...]:
+        """The records, under ``"arrays"``, of the arrays ``names`` of a store of ``dtype``."""
+        given = self.get("arrays", "object")
+        if set(given) != set(names):
+            raise self.error("arrays", f"lists {sorted(given)}, the format has {sorted(names)}")
+        out = []
+        for name in names:
+            dtypes = allowed_dtypes(name, dtype)
+            record = _Fields(given[name], self.where, f"{self.place + ', ' if self.place else ''}array {name!r}")
+            array_dtype = record.get("dtype", "text")
+            if array_dtype not in dtypes:
+                raise record.error("dtype", f"must be {' or '.join(dtypes)}, not {_short(array_dtype)}")
+            out.append(ArrayRecord(name, array_dtype, record.get("crc32c", "checksum")))
+        return tuple(out)

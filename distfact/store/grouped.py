@@ -16,13 +16,16 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 import scipy.sparse as sp
 import zarr
+from zarr.codecs import BytesCodec, VLenUTF8Codec, ZstdCodec
 from zarr.core.buffer.cpu import NDBuffer
+from zarr.storage import LocalStore, WrapperStore
 
 from ..kernels.memory import aligned, empty_aligned
-from .format import Block, ColumnBlock, GroupStats, Metadata
+from .format import STRING_DTYPE, ArrayRecord, Block, ColumnBlock, Metadata, group_stats
 from .validate import check_block_values
 
 DEFAULT_BLOCK_BYTES = 128 * 2**20
@@ -30,12 +33,79 @@ DEFAULT_BLOCK_BYTES = 128 * 2**20
 logger = logging.getLogger("distfact")
 
 
-def read_node(path: str, key: str, what: str, load):
-    """``load(node)`` on the sub-group ``key`` of the store at ``path``; a failure names the store and ``what``."""
-    try:
-        return load(zarr.open_group(path, mode="r", path=key))
-    except Exception as exc:  # zarr/codec errors of a damaged chunk come in many types
-        raise ValueError(f"store {path!r} is corrupt: {what} cannot be read: {exc}") from exc
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (zarr's may span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def dtype_name(dtype) -> str:
+    """How the metadata names an array's dtype: numpy's name, or ``"str"`` for strings."""
+    dtype = np.dtype(dtype)
+    return STRING_DTYPE if dtype.kind in "OTU" else dtype.name
+
+
+def array_codecs(dtype) -> tuple:
+    """The codecs of every array distfact writes (zarr-python 3's defaults, pinned): a reader refuses others,
+    since the checksums are of the stored bytes and the codecs say what those bytes mean."""
+    serializer = VLenUTF8Codec() if dtype_name(dtype) == STRING_DTYPE else BytesCodec(endian="little")
+    return serializer, ZstdCodec(level=0, checksum=False)
+
+
+def chunk_key(node_path: str, name: str, ndim: int) -> str:
+    """The key of the single chunk of the array ``name`` of the group ``node_path`` (``""``: the root), in
+    zarr v3's default chunk key encoding, which :func:`write_arrays` sets."""
+    return "/".join([*filter(None, [node_path, name]), "c", *["0"] * ndim])
+
+
+def missing_chunk_value(dtype):
+    """An array's fill value, which zarr returns where a chunk file is missing: NaN or -1, values that
+    no store holds, rather than a plausible zero (None: zarr's default, for other dtypes)."""
+    kind = np.dtype(dtype).kind
+    return np.nan if kind == "f" else -1 if kind == "i" else None
+
+
+class ChunkDamage(ValueError):
+    """A chunk file that is missing, not the one the metadata recorded, or one that zarr should not read."""
+
+
+class ChecksummingStore(WrapperStore):
+    """A Zarr store that checksums chunk files, the CRC32C of their bytes as stored, while zarr writes or reads
+    them: one pass over the stored (compressed) bytes, as they go by.
+
+    Written chunks' checksums are collected in ``written`` (key -> CRC32C). With ``expected`` (key -> CRC32C),
+    every chunk zarr reads must be one of those, present, with that checksum; otherwise :class:`ChunkDamage`.
+    Metadata documents pass unchecked (``zarr.json``: distfact checks what they say).
+    """
+
+    def __init__(self, store, expected: dict | None = None, written: dict | None = None):
+        super().__init__(store)
+        self.expected = expected
+        self.written = {} if written is None else written
+
+    def _with_store(self, store):
+        return type(self)(store, self.expected, self.written)
+
+    async def set(self, key, value) -> None:
+        if not is_metadata_document(key):
+            self.written[key] = google_crc32c.value(value.as_numpy_array())
+        await self._store.set(key, value)
+
+    async def get(self, key, prototype, byte_range=None):
+        if self.expected is None or is_metadata_document(key):
+            return await self._store.get(key, prototype, byte_range)
+        if key not in self.expected:  # its zarr.json was changed: chunk grid, key encoding
+            raise ChunkDamage(f"zarr asked for a chunk {key!r} the store does not have")
+        value = await self._store.get(key, prototype, byte_range)
+        if value is None:
+            raise ChunkDamage(f"its chunk file {key!r} is missing")
+        if byte_range is not None or google_crc32c.value(value.as_numpy_array()) != self.expected[key]:
+            raise ChunkDamage(f"checksum mismatch: its chunk file {key!r} is truncated or damaged")
+        return value
+
+
+def is_metadata_document(key: str) -> bool:
+    """Whether ``key`` is one of the documents zarr reads to open a node (v3's, and v2's it looks for)."""
+    return key.rsplit("/", 1)[-1] in ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 
 def compressed(node, kind, shape):
@@ -44,9 +114,25 @@ def compressed(node, kind, shape):
 
 
 def write_arrays(node, **arrays) -> None:
-    """Write each array into ``node`` as a single chunk (the block is the unit of I/O)."""
-    for name, arr in arrays.items():
-        node.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=tuple(max(s, 1) for s in arr.shape))[...] = arr
+    """Write each array into ``node`` as a single chunk (the block is the unit of I/O), with the codecs of
+    :func:`array_codecs`; the chunk file is written even when it holds only the fill value, so that a missing
+    chunk file is always damage."""
+    for name, values in arrays.items():
+        serializer, compressor = array_codecs(values.dtype)
+        dtype = str if isinstance(serializer, VLenUTF8Codec) else values.dtype  # zarr's variable-length strings
+        array = node.create_array(name, shape=values.shape, dtype=dtype, chunks=tuple(max(s, 1) for s in values.shape),
+                                  serializer=serializer, compressors=compressor, fill_value=missing_chunk_value(dtype),
+                                  chunk_key_encoding={"name": "default", "separator": "/"},
+                                  config={"write_empty_chunks": True})
+        array[...] = values
+
+
+def array_records(written: dict, node_path: str, **arrays) -> tuple[ArrayRecord, ...]:
+    """The metadata's records of arrays just written into the group ``node_path`` through a
+    :class:`ChecksummingStore` whose ``written`` is given: dtype and chunk CRC32C (None without elements)."""
+    return tuple(ArrayRecord(name, dtype_name(values.dtype),
+                             written[chunk_key(node_path, name, values.ndim)] if values.size else None)
+                 for name, values in arrays.items())
 
 
 def read_aligned(array: zarr.Array) -> np.ndarray:
@@ -57,33 +143,97 @@ def read_aligned(array: zarr.Array) -> np.ndarray:
     return out
 
 
+def read_arrays(path: str, node_path: str, what: str, records, shapes: dict, names, *, verify: bool,
+                into_aligned: bool = False) -> list[np.ndarray]:
+    """The arrays ``names`` of the group ``node_path`` of the store at ``path``, checked against the metadata.
+
+    ``records`` are the group's array records and ``shapes`` (``name -> shape``) what the metadata says the
+    arrays are. Each array's shape, dtype and codecs (its ``zarr.json``) are checked before it is read; with
+    ``verify``, its chunk file is read through a :class:`ChecksummingStore` (present, and the recorded
+    CRC32C). A failure raises ``ValueError`` naming the store, ``what`` (the block, as "block 3 (key
+    '000002')"; ``""`` for the store's own arrays) and the array.
+    """
+    prefix = f"store {path!r} is corrupt: "
+    records = {record.name: record for record in records}
+    store = LocalStore(path, read_only=True)
+    if verify:
+        store = ChecksummingStore(store, {chunk_key(node_path, name, len(shapes[name])): record.crc32c
+                                          for name, record in records.items() if record.crc32c is not None})
+    try:
+        node = zarr.open_group(store=store, mode="r", path=node_path)
+    except Exception as exc:  # zarr and codec errors of a damaged file come in many types
+        raise damaged(prefix + (what or "its root group"), exc) from exc
+    return [read_array(node, records[name], shapes[name], prefix + (f"{what}, " if what else "") + f"array {name!r}",
+                       into_aligned) for name in names]
+
+
+def read_array(node, record: ArrayRecord, shape: tuple, where: str, into_aligned: bool) -> np.ndarray:
+    """The array ``record.name`` of the Zarr group ``node``, as :func:`read_arrays` says."""
+    try:
+        array = node[record.name]
+        found = (array.shape, dtype_name(array.dtype))
+        codecs_found = tuple(array.metadata.codecs)
+        if found == (shape, record.dtype) and codecs_found == array_codecs(array.dtype):
+            values = read_aligned(array) if into_aligned else array[...]
+    except ChunkDamage as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    except Exception as exc:  # as in read_arrays
+        raise damaged(where, exc) from exc
+    if found != (shape, record.dtype):
+        raise ValueError(f"{where} has shape {found[0]} and dtype {found[1]}; the metadata says {shape} "
+                         f"and {record.dtype}")
+    if codecs_found != array_codecs(array.dtype):
+        raise ValueError(f"{where} has codecs {[c.to_dict() for c in codecs_found]}; distfact writes "
+                         f"{[c.to_dict() for c in array_codecs(array.dtype)]}")
+    return values
+
+
+def damaged(where: str, exc: Exception) -> ValueError:
+    """The error for a group or an array of a store (``where``) that zarr cannot open or read."""
+    if isinstance(exc, (KeyError, FileNotFoundError)):  # its zarr.json is gone (zarr 3.1: NodeNotFoundError)
+        return ValueError(f"{where} is missing")
+    return ValueError(f"{where} cannot be read ({one_line(exc)})")
+
+
+def block_place(block) -> tuple[str, str]:
+    """A row or column block's group in a store, and how messages name it."""
+    kind, folder = ("block", "blocks") if isinstance(block, Block) else ("column block", "columns")
+    return f"{folder}/{block.key}", f"{kind} {block.index} (key {block.key!r})"
+
+
 @dataclass(frozen=True)
 class BlockReader:
-    """Picklable loader of one block from a store on disk (what a worker runs)."""
+    """Picklable loader of one block from a store on disk (what a worker runs); every array read is
+    checked against the metadata (:func:`read_arrays`), its chunk's CRC32C too when ``verify``."""
 
     path: str
     layout: str
     shape: tuple[int, int]
+    verify: bool = True
 
     def __call__(self, block: Block):
-        def load(node):
-            if self.layout == "dense":
-                return read_aligned(node["X"])
-            return compressed(node, sp.csr_matrix, (block.n_rows, self.shape[1]))
-
-        return read_node(self.path, f"blocks/{block.key}", f"block {block.index} (key {block.key!r})", load)
+        shapes = block.array_shapes(self.layout, self.shape[1])
+        if self.layout == "dense":
+            return read_arrays(self.path, *block_place(block), block.arrays, shapes, ("X",), verify=self.verify,
+                               into_aligned=True)[0]
+        arrays = read_arrays(self.path, *block_place(block), block.arrays, shapes, ("data", "indices", "indptr"),
+                             verify=self.verify)
+        return sp.csr_matrix(tuple(arrays), shape=(block.n_rows, self.shape[1]))
 
 
 @dataclass(frozen=True)
 class ColumnBlockReader:
-    """Picklable loader of one column block (CSC, all m rows in stored order) from a store on disk."""
+    """Picklable loader of one column block (CSC, all m rows in stored order) from a store on disk,
+    checked as :class:`BlockReader` checks a row block."""
 
     path: str
     shape: tuple[int, int]
+    verify: bool = True
 
     def __call__(self, block: ColumnBlock) -> sp.csc_matrix:
-        return read_node(self.path, f"columns/{block.key}", f"column block {block.index} (key {block.key!r})",
-                         lambda node: compressed(node, sp.csc_matrix, (self.shape[0], block.n_cols)))
+        arrays = read_arrays(self.path, *block_place(block), block.arrays, block.array_shapes(),
+                             ("data", "indices", "indptr"), verify=self.verify)
+        return sp.csc_matrix(tuple(arrays), shape=(self.shape[0], block.n_cols))
 
 
 def column_index_dtype(n_rows: int) -> np.dtype:
@@ -156,14 +306,6 @@ def stack_column_pieces(pieces, row_offsets, n_cols: int, dtype, index_dtype):
     return data, indices, indptr
 
 
-def check_blocks_present(root, folder: str, blocks, what: str, where: str) -> None:
-    """Every block listed in the metadata has its sub-group ``<folder>/<key>``."""
-    present = set(root[folder].group_keys()) if folder in root else set()
-    for block in blocks:
-        if block.key not in present:
-            raise ValueError(f"{where} is corrupt: {what} {block.index} (key {block.key!r}) is missing")
-
-
 class GroupedMatrix:
     """X (m x n, non-negative unless ingested with ``signed=True``) with its rows partitioned into named groups.
 
@@ -175,10 +317,11 @@ class GroupedMatrix:
 
     def __init__(self, meta: Metadata, column_sums: np.ndarray, *, path: str | None = None,
                  blocks: list | None = None, block_rows: list | None = None,
-                 feature_names: np.ndarray | None = None, column_data: list | None = None):
+                 feature_names: np.ndarray | None = None, column_data: list | None = None, verify: bool = True):
         self.meta = meta
         self.column_sums = column_sums
         self.path = path
+        self.verify = verify  # check every array read from the store against its CRC32C
         self._blocks = blocks
         self._block_rows = block_rows
         self.feature_names = feature_names
@@ -193,8 +336,16 @@ class GroupedMatrix:
         return from_arrays(X, groups, path, **kwargs)
 
     @classmethod
-    def open(cls, path) -> "GroupedMatrix":
-        """Open a store written by distfact; a missing or corrupt store raises ``ValueError``."""
+    def open(cls, path, *, verify: bool = True) -> "GroupedMatrix":
+        """Open a store written by distfact; a missing, damaged or inconsistent store raises ``ValueError``.
+
+        The metadata is checked (:meth:`Metadata.from_json`), every column block must be there, and
+        the small arrays are read and checked now: the column sums, the feature names and every row
+        block's ``rows`` (8 bytes a row). The blocks of X, by rows and by columns, are checked as
+        they are read, by every pass.
+        ``verify=False`` leaves out the CRC32C checks (to measure what they cost); shapes and dtypes are
+        checked all the same. The command line has no way to turn them off.
+        """
         path = os.path.abspath(os.path.normpath(os.fspath(path)))  # workers may run elsewhere
         where = f"store {path!r}"
         if not os.path.isdir(path):
@@ -208,12 +359,14 @@ class GroupedMatrix:
         if doc is None:
             raise ValueError(f"{where} has no distfact metadata (not a store, or an ingest that did not finish)")
         meta = Metadata.from_json(doc, where)
-        check_blocks_present(root, "blocks", meta.blocks, "block", where)
-        check_blocks_present(root, "columns", meta.column_blocks, "column block", where)
-        if "column_sums" not in root:
-            raise ValueError(f"{where} is corrupt: array 'column_sums' is missing")
-        names = root["feature_names"][...] if meta.has_feature_names else None
-        return cls(meta, root["column_sums"][...], path=path, feature_names=names)
+        for block in meta.column_blocks:  # read only by the methods that need them: at least they must be there
+            if not os.path.isfile(os.path.join(path, "columns", block.key, "zarr.json")):
+                raise ValueError(f"{where} is corrupt: column block {block.index} (key {block.key!r}) is missing")
+        shapes = meta.array_shapes()
+        own = dict(zip(shapes, read_arrays(path, "", "", meta.arrays, shapes, shapes, verify=verify)))
+        data = cls(meta, own["column_sums"], path=path, feature_names=own.get("feature_names"), verify=verify)
+        data.row_index()  # read and checked now, so that a damaged one stops a fit before it starts
+        return data
 
     # -- description --------------------------------------------------------
     @property
@@ -317,7 +470,7 @@ class GroupedMatrix:
         """A callable ``block -> array`` that a worker can run (picklable for stores on disk)."""
         if self.in_memory:
             return lambda block: self._blocks[block.index]
-        return BlockReader(self.path, self.layout, self.shape)
+        return BlockReader(self.path, self.layout, self.shape, self.verify)
 
     def column_reader(self):
         """A callable ``column block -> CSC matrix`` (m x its columns, rows in stored order).
@@ -328,7 +481,7 @@ class GroupedMatrix:
             raise ValueError(f"{self!r} has no column blocks (build them with with_column_blocks())")
         if self.in_memory:
             return lambda block: self._column_data[block.index]
-        return ColumnBlockReader(self.path, self.shape)
+        return ColumnBlockReader(self.path, self.shape, self.verify)
 
     def with_column_blocks(self, block_bytes=None, n_blocks=None) -> "GroupedMatrix":
         """This matrix with a copy of X by column blocks (CSC), for methods that sweep over columns.
@@ -350,9 +503,6 @@ class GroupedMatrix:
             X = reader(block)
             col_nnz += (np.bincount(X.indices[X.data != 0], minlength=n) if sp.issparse(X)
                         else np.count_nonzero(X, axis=0))
-        if int(col_nnz.sum()) != self.nnz:  # e.g. a lost chunk, which zarr reads back as zeros
-            raise ValueError(f"{where} is corrupt: its row blocks hold {int(col_nnz.sum())} non-zeros, "
-                             f"its metadata says {self.nnz}")
         ranges = column_ranges(col_nnz, self.dtype.itemsize, m, block_bytes, n_blocks)
         logger.info("building %d column blocks (a CSC copy of X, %d x %d, %d non-zeros) for %s",
                     len(ranges), m, n, self.nnz, where)
@@ -372,7 +522,8 @@ class GroupedMatrix:
         returned too.
         """
         reader, m = self.reader(), self.shape[0]
-        stage = None if stage_path is None else zarr.open_group(stage_path, mode="w", zarr_format=3)
+        stage = None if stage_path is None else zarr.open_group(store=ChecksummingStore(LocalStore(stage_path)),
+                                                                mode="w", zarr_format=3)
         held, filled = {}, [[] for _ in ranges]  # filled[j]: the row blocks with a piece of range j
         for block in self.blocks:
             for j, piece in enumerate(cut_columns(reader(block), ranges)):
@@ -392,11 +543,14 @@ class GroupedMatrix:
                       for r in filled[j]]
             data, indices, indptr = stack_column_pieces(pieces, [self.blocks[r].row_start for r in filled[j]],
                                                         shape[1], self.dtype, column_index_dtype(m))
-            column_blocks.append(ColumnBlock(j, f"{j:06d}", start, stop, len(data)))
+            arrays = {"data": data, "indices": indices, "indptr": indptr}
             if stage is None:
+                column_blocks.append(ColumnBlock(j, f"{j:06d}", start, stop, len(data)))
                 matrices.append(sp.csc_matrix((data, indices, indptr), shape=shape))
             else:
-                write_arrays(stage.create_group(f"columns/{j:06d}"), data=data, indices=indices, indptr=indptr)
+                write_arrays(stage.create_group(f"columns/{j:06d}"), **arrays)
+                column_blocks.append(ColumnBlock(j, f"{j:06d}", start, stop, len(data),
+                                                 array_records(stage.store.written, f"columns/{j:06d}", **arrays)))
                 if filled[j]:  # its pieces are done with: do not keep two staged copies of X
                     shutil.rmtree(os.path.join(stage_path, "pieces", f"{j:06d}"))
         return column_blocks, matrices
@@ -427,18 +581,20 @@ class GroupedMatrix:
                 root.attrs["distfact"] = meta.to_json()  # the commit (zarr writes zarr.json aside, then renames)
         finally:
             shutil.rmtree(stage_path, ignore_errors=True)
-        return GroupedMatrix.open(self.path)
+        return GroupedMatrix.open(self.path, verify=self.verify)
 
     def load_block(self, index: int):
         """Block ``index`` as a numpy array (dense layout) or a CSR matrix."""
         return self.reader()(self.blocks[index])
 
     def row_index(self) -> np.ndarray:
-        """For each stored row, its row number in the data as it was given to ingest."""
+        """For each stored row, its row number in the data as it was given to ingest (each block's
+        ``rows`` checked as the blocks of X are)."""
         if self.in_memory:
             return np.concatenate(self._block_rows)
-        root = zarr.open_group(self.path, mode="r")
-        return np.concatenate([root[f"blocks/{b.key}/rows"][...] for b in self.blocks])
+        return np.concatenate([read_arrays(self.path, *block_place(b), b.arrays,
+                                           b.array_shapes(self.layout, self.shape[1]), ("rows",), verify=self.verify)[0]
+                               for b in self.blocks])
 
     def to_dask(self):
         """X as a dask array chunked by blocks: numpy chunks, or ``sparse.COO`` chunks for CSR."""
@@ -465,6 +621,17 @@ class GroupedMatrix:
         parts = [da.from_delayed(dask.delayed(load)(b), shape=(b.n_rows, n), dtype=self.dtype, meta=meta)
                  for b in self.blocks]
         return da.concatenate(parts, axis=0)
+
+
+def block_stats(block) -> dict:
+    """A block's statistics for the metadata, in float64: non-zeros, sum of squares, sum and smallest stored value
+    (0 when none)."""
+    values = block.data if sp.issparse(block) else block
+    flat = values.ravel().astype(np.float64, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflowing data are refused by check_block_values, by name
+        return {"nnz": int(block.nnz) if sp.issparse(block) else int(np.count_nonzero(block)),
+                "sq_norm": float(np.dot(flat, flat)), "total": float(values.sum(dtype=np.float64)),
+                "min_value": float(values.min()) if values.size else 0.0}
 
 
 def check_destination(path, overwrite: bool) -> None:
@@ -499,15 +666,15 @@ class StoreWriter:
         self.overwrite = overwrite
         if self.final_path is not None:
             self._check_destination()
-        self._groups: dict[str, dict] = {}
         self._column_sums = np.zeros(n_cols, dtype=np.float64)
+        self._square_sum = 0.0  # of every entry so far, in float64: it must stay representable in ``dtype``
         self._staged: list[dict] = []
         self._root = None
         if self.final_path is not None:
             parent, name = os.path.split(self.final_path)
             os.makedirs(parent, exist_ok=True)
             self.tmp_path = os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:8]}")
-            self._root = zarr.open_group(self.tmp_path, mode="w", zarr_format=3)
+            self._root = zarr.open_group(store=ChecksummingStore(LocalStore(self.tmp_path)), mode="w", zarr_format=3)
 
     def __enter__(self):
         return self
@@ -535,52 +702,47 @@ class StoreWriter:
         if sp.issparse(block):
             block.sum_duplicates()
             block.eliminate_zeros()
-        check_block_values(block, group_name, source_rows, self.where, self.signed)
-        values = block.data if sp.issparse(block) else block
-        stats = self._groups.setdefault(group_name, {"rows": 0, "sq_norm": 0.0, "total": 0.0, "nnz": 0})
-        stats["rows"] += block.shape[0]
-        flat = values.ravel().astype(np.float64, copy=False)
-        stats["sq_norm"] += float(np.dot(flat, flat))
-        stats["total"] += float(values.sum(dtype=np.float64))
-        nnz = int(block.nnz) if sp.issparse(block) else int(np.count_nonzero(block))
-        stats["nnz"] += nnz
+        stats = block_stats(block)
+        check_block_values(block, group_name, source_rows, self.where, self.signed,
+                           square_sum=self._square_sum + stats["sq_norm"])
+        self._square_sum += stats["sq_norm"]
         self._column_sums += np.asarray(block.sum(axis=0, dtype=np.float64)).ravel()
         key = f"{len(self._staged):06d}"
-        entry = {"key": key, "group": group_name, "rows": block.shape[0], "nnz": nnz}
-        source_rows = np.asarray(source_rows, dtype=np.int64)
+        entry = {"key": key, "group": group_name, "rows": block.shape[0], "stats": stats, "arrays": ()}
+        source_rows = np.ascontiguousarray(source_rows, dtype=np.int64)
         if self._root is None:  # dense blocks aligned once here rather than copied by every pass
             entry["data"], entry["source_rows"] = aligned(block), source_rows
         else:
-            node = self._root.create_group(f"blocks/{key}")
-            if sp.issparse(block):
-                write_arrays(node, data=block.data, indices=block.indices, indptr=block.indptr)
-            else:
-                write_arrays(node, X=block)
-            write_arrays(node, rows=source_rows)
+            arrays = ({"data": block.data, "indices": block.indices, "indptr": block.indptr} if sp.issparse(block)
+                      else {"X": block})
+            arrays["rows"] = source_rows
+            write_arrays(self._root.create_group(f"blocks/{key}"), **arrays)
+            entry["arrays"] = array_records(self._root.store.written, f"blocks/{key}", **arrays)
         self._staged.append(entry)
 
     def commit(self, group_order: list[str], feature_names=None, source: dict | None = None) -> GroupedMatrix:
         """Order the blocks by group, write metadata last, move the store into place."""
+        staged_groups = {e["group"] for e in self._staged}
         for name in group_order:
-            if name not in self._groups:
+            if name not in staged_groups:
                 raise ValueError(f"group {name!r} is empty: it has no rows")
-        unknown = set(self._groups) - set(group_order)
+        unknown = staged_groups - set(group_order)
         if unknown:
             raise ValueError(f"rows carry groups not in the group list: {sorted(unknown)}")
+        own = {"column_sums": self._column_sums}
         if feature_names is not None:
-            feature_names = np.asarray([str(f) for f in feature_names])
-            if feature_names.shape != (self.n_cols,):
-                raise ValueError(f"feature_names has {feature_names.shape[0]} names, X has {self.n_cols} columns")
+            own["feature_names"] = np.asarray([str(f) for f in feature_names])
+            if own["feature_names"].shape != (self.n_cols,):
+                raise ValueError(f"feature_names has {own['feature_names'].shape[0]} names, "
+                                 f"X has {self.n_cols} columns")
         order = {name: i for i, name in enumerate(group_order)}
         staged = sorted(self._staged, key=lambda e: order[e["group"]])  # stable: arrival order within a group
-        groups, blocks, row = [], [], 0
-        for g_idx, name in enumerate(group_order):
-            start = row
-            for entry in (e for e in staged if e["group"] == name):
-                blocks.append(Block(len(blocks), entry["key"], g_idx, row, row + entry["rows"], entry["nnz"]))
-                row += entry["rows"]
-            s = self._groups[name]
-            groups.append(GroupStats(name, start, row, s["sq_norm"], s["total"], s["nnz"]))
+        blocks, row = [], 0
+        for entry in staged:
+            blocks.append(Block(len(blocks), entry["key"], order[entry["group"]], row, row + entry["rows"],
+                                **entry["stats"], arrays=entry["arrays"]))
+            row += entry["rows"]
+        groups = [group_stats(name, [b for b in blocks if b.group == g]) for g, name in enumerate(group_order)]
         meta = Metadata((row, self.n_cols), str(self.dtype), self.layout, groups, blocks,
                         has_feature_names=feature_names is not None, source=source or {}, signed=self.signed)
         meta.check(self.where)
@@ -588,13 +750,10 @@ class StoreWriter:
             by_key = {e["key"]: e for e in staged}
             return GroupedMatrix(meta, self._column_sums, blocks=[by_key[b.key]["data"] for b in blocks],
                                  block_rows=[by_key[b.key]["source_rows"] for b in blocks],
-                                 feature_names=feature_names)
+                                 feature_names=own.get("feature_names"))
         try:
-            self._root.create_array("column_sums", shape=(self.n_cols,), dtype=np.float64,
-                                    chunks=(max(self.n_cols, 1),))[...] = self._column_sums
-            if feature_names is not None:
-                self._root.create_array("feature_names", shape=(self.n_cols,), dtype=str,
-                                        chunks=(max(self.n_cols, 1),))[...] = feature_names
+            write_arrays(self._root, **own)
+            meta.arrays = array_records(self._root.store.written, "", **own)
             self._root.attrs["distfact"] = meta.to_json()
             self._replace_destination()
         except BaseException:

@@ -92,7 +92,10 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         the NMF methods refuse such a store.
 
     Rows are stored group by group (stable within a group); values are validated
-    block by block and a failure leaves nothing at ``path``.
+    block by block (NaN, infinite and negative values, and data whose sum of squares
+    overflows X's dtype, are refused with the row and column named) and a failure leaves
+    nothing at ``path``. A store records the checksum of every array it holds (see
+    ``docs/format.md``), checked whenever it is read.
     """
     if isinstance(X, GroupedMatrix):
         raise ValueError("X is already a GroupedMatrix; pass it to the estimator directly")

@@ -23,31 +23,45 @@ def working_dtype(dtype, where: str = "X") -> np.dtype:
 
 
 def check_block_values(block, group_name: str, source_rows: np.ndarray, where: str = "X",
-                       signed: bool = False) -> None:
-    """Refuse NaN, infinite and (unless ``signed``) negative entries; name the first offending entry.
+                       signed: bool = False, square_sum: float = 0.0) -> None:
+    """Refuse NaN, infinite and (unless ``signed``) negative entries, and data whose squares overflow;
+    name the offending entry.
 
-    ``source_rows[i]`` is the caller's row number of the block's i-th row.
+    ``source_rows[i]`` is the caller's row number of the block's i-th row. ``square_sum`` is the sum of
+    the squares of every entry ingested so far, this block's included, accumulated in float64: it must
+    be finite and at most the largest number of the block's dtype, so that ||X||^2, and the products
+    of X's scale that the methods form (W^T X, W H), are numbers in that dtype; else the largest entry
+    of the block is named.
     """
     values = block.data if sp.issparse(block) else block
     checks = [(np.isnan(values), "NaN"), (np.isinf(values), "an infinite value")]
     if not signed:
         checks.append((values < 0, "a negative value"))
     for mask, what in checks:
-        if not mask.any():
-            continue
-        flat = int(np.flatnonzero(mask.ravel())[0])
-        if sp.issparse(block):
-            row = int(np.searchsorted(block.indptr, flat, side="right") - 1)
-            col = int(block.indices[flat])
-            value = block.data[flat]
-        else:
-            row, col = divmod(flat, block.shape[1])
-            value = block[row, col]
-        raise ValueError(
-            f"{where} has {what} ({float(value)!r}) at row {int(source_rows[row])}, column {col} "
-            f"(group {group_name!r}); " + ("X must be finite" if signed else
-                                           "distfact factors non-negative finite data")
-        )
+        if mask.any():
+            first = _entry(block, np.flatnonzero(mask.ravel())[0], source_rows, group_name)
+            raise ValueError(f"{where} has {what} {first}; "
+                             + ("X must be finite" if signed else "distfact factors non-negative finite data"))
+    limit = float(np.finfo(values.dtype).max)
+    if not square_sum <= limit:  # also when infinite
+        largest = _entry(block, np.argmax(np.abs(values.ravel())), source_rows, group_name)
+        advice = " (or convert it to float64 before ingesting)" if values.dtype == np.float32 else ""
+        raise ValueError(f"{where} is too large for {values.dtype}: the sum of the squares of its entries reaches "
+                         f"{square_sum:.3g}, beyond the largest {values.dtype} number ({limit:.3g}), with the block "
+                         f"whose largest entry is {largest}; scale X down{advice}")
+
+
+def _entry(block, flat: int, source_rows: np.ndarray, group_name: str) -> str:
+    """``(value) at row R, column C (group 'g')`` for the block's stored entry number ``flat``
+    (of ``block.data`` for a sparse block, in C order for a dense one)."""
+    flat = int(flat)
+    if sp.issparse(block):
+        row = int(np.searchsorted(block.indptr, flat, side="right") - 1)
+        col, value = int(block.indices[flat]), block.data[flat]
+    else:
+        row, col = divmod(flat, block.shape[1])
+        value = block[row, col]
+    return f"({float(value)!r}) at row {int(source_rows[row])}, column {col} (group {group_name!r})"
 
 
 def check_groups(groups, n_rows: int, where: str = "groups") -> np.ndarray:
