@@ -48,19 +48,26 @@ class Locked(RuntimeError):
 
 @contextlib.contextmanager
 def locked(path: str, what: str):
-    """An exclusive lock on the file ``path`` (created if need be, and left in place: removing it would let a
-    waiting process lock a file that is gone) for as long as the block runs; released when the process ends,
-    however it ends. ``what`` names the work in the :class:`Locked` error a second process gets."""
+    """An exclusive lock on the file ``path`` for as long as the block runs (created for it and removed after, so
+    nothing is left behind; released when the process ends, however it ends). ``what`` names the work in the
+    :class:`Locked` error a second process gets."""
     import fcntl
 
-    handle = open(path, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise Locked(f"{what} is in progress in another process (pid {holder}); not starting a second") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break  # else the holder removed the file as we locked it: lock the one now at ``path``
+        except FileNotFoundError:
+            pass
         handle.close()
-        raise Locked(f"{what} is in progress in another process (pid {holder}); not starting a second") from None
     try:
         handle.seek(0)
         handle.truncate()
@@ -68,6 +75,8 @@ def locked(path: str, what: str):
         handle.flush()
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)  # while still holding it: a process that opened it meanwhile retries (above)
         handle.close()
 
 

@@ -159,7 +159,7 @@ def connect(scheduler: str, tls_dir=None):
     try:
         return Client(**kwargs, timeout=f"{CONNECT_TIMEOUT}s", security=security)
     except (OSError, TimeoutError) as exc:
-        raise ValueError(f"cannot reach the Dask scheduler at {scheduler!r} within {CONNECT_TIMEOUT} s ({exc}); "
+        raise ValueError(f"cannot reach a Dask scheduler at {scheduler!r} within {CONNECT_TIMEOUT} s ({exc}); "
                          "is it running and reachable from here?") from exc
 
 

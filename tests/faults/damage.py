@@ -17,14 +17,12 @@ def cli(*args, cwd, timeout=300, env=None):
 
 def snapshot(directory) -> dict:
     """Every file below ``directory`` with the SHA-256 of its bytes, and every directory: what "nothing on disk
-    changed" compares (lock files, which a run may leave beside its runs, aside)."""
+    changed" compares."""
     found = {}
     for top, dirs, names in os.walk(directory):
         for name in dirs:
             found[os.path.relpath(os.path.join(top, name), directory) + "/"] = "dir"
         for name in names:
-            if name.endswith(".lock"):
-                continue
             path = os.path.join(top, name)
             with open(path, "rb") as f:
                 found[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
