@@ -22,7 +22,6 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import get_type_hints
 
-import numpy as np
 
 FORMAT_NAME = "distfact.grouped-matrix"
 FORMAT_VERSION = 3
