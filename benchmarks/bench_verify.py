@@ -26,6 +26,9 @@ every block through the store's reader, as a fit's pass reads it. Three measurem
   Reported: the ratio of the total times and the median of the per-run ratios.
 - "CRC32C alone": the chunk files a pass reads, read into memory (not timed) and checksummed (timed), as a
   fraction of the unverified read time of "interleaved" in 1 thread.
+- "instructions" (when valgrind is installed: ``apt install valgrind``): the instructions callgrind counts for
+  reading the store's first block twice, verified and not, less those of starting Python and opening the store.
+  Unlike times on a shared machine, counts are the same from run to run: they say what work verification adds.
 
 Target: on/off <= 1.05 for the pass.
 
@@ -41,7 +44,9 @@ import argparse
 import concurrent.futures
 import functools
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -152,6 +157,31 @@ def compare_interleaved(stores: dict, repeats: int, threads: int) -> dict:
             "median_run_ratio": round(float(np.median(on / off)), 4)}
 
 
+def count_instructions(path: str) -> dict | None:
+    """Instructions (callgrind) of reading the first block of the store at ``path`` twice, verified ("on") and not
+    ("off"), each less those of a process that only opens the store; None without valgrind."""
+    if shutil.which("valgrind") is None:
+        return None
+    counts = {}
+    for mode in ("open", "off", "on"):
+        run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={os.devnull}", sys.executable,
+                              os.path.abspath(__file__), "--read-first-block", path, mode],
+                             capture_output=True, text=True, check=True)
+        counts[mode] = int(re.search(r"Collected : (\d+)", run.stderr).group(1))
+    read = {mode: counts[mode] - counts["open"] for mode in ("on", "off")}
+    return {"read_twice_on": read["on"], "read_twice_off": read["off"],
+            "ratio_on_off": round(read["on"] / read["off"], 4)}
+
+
+def read_first_block(path: str, mode: str) -> None:
+    """What ``count_instructions`` runs under callgrind."""
+    store = distfact.store.GroupedMatrix.open(path, verify=mode == "on")
+    if mode != "open":
+        reader = store.reader()
+        for _ in range(2):
+            reader(store.blocks[0])
+
+
 def measure(name: str, directory: str, quick: bool, repeats: int) -> dict:
     generator, args, kwargs = STORES[name][quick]
     path = os.path.join(directory, f"{name}.zarr")
@@ -173,6 +203,8 @@ def measure(name: str, directory: str, quick: bool, repeats: int) -> dict:
         say(f"{name} {kind}: on/off {info[kind]['ratio_of_totals']} (totals), {info[kind]['median_run_ratio']} "
             "(median run)")
     info["crc32c_alone"] = crc_seconds(stores[False])
+    info["instructions"] = count_instructions(path)
+    say(f"{name}: instructions {info['instructions']}")
     info["page_cache_after"] = page_cache(path)
     read_off = float(np.median(info["interleaved_1_thread"]["off_seconds_per_pass"]))
     info["crc32c_alone"]["fraction_of_read"] = round(info["crc32c_alone"]["seconds"] / read_off, 4)
@@ -186,7 +218,10 @@ def main():
     parser.add_argument("--dir", help="where the stores are written (default: a temporary directory under /tmp)")
     parser.add_argument("--repeats", type=int, default=15, help="on/off pairs per store and kind of pass (at least 5)")
     parser.add_argument("--quick", action="store_true", help="small stores, to check the script")
+    parser.add_argument("--read-first-block", nargs=2, metavar=("STORE", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.read_first_block:
+        return read_first_block(*args.read_first_block)
     if args.repeats < 5 and not args.quick:
         parser.error("--repeats must be at least 5")
     directory = tempfile.mkdtemp(prefix="distfact-bench-verify-", dir=args.dir)

@@ -1,6 +1,8 @@
 """The engine: fixed-order reduction, pass counting, determinism across schedulers, checkpoints."""
 
+import functools
 import os
+import time
 
 import numpy as np
 import pytest
@@ -103,6 +105,33 @@ def test_blocks_live_on_their_home_workers_and_passes_sum_the_same(where, local_
         threads.close()
     for a, b in zip(ours[1], theirs[1]):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _slow_on(address, seconds, item):
+    """A stand-in for a block read that is slow on one worker (still importing, a cold disk)."""
+    from distributed import get_worker
+
+    if get_worker().address == address:
+        time.sleep(seconds)
+    return item
+
+
+@pytest.mark.cluster
+def test_blocks_stay_home_when_one_worker_is_slow(local_cluster_client, tmp_path):
+    """Work stealing moves a task queued on a busy worker to an idle one: with every read sent at once, the fast
+    worker took blocks of the slow one's (seen in CI). Sent one per thread, each lands on its home."""
+    X, groups = grouped_data(m=400, n=30, seed=3)
+    store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=50)
+    executor = DistributedExecutor(store, local_cluster_client, persist_data=False)
+    try:
+        homes = [executor.addresses[0]] * 4 + [executor.addresses[1]] * 4
+        slow = functools.partial(_slow_on, executor.addresses[0], 0.5)
+        placed = executor._on_homes(slow, list(range(8)), homes)
+        assert holders(local_cluster_client, placed) == homes
+        assert local_cluster_client.gather(placed) == list(range(8))
+        local_cluster_client.cancel(placed)
+    finally:
+        executor.close()
 
 
 @pytest.mark.cluster

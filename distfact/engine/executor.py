@@ -23,6 +23,7 @@ it returns the column block's piece of the global factor and statistics as array
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -501,10 +502,40 @@ class DistributedExecutor(Executor):
             if sp.issparse(items[0]):
                 return scattered
             # Arrays arrive at arbitrary offsets: aligned once on their worker, not by every pass.
-            return self._per_block(aligned, scattered, homes=homes)
+            return self._on_homes(aligned, scattered, homes)
         if self.persist_data:
-            return self._per_block(reader, list(blocks), homes=homes)
+            return self._on_homes(reader, list(blocks), homes)
         return [None] * len(blocks)
+
+    def _on_homes(self, fn, items: list, homes: list) -> list:
+        """Futures of ``fn(item)`` run on each item's home, with no more tasks sent to a worker than it has
+        threads (the next when one of its own ends): a task waiting in a busy worker's queue is what work
+        stealing moves to an idle one (a worker slower to start lost a block to the other, in CI), and the block
+        of X it loads would then live away from its home for the whole fit. Returns once every task has ended;
+        a task's error is raised where its future is used."""
+        from distributed import as_completed
+
+        capacity = dict(zip(self.addresses, self.capacities))
+        queues: dict = {}
+        for i, home in enumerate(homes):
+            queues.setdefault(home, collections.deque()).append(i)
+        futures, home_of = [None] * len(items), {}
+        running = as_completed(loop=self.client.loop)
+
+        def send(home):
+            i = queues[home].popleft()
+            where = {} if home is None else {"workers": [home], "allow_other_workers": True}
+            futures[i] = self.client.submit(fn, items[i], pure=False, **where)
+            home_of[futures[i].key] = home
+            running.add(futures[i])
+
+        for home, queue in queues.items():
+            for _ in range(min(len(queue), capacity.get(home, len(queue)))):
+                send(home)
+        for done in running:
+            if queues[home_of[done.key]]:
+                send(home_of[done.key])
+        return futures
 
     def describe(self) -> dict:
         info = self.client.scheduler_info()
