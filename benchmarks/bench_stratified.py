@@ -55,10 +55,10 @@ def main():
     X = sparse_case(m, n, density, seed=0)
     strata = np.repeat([f"s{i:02d}" for i in range(s)], m // s)
     print(f"X: {m} x {n}, {X.nnz} non-zeros, {s} strata, rank {r}")
-    distfact.StratifiedNMF(r, max_iter=1, random_state=0).fit(X[:200], strata[:200])  # compile the kernels
+    distfact.StratifiedNMF(r, max_iter=1, random_state=0).fit(X[:200], groups=strata[:200])  # compile the kernels
 
     def fit(k):
-        return distfact.StratifiedNMF(r, max_iter=k, random_state=0).fit(X, strata)
+        return distfact.StratifiedNMF(r, max_iter=k, random_state=0).fit(X, groups=strata)
     t2, _ = timed(lambda: fit(2))
     t12, model = timed(lambda: fit(12))
     ours = (t12 - t2) / 10

@@ -117,7 +117,7 @@ def test_fit_and_report_stratified_nmf(tmp_path):
     metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
     assert metrics["strata"] == ["S1", "S2"] and metrics["n_passes"] == 21
     v = np.load(tmp_path / "fit" / "v.npy")
-    model = __import__("distfact").StratifiedNMF(3, max_iter=20, random_state=0).fit(X, strata)
+    model = __import__("distfact").StratifiedNMF(3, max_iter=20, random_state=0).fit(X, groups=strata)
     np.testing.assert_allclose(v, model.strata_features_, rtol=1e-10)
     assert run("fit", tmp_path / "d.zarr", "--method", "stratified-nmf", "--solver", "hals", "--rank", "3",
                cwd=tmp_path).returncode == 2
@@ -148,7 +148,7 @@ def test_fit_wl1_nmf(tmp_path):
     metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
     assert metrics["lam"] == 0.5 and metrics["n_iter"] == 5 and metrics["n_passes"] == (4 + 1) + 1 + 2 * 5
     model = __import__("distfact").WeightedL1NMF(3, lam=0.5, hals_iter=4, max_iter=5, tol=0, random_state=0)
-    model.fit(sp.csr_matrix(X), groups)
+    model.fit(sp.csr_matrix(X), groups=groups)
     np.testing.assert_allclose(np.load(tmp_path / "fit" / "H.npy"), model.components_, rtol=1e-10, atol=1e-12)
     assert metrics["l1_error"] == pytest.approx(model.reconstruction_err_, rel=1e-10)
     bad = run("fit", tmp_path / "x.zarr", "--method", "nmf", "--lam", "0.5", "--rank", "3", cwd=tmp_path)
@@ -210,7 +210,7 @@ def test_multigroup_svd_from_a_signed_table(tmp_path):
     assert fit.returncode == 0, fit.stderr
     import distfact
 
-    direct = distfact.MultigroupSVD(3, center=True, scale=True).fit(X, sex)
+    direct = distfact.MultigroupSVD(3, center=True, scale=True).fit(X, groups=sex)
     np.testing.assert_allclose(np.load(tmp_path / "fit" / "V.npy"), direct.components_, atol=1e-12)
     metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
     assert metrics["solver"] == "brent" and metrics["n_passes"] == 1 and max(map(abs, metrics["duality_gap"])) < 1e-8

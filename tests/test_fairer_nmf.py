@@ -111,8 +111,6 @@ def test_paper_synthetic_fairer_than_standard_nmf():
 
 def test_bad_input():
     X, groups = grouped_data(m=40, n=8, seed=44)
-    with pytest.raises(ValueError, match="Fairer-NMF needs groups"):
-        distfact.FairerNMF(2).fit(X)
     small = np.array(["tiny"] * 2 + ["big"] * 38)
     with pytest.raises(ValueError, match="group 'tiny' has 2 rows, fewer than n_components=3"):
         distfact.FairerNMF(3).fit(X, groups=small)
@@ -120,6 +118,17 @@ def test_bad_input():
         distfact.FairerNMF(2, solver="newton").fit(X, groups=groups)
     with pytest.raises(ValueError, match="c_update must be one of"):
         distfact.FairerNMF(2, c_update="sometimes").fit(X, groups=groups)
+
+
+def test_without_groups_every_row_is_one_group():
+    """As scikit-learn calls it, fit(X): one group, whose relative loss is (||X - WH|| - E) / ||X|| (Definition 4.1)."""
+    X, _ = grouped_data(m=40, n=8, seed=44)
+    model = distfact.FairerNMF(2, n_estimates=2, max_iter=20, random_state=0).fit(X)
+    assert model.group_names_ == ["all"]
+    error = np.linalg.norm(X - model.fit_transform(X) @ model.components_)
+    norm = np.linalg.norm(X)
+    np.testing.assert_allclose(model.group_errors_, [error / norm], rtol=1e-10)
+    np.testing.assert_allclose(model.group_losses_, [(error - model.E_[0]) / norm], rtol=1e-10)
 
 
 def test_unconverged_estimates_are_reported():

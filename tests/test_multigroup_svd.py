@@ -45,7 +45,7 @@ def test_one_group_is_the_svd():
 
 def test_two_groups_equal_incremental_losses_and_zero_gap():
     X, labels = groups_data((70, 30), n=9)
-    model = distfact.MultigroupSVD(8, center=True, scale=True).fit(X, labels)
+    model = distfact.MultigroupSVD(8, center=True, scale=True).fit(X, groups=labels)
     assert model.solver_ == "brent" and model.n_passes_ == 1
     losses = model.group_losses_.pivot(index="rank", columns="group", values="incremental").to_numpy()
     np.testing.assert_allclose(losses[:, 0], losses[:, 1], rtol=1e-9, atol=1e-9)  # Lemma 7.3
@@ -55,7 +55,7 @@ def test_two_groups_equal_incremental_losses_and_zero_gap():
 
 def test_losses_recomputed_from_the_standardised_data():
     X, labels = groups_data((50, 40, 30), n=6)
-    model = distfact.MultigroupSVD(4, center=True, scale=True).fit(X, labels)
+    model = distfact.MultigroupSVD(4, center=True, scale=True).fit(X, groups=labels)
     groups = standardised_groups(X, labels)
     V = model.components_
     for l, A in enumerate(groups):
@@ -81,7 +81,7 @@ def test_losses_recomputed_from_the_standardised_data():
 def test_rank_one_optimum_by_brute_force_on_the_unit_circle(solver):
     X, labels = groups_data((40, 25), n=2, seed=3)
     groups = [X[labels == g] for g in ("g0", "g1")]
-    model = distfact.MultigroupSVD(1, solver=solver, tol=1e-10).fit(X, labels)
+    model = distfact.MultigroupSVD(1, solver=solver, tol=1e-10).fit(X, groups=labels)
     theta = np.linspace(0, np.pi, 200_001)
     circle = np.stack([np.cos(theta), np.sin(theta)])
     values = np.max([np.linalg.norm(A, 2) ** 2 - np.sum((A @ circle) ** 2, axis=0) for A in groups], axis=0)
@@ -94,7 +94,7 @@ def test_rank_one_optimum_by_brute_force_on_the_unit_circle(solver):
 
 def test_frank_wolfe_dual_is_the_simplex_maximum_on_three_groups():
     X, labels = groups_data((40, 30, 35), n=5, seed=1)
-    model = distfact.MultigroupSVD(1, solver="fw", tol=1e-12).fit(X, labels)
+    model = distfact.MultigroupSVD(1, solver="fw", tol=1e-12).fit(X, groups=labels)
     grams = np.stack([X[labels == g].T @ X[labels == g] for g in ("g0", "g1", "g2")])
     s = np.array([np.linalg.eigvalsh(G)[-1] for G in grams])
     grid = np.linspace(0, 1, 301)
@@ -110,11 +110,11 @@ def test_paper_step_rule_reaches_the_line_search_dual(monkeypatch):
     """Algorithm 2's own iterations, the eigenspace refinement switched off (it closes the gap at the first
     iteration here): both step rules reach the dual optimum the refinement finds."""
     X, labels = groups_data((40, 30, 35), n=5, seed=1)
-    refined = distfact.MultigroupSVD(1, solver="fw", tol=1e-10).fit(X, labels)
+    refined = distfact.MultigroupSVD(1, solver="fw", tol=1e-10).fit(X, groups=labels)
     monkeypatch.setattr(mg, "eigenspace_primal", lambda grams, s, mu, tol: (mg.RankOne(None, mu, np.inf, -np.inf, 0),
                                                                             False))
-    line = distfact.MultigroupSVD(1, solver="fw", tol=1e-10).fit(X, labels)
-    paper = distfact.MultigroupSVD(1, solver="fw", fw_step="2/(t+2)", tol=1e-6, max_iter=20000).fit(X, labels)
+    line = distfact.MultigroupSVD(1, solver="fw", tol=1e-10).fit(X, groups=labels)
+    paper = distfact.MultigroupSVD(1, solver="fw", fw_step="2/(t+2)", tol=1e-6, max_iter=20000).fit(X, groups=labels)
     assert refined.n_iter_[0] == 1 and line.n_iter_[0] > 10 and paper.n_iter_[0] > 1000
     np.testing.assert_allclose(paper.dual_objective_[0], line.dual_objective_[0], rtol=1e-5)
     np.testing.assert_allclose(line.dual_objective_[0], refined.dual_objective_[0], rtol=1e-7)
@@ -125,8 +125,8 @@ def test_sdp_gap_no_larger_than_frank_wolfe_on_three_groups(seed):
     """Seed 5 has a true duality gap (the relaxation is not tight: lambda_max(A(mu*)) is double and no unit
     vector reaches g); both solvers then stop at the same dual and primals within 1e-4 of each other."""
     X, labels = groups_data((40, 30, 35), n=6, seed=seed)
-    fw = distfact.MultigroupSVD(3, solver="fw", tol=1e-8).fit(X, labels)
-    sdp = distfact.MultigroupSVD(3, solver="sdp", tol=1e-9).fit(X, labels)
+    fw = distfact.MultigroupSVD(3, solver="fw", tol=1e-8).fit(X, groups=labels)
+    sdp = distfact.MultigroupSVD(3, solver="sdp", tol=1e-9).fit(X, groups=labels)
     assert np.all(np.isfinite(fw.duality_gap_)) and np.all(np.isfinite(sdp.duality_gap_))
     # the first component solves the same problem on the same data
     f = fw.primal_objective_[0]
@@ -137,10 +137,10 @@ def test_sdp_gap_no_larger_than_frank_wolfe_on_three_groups(seed):
 
 def test_sdp_is_tight_for_two_groups():
     X, labels = groups_data((40, 30), n=5, seed=2)
-    exact = distfact.MultigroupSVD(2, solver="brent").fit(X, labels)
+    exact = distfact.MultigroupSVD(2, solver="brent").fit(X, groups=labels)
     # rank 2 is deflated by rank 1's vector, which an interior point method stopped at a gap tol gets to
     # about sqrt(tol) only (f is quadratic about its minimum): 2e-6 at tol=1e-10, 1.4e-5 on rank 2's f
-    sdp = distfact.MultigroupSVD(2, solver="sdp", tol=1e-12).fit(X, labels)
+    sdp = distfact.MultigroupSVD(2, solver="sdp", tol=1e-12).fit(X, groups=labels)
     np.testing.assert_allclose(sdp.primal_objective_, exact.primal_objective_, rtol=1e-5)  # Lemma 7.2
 
 
@@ -148,9 +148,9 @@ def test_sdp_is_tight_for_two_groups():
 def test_consistency_prefixes_equal_lower_rank_fits(solver):
     sizes = (50, 40) if solver == "brent" else (50, 40, 45)
     X, labels = groups_data(sizes, n=10, seed=4)
-    full = distfact.MultigroupSVD(8, solver=solver, center=True, tol=1e-12).fit(X, labels)
+    full = distfact.MultigroupSVD(8, solver=solver, center=True, tol=1e-12).fit(X, groups=labels)
     for d in (1, 3, 5):
-        part = distfact.MultigroupSVD(d, solver=solver, center=True, tol=1e-12).fit(X, labels)
+        part = distfact.MultigroupSVD(d, solver=solver, center=True, tol=1e-12).fit(X, groups=labels)
         np.testing.assert_allclose(part.components_, full.components_[:d], atol=1e-9)
         np.testing.assert_allclose(part.group_losses_.set_index(["group", "rank"]).to_numpy(),
                                    full.group_losses_[full.group_losses_["rank"] <= d]
@@ -165,7 +165,7 @@ def test_one_read_of_x_on_the_gram_path(tmp_path):
     store.reader = lambda: (lambda block: reads.append(block.index) or reader(block))
     model = distfact.MultigroupSVD(4, center=True, scale=True, n_threads=2).fit(store)
     assert sorted(reads) == list(range(store.n_blocks)) and model.n_passes_ == 1
-    in_memory = distfact.MultigroupSVD(4, center=True, scale=True).fit(X, labels)
+    in_memory = distfact.MultigroupSVD(4, center=True, scale=True).fit(X, groups=labels)
     np.testing.assert_allclose(model.components_, in_memory.components_, atol=1e-10)
 
 
@@ -174,15 +174,15 @@ def test_sparse_equals_dense():
     X = sp.random(200, 15, density=0.2, random_state=7, format="csr") * 3
     labels = rng.choice(["a", "b"], 200)  # two groups: a unique optimum, so the vectors can be compared
     for center, scale in ((False, False), (True, True)):
-        sparse = distfact.MultigroupSVD(4, center=center, scale=scale, tol=1e-12).fit(X, labels)
-        dense = distfact.MultigroupSVD(4, center=center, scale=scale, tol=1e-12).fit(X.toarray(), labels)
+        sparse = distfact.MultigroupSVD(4, center=center, scale=scale, tol=1e-12).fit(X, groups=labels)
+        dense = distfact.MultigroupSVD(4, center=center, scale=scale, tol=1e-12).fit(X.toarray(), groups=labels)
         np.testing.assert_allclose(sparse.components_, dense.components_, atol=1e-8)
         np.testing.assert_allclose(sparse.transform(X), dense.transform(X.toarray()), atol=1e-8)
 
 
 def test_transform_and_inverse_transform():
     X, labels = groups_data((60, 50), n=6)
-    model = distfact.MultigroupSVD(6, center=True, scale=True).fit(X, labels)
+    model = distfact.MultigroupSVD(6, center=True, scale=True).fit(X, groups=labels)
     Z = model.transform(X)
     np.testing.assert_allclose(Z, ((X - X.mean(0)) / X.std(0)) @ model.components_.T, atol=1e-10)
     np.testing.assert_allclose(model.inverse_transform(Z), X, atol=1e-9)  # d = n: exact
@@ -198,9 +198,9 @@ def test_wide_sketch_equals_the_gram_path_on_low_rank_groups():
     blocks = [rng.standard_normal((m, 4)) @ rng.standard_normal((4, n)) for m in (80, 60)]
     X = np.concatenate(blocks)
     labels = np.repeat(["a", "b"], [80, 60])
-    gram = distfact.MultigroupSVD(3, center=True, scale=True).fit(X, labels)
+    gram = distfact.MultigroupSVD(3, center=True, scale=True).fit(X, groups=labels)
     wide = distfact.MultigroupSVD(3, center=True, scale=True, max_gram_features=100, sketch_size=12,
-                                  random_state=0).fit(X, labels)
+                                  random_state=0).fit(X, groups=labels)
     assert wide.sketched_ and not gram.sketched_
     assert wide.n_passes_ == 3 + wide.power_iterations and gram.n_passes_ == 1
     signs = np.sign(np.sum(wide.components_ * gram.components_, axis=1))
@@ -222,22 +222,22 @@ def test_same_result_on_a_local_cluster(local_cluster_client, tmp_path):
 def test_bad_input():
     X, labels = groups_data((30, 20), n=5)
     with pytest.raises(ValueError, match="group 'lonely' has 1 row"):
-        distfact.MultigroupSVD(2).fit(np.vstack([X, X[:1]]), np.append(labels, "lonely"))
+        distfact.MultigroupSVD(2).fit(np.vstack([X, X[:1]]), groups=np.append(labels, "lonely"))
     Xc = X.copy()
     Xc[:, 3] = 7.0
     with pytest.raises(ValueError, match=r"column\(s\) 3 of X are constant"):
-        distfact.MultigroupSVD(2, center=True, scale=True).fit(Xc, labels)
+        distfact.MultigroupSVD(2, center=True, scale=True).fit(Xc, groups=labels)
     with pytest.raises(ValueError, match="n_components=6 is larger than the number of features n=5"):
-        distfact.MultigroupSVD(6).fit(X, labels)
+        distfact.MultigroupSVD(6).fit(X, groups=labels)
     with pytest.raises(ValueError, match="exactly two groups"):
         distfact.MultigroupSVD(2, solver="brent").fit(*groups_data((20, 20, 20), n=4))
     for bad in ({"tol": 0}, {"max_iter": 0}):
         with pytest.raises(ValueError, match="max_iter must be at least 1 and tol positive"):
-            distfact.MultigroupSVD(2, **bad).fit(X, labels)
+            distfact.MultigroupSVD(2, **bad).fit(X, groups=labels)
     with pytest.raises(ValueError, match="NaN"):
         Xn = X.copy()
         Xn[4, 2] = np.nan
-        distfact.MultigroupSVD(2).fit(Xn, labels)
+        distfact.MultigroupSVD(2).fit(Xn, groups=labels)
 
 
 @pytest.mark.parametrize("make", [lambda: distfact.NMF(2), lambda: distfact.FairerNMF(2),
@@ -274,7 +274,7 @@ def block_disjoint(sizes, n_per_group=3, seed=4):
 @pytest.mark.parametrize("solver", ["brent", "fw", "sdp"])
 def test_repeated_top_eigenvalue_two_groups(solver):
     X, labels, s = block_disjoint((50, 50))
-    model = distfact.MultigroupSVD(1, solver=solver).fit(X, labels)
+    model = distfact.MultigroupSVD(1, solver=solver).fit(X, groups=labels)
     optimum = s[0] * s[1] / (s[0] + s[1])
     assert model.primal_objective_[0] == pytest.approx(optimum, rel=1e-7)
     assert abs(model.duality_gap_[0]) <= 1e-6 * optimum
@@ -285,7 +285,7 @@ def test_repeated_top_eigenvalue_two_groups(solver):
 @pytest.mark.parametrize("solver", ["fw", "sdp"])
 def test_repeated_top_eigenvalue_three_groups(solver):
     X, labels, s = block_disjoint((50, 50, 50))
-    model = distfact.MultigroupSVD(1, solver=solver).fit(X, labels)
+    model = distfact.MultigroupSVD(1, solver=solver).fit(X, groups=labels)
     # the smallest group's s_0 is below z = 2 / sum(1/s): group 0 is inactive, the optimum mixes groups 1, 2
     assert s[0] < 2 / np.sum(1 / s)
     optimum = s[1] * s[2] / (s[1] + s[2])
@@ -301,7 +301,7 @@ def test_scale_of_a_column_with_a_large_mean():
     labels = np.repeat(["a", "b"], 100)
     for data in (X, sp.csr_matrix(X)):
         for center in (True, False):
-            model = distfact.MultigroupSVD(2, center=center, scale=True).fit(data, labels)
+            model = distfact.MultigroupSVD(2, center=center, scale=True).fit(data, groups=labels)
             np.testing.assert_allclose(model.scale_, X.std(axis=0), rtol=1e-10)
 
 
@@ -309,7 +309,7 @@ def test_wide_sketch_reconstruction_loss_is_exact_on_full_rank_data():
     rng = np.random.default_rng(3)
     X = rng.standard_normal((120, 300)) + 2.0
     labels = np.repeat(["a", "b", "c"], 40)
-    model = distfact.MultigroupSVD(3, center=True, scale=True, max_gram_features=100, random_state=0).fit(X, labels)
+    model = distfact.MultigroupSVD(3, center=True, scale=True, max_gram_features=100, random_state=0).fit(X, groups=labels)
     assert model.sketched_
     V = model.components_
     np.testing.assert_allclose(V @ V.T, np.eye(3), atol=1e-10)
@@ -385,7 +385,7 @@ def test_two_group_root_equals_brents(seed):
         return (s[0] - v @ grams[0] @ v) - (s[1] - v @ grams[1] @ v)
 
     root = scipy.optimize.brentq(q, 0.0, 1.0, xtol=1e-15)
-    model = distfact.MultigroupSVD(1, solver="brent").fit(X, labels)
+    model = distfact.MultigroupSVD(1, solver="brent").fit(X, groups=labels)
     assert model.mu_[0, 0] == pytest.approx(root, abs=1e-12)
     assert model.n_iter_[0] < model.max_iter
     assert abs(model.duality_gap_[0]) <= 1e-12 * s.max()
@@ -475,9 +475,9 @@ def test_frank_wolfe_with_refinements_that_do_not_settle(monkeypatch):
     """The fallback: one subspace round per refinement (too few to settle here), so Frank-Wolfe iterates from
     the refined weights between refinements; it still reaches the dual optimum and closes the gap."""
     X, labels = groups_data((40, 30, 35), n=8, seed=1)
-    full = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, labels)
+    full = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, groups=labels)
     monkeypatch.setattr(mg, "REFINE_ROUNDS", 1)
-    fallback = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, labels)
+    fallback = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, groups=labels)
     assert fallback.n_iter_[0] > 1
     assert fallback.dual_objective_[0] == pytest.approx(full.dual_objective_[0], rel=1e-8)
     assert fallback.duality_gap_[0] <= 1e-6 * fallback.primal_objective_[0]
@@ -486,12 +486,12 @@ def test_frank_wolfe_with_refinements_that_do_not_settle(monkeypatch):
 def test_frank_wolfe_when_the_small_sdps_fail(monkeypatch):
     """A refinement whose SDP solver gives up leaves Frank-Wolfe's own iterations to do the work."""
     X, labels = groups_data((40, 30, 35), n=5, seed=1)
-    reference = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, labels)
+    reference = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, groups=labels)
 
     def failing(grams, s, tol):
         raise RuntimeError("the SDP relaxation ended with status NumericalError")
 
     monkeypatch.setattr(mg, "_solve_sdp", failing)
-    model = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, labels)
+    model = distfact.MultigroupSVD(1, solver="fw", tol=1e-9).fit(X, groups=labels)
     assert model.n_iter_[0] > 1 and np.isfinite(model.primal_objective_[0])
     assert model.dual_objective_[0] == pytest.approx(reference.dual_objective_[0], rel=1e-6)

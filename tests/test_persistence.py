@@ -33,7 +33,7 @@ def fitted(name):
             return distfact.FairerNMF(3, n_estimates=2, max_iter=4, estimate_max_iter=4, random_state=0).fit(
                 X, groups=GROUPS)
         if name == "stratified-nmf":
-            return distfact.StratifiedNMF(3, max_iter=5, random_state=0).fit(X, GROUPS)
+            return distfact.StratifiedNMF(3, max_iter=5, random_state=0).fit(X, groups=GROUPS)
         if name == "wl1-nmf":
             return distfact.WeightedL1NMF(3, lam=0.5, max_iter=3, hals_iter=2, random_state=0).fit(
                 X_ZERO, groups=GROUPS_ZERO)
@@ -55,7 +55,7 @@ def outputs(name, model) -> dict:
     if name == "fairer-nmf":
         return {"inverse_transform": model.inverse_transform(np.ones((4, 3)))}
     if name == "stratified-nmf":
-        W = model.transform(X_NEW, GROUPS_NEW)
+        W = model.transform(X_NEW, groups=GROUPS_NEW)
         return {"transform": W, "inverse_transform": model.inverse_transform(W, GROUPS_NEW),
                 "top_features": model.top_features(3)}
     if name == "wl1-nmf":

@@ -25,7 +25,7 @@ def test_iterates_equal_a_transcription_of_algorithm_1(sparse, eps):
     X, strata = grouped_data(m=90, n=14, n_groups=3, density=0.5, seed=50)
     W0, H0, v0, names = stratified_start(X, strata, 4, seed=1)
     model = distfact.StratifiedNMF(4, init="custom", max_iter=40, eps=eps, block_rows=13)
-    W = model.fit_transform(sp.csr_matrix(X) if sparse else X, strata, W=W0, H=H0, v=v0)
+    W = model.fit_transform(sp.csr_matrix(X) if sparse else X, groups=strata, W=W0, H=H0, v=v0)
     rows = [strata == n for n in names]
     W_ref, H_ref, v_ref, F_ref = stratified_nmf([X[r] for r in rows], [W0[r] for r in rows], H0, v0, 40, eps=eps)
     assert model.strata_names_ == names
@@ -47,7 +47,7 @@ def test_objective_is_non_increasing_every_iteration(sparse, M):
     shift = np.array([float(s[1:]) for s in strata])[:, None]
     X = np.where(X > 0, X + shift, 0.0)
     model = distfact.StratifiedNMF(6, v_updates=M, max_iter=150, random_state=M, block_rows=37)
-    model.fit(sp.csr_matrix(X) if sparse else X, strata)
+    model.fit(sp.csr_matrix(X) if sparse else X, groups=strata)
     F = model.loss_history_[:, 0] ** 2
     assert np.all(np.diff(F) <= 1e-12 * F[:-1]), np.diff(F).max()
     assert F[-1] < 0.9 * F[0]  # and it does move
@@ -57,8 +57,8 @@ def test_objective_is_non_increasing_every_iteration(sparse, M):
 def test_dense_sparse_and_store_inputs_agree(tmp_path):
     X, strata = grouped_data(m=200, n=30, n_groups=4, density=0.3, seed=52)
     kwargs = dict(max_iter=60, random_state=7, block_rows=50)
-    dense = distfact.StratifiedNMF(5, **kwargs).fit(X, strata)
-    sparse = distfact.StratifiedNMF(5, **kwargs).fit(sp.csr_matrix(X), strata)
+    dense = distfact.StratifiedNMF(5, **kwargs).fit(X, groups=strata)
+    sparse = distfact.StratifiedNMF(5, **kwargs).fit(sp.csr_matrix(X), groups=strata)
     distfact.from_arrays(sp.csr_matrix(X), strata, tmp_path / "x.zarr", block_rows=50)
     stored = distfact.StratifiedNMF(5, **kwargs).fit(str(tmp_path / "x.zarr"))
     for other in (sparse, stored):
@@ -73,7 +73,7 @@ def test_paper_synthetic_experiment_recovers_the_shifts():
     from distfact.datasets import make_stratified_synthetic
 
     X, strata, v_true = make_stratified_synthetic(0)
-    model = distfact.StratifiedNMF(5, max_iter=10_000, random_state=0).fit(X, strata)
+    model = distfact.StratifiedNMF(5, max_iter=10_000, random_state=0).fit(X, groups=strata)
     assert model.loss_history_[-1, 1] < 1e-2
     np.testing.assert_allclose(model.strata_features_.mean(axis=1), v_true.mean(axis=1), atol=0.07)
 
@@ -83,15 +83,15 @@ def test_transform_uses_each_row_s_stratum_and_top_features():
     X[strata == "g1", 3] += 5.0  # a feature only stratum g1 shifts
     names = [f"f{j}" for j in range(12)]
     model = distfact.StratifiedNMF(3, max_iter=300, random_state=1)
-    W = model.fit_transform(pd.DataFrame(X, columns=names), strata)
+    W = model.fit_transform(pd.DataFrame(X, columns=names), groups=strata)
     v_of_row = model.strata_features_[(strata == "g1").astype(int)]
     # new rows: stratum g1 only, in reverse order, labels given as a Categorical with an unused category
     new = np.flatnonzero(strata == "g1")[::-1]
-    W_new = model.transform(X[new], pd.Categorical(strata[new], categories=["g0", "g1"]), max_iter=3000, tol=1e-12)
+    W_new = model.transform(X[new], groups=pd.Categorical(strata[new], categories=["g0", "g1"]), max_iter=3000, tol=1e-12)
     fitted = np.linalg.norm(X[new] - W[new] @ model.components_ - v_of_row[new])
     solved = np.linalg.norm(X[new] - W_new @ model.components_ - v_of_row[new])
     assert solved <= fitted * (1 + 1e-3)
-    wrong_v = np.linalg.norm(X[new] - model.transform(X[new], ["g0"] * len(new)) @ model.components_
+    wrong_v = np.linalg.norm(X[new] - model.transform(X[new], groups=["g0"] * len(new)) @ model.components_
                              - v_of_row[new])
     assert wrong_v > 2 * solved  # g0's shift does not explain g1's rows
     top = model.top_features(2)
@@ -104,17 +104,17 @@ def test_transform_uses_each_row_s_stratum_and_top_features():
 
 def test_float32_input_and_no_iterations():
     X, strata = grouped_data(m=100, n=10, n_groups=2, seed=57)
-    f64 = distfact.StratifiedNMF(3, max_iter=30, random_state=0).fit(X, strata)
-    f32 = distfact.StratifiedNMF(3, max_iter=30, random_state=0).fit(X.astype(np.float32), strata)
+    f64 = distfact.StratifiedNMF(3, max_iter=30, random_state=0).fit(X, groups=strata)
+    f32 = distfact.StratifiedNMF(3, max_iter=30, random_state=0).fit(X.astype(np.float32), groups=strata)
     assert f32.components_.dtype == np.float64
     np.testing.assert_allclose(f32.components_, f64.components_, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(f32.loss_history_, f64.loss_history_, rtol=1e-5)
-    start = distfact.StratifiedNMF(3, max_iter=0, random_state=0).fit(X, strata)
+    start = distfact.StratifiedNMF(3, max_iter=0, random_state=0).fit(X, groups=strata)
     assert start.n_iter_ == 0 and start.n_passes_ == 1 and start.loss_history_.shape == (1, 2)
     # Section IV's start: H uniform on [0, 1/sqrt(r)], v uniform on [0, 1]
     assert 0 <= start.components_.min() and start.components_.max() < 1 / np.sqrt(3)
     assert 0 <= start.strata_features_.min() and start.strata_features_.max() < 1
-    W0 = distfact.StratifiedNMF(3, max_iter=0, random_state=0).fit_transform(X, strata)
+    W0 = distfact.StratifiedNMF(3, max_iter=0, random_state=0).fit_transform(X, groups=strata)
     F0 = sum(np.linalg.norm(X[strata == g] - W0[strata == g] @ start.components_ - start.strata_features_[i]) ** 2
              for i, g in enumerate(start.strata_names_))
     assert start.loss_history_[0, 0] ** 2 == pytest.approx(F0, rel=1e-10)
@@ -123,28 +123,28 @@ def test_float32_input_and_no_iterations():
 def test_bad_input():
     X, strata = grouped_data(m=40, n=6, n_groups=2, seed=54)
     with pytest.raises(ValueError, match="group 'g2' is empty"):
-        distfact.StratifiedNMF(2).fit(X, pd.Categorical(strata, categories=["g0", "g1", "g2"]))
+        distfact.StratifiedNMF(2).fit(X, groups=pd.Categorical(strata, categories=["g0", "g1", "g2"]))
     with pytest.raises(ValueError, match="labels"):
-        distfact.StratifiedNMF(2).fit(X, strata[:-1])
+        distfact.StratifiedNMF(2).fit(X, groups=strata[:-1])
     with pytest.raises(ValueError, match="v_updates"):
-        distfact.StratifiedNMF(2, v_updates=0).fit(X, strata)
+        distfact.StratifiedNMF(2, v_updates=0).fit(X, groups=strata)
     with pytest.raises(ValueError, match="init='custom' needs W, H and v"):
-        distfact.StratifiedNMF(2, init="custom").fit(X, strata, H=np.ones((2, 6)))
+        distfact.StratifiedNMF(2, init="custom").fit(X, groups=strata, H=np.ones((2, 6)))
     with pytest.raises(ValueError, match="v has shape"):
-        distfact.StratifiedNMF(2, init="custom").fit(X, strata, W=np.ones((40, 2)), H=np.ones((2, 6)),
+        distfact.StratifiedNMF(2, init="custom").fit(X, groups=strata, W=np.ones((40, 2)), H=np.ones((2, 6)),
                                                      v=np.ones((3, 6)))
-    model = distfact.StratifiedNMF(2, max_iter=5).fit(X, strata)
+    model = distfact.StratifiedNMF(2, max_iter=5).fit(X, groups=strata)
     with pytest.raises(ValueError, match=r"strata \['other'\] were not seen"):
-        model.transform(X[:3], ["other"] * 3)
+        model.transform(X[:3], groups=["other"] * 3)
 
 
 def test_bitwise_equal_on_a_local_cluster(local_cluster_client):
     X, strata = grouped_data(m=300, n=40, n_groups=3, density=0.3, seed=55)
     kwargs = dict(max_iter=20, random_state=3, block_rows=60)
     here = distfact.StratifiedNMF(5, **kwargs)
-    W_here = here.fit_transform(sp.csr_matrix(X), strata)
+    W_here = here.fit_transform(sp.csr_matrix(X), groups=strata)
     there = distfact.StratifiedNMF(5, **kwargs)
-    W_there = there.fit_transform(sp.csr_matrix(X), strata, client=local_cluster_client)
+    W_there = there.fit_transform(sp.csr_matrix(X), groups=strata, client=local_cluster_client)
     np.testing.assert_array_equal(there.components_, here.components_)
     np.testing.assert_array_equal(there.strata_features_, here.strata_features_)
     np.testing.assert_array_equal(W_there, W_here)
@@ -152,10 +152,10 @@ def test_bitwise_equal_on_a_local_cluster(local_cluster_client):
 
 def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
     X, strata = grouped_data(m=120, n=20, n_groups=3, seed=56)
-    full = distfact.StratifiedNMF(4, max_iter=30, random_state=2).fit(X, strata)
-    distfact.StratifiedNMF(4, max_iter=12, random_state=2, checkpoint_dir=tmp_path, checkpoint_every=4).fit(X, strata)
+    full = distfact.StratifiedNMF(4, max_iter=30, random_state=2).fit(X, groups=strata)
+    distfact.StratifiedNMF(4, max_iter=12, random_state=2, checkpoint_dir=tmp_path, checkpoint_every=4).fit(X, groups=strata)
     resumed = distfact.StratifiedNMF(4, max_iter=30, random_state=2, checkpoint_dir=tmp_path, checkpoint_every=4,
-                                     resume=True).fit(X, strata)
+                                     resume=True).fit(X, groups=strata)
     np.testing.assert_array_equal(resumed.components_, full.components_)
     np.testing.assert_array_equal(resumed.strata_features_, full.strata_features_)
     np.testing.assert_array_equal(resumed.loss_history_, full.loss_history_)
@@ -164,7 +164,7 @@ def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
 def test_inverse_transform_adds_each_rows_stratum_shift():
     X, strata, _ = make_stratified_synthetic(3)
     model = distfact.StratifiedNMF(5, max_iter=30, random_state=0)
-    W = model.fit_transform(X, strata)
+    W = model.fit_transform(X, groups=strata)
     shift = {name: v for name, v in zip(model.strata_names_, model.strata_features_)}
     expected = W @ model.components_ + np.stack([shift[s] for s in strata])
     np.testing.assert_allclose(model.inverse_transform(W, strata), expected, rtol=1e-12)

@@ -36,7 +36,7 @@ def test_iterates_equal_dense_coordinate_descent(lam):
     X, groups = sparse_grouped(seed=1)
     W0, H0 = custom_start(40, 25, 3, 2)
     model = distfact.WeightedL1NMF(3, lam=lam, init="custom", max_iter=5, tol=0, block_rows=6, column_blocks=4)
-    W = model.fit_transform(X, groups, W=W0, H=H0)
+    W = model.fit_transform(X, groups=groups, W=W0, H=H0)
     W_ref, H_ref, F_ref = wl1_dense_cd(X.toarray(), W0, H0, lam, 5)
     np.testing.assert_allclose(W, W_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(model.components_, H_ref, rtol=1e-12, atol=1e-12)
@@ -49,7 +49,7 @@ def test_per_group_errors_and_losses_equal_direct_recomputation():
     X, groups = sparse_grouped(m=60, n=30, seed=3)
     lam = 0.4
     model = distfact.WeightedL1NMF(4, lam=lam, max_iter=6, tol=0, hals_iter=3, random_state=0, block_rows=9)
-    W = model.fit_transform(X, groups)
+    W = model.fit_transform(X, groups=groups)
     Xd, H = X.toarray(), model.components_
     for name, loss, error in zip(model.group_names_, model.group_losses_, model.group_errors_):
         rows = groups == name
@@ -63,7 +63,7 @@ def test_per_group_errors_and_losses_equal_direct_recomputation():
 def test_hals_start_is_nmf_hals_rescaled_to_equal_l1_norms():
     X, groups = sparse_grouped(m=50, n=20, seed=4)
     model = distfact.WeightedL1NMF(3, hals_iter=5, max_iter=0, random_state=7, block_rows=12)
-    W = model.fit_transform(X, groups)
+    W = model.fit_transform(X, groups=groups)
     H = model.components_
     np.testing.assert_allclose(W.sum(axis=0), H.sum(axis=1), rtol=1e-12)  # equal l1 norms
     nmf = distfact.NMF(3, solver="hals", max_iter=5, tol=0, random_state=7, block_rows=12)
@@ -75,7 +75,7 @@ def test_hals_start_is_nmf_hals_rescaled_to_equal_l1_norms():
 def test_objective_is_non_increasing_from_the_hals_start():
     X, groups = sparse_grouped(m=300, n=120, density=0.05, seed=5)
     model = distfact.WeightedL1NMF(6, lam=0.1, max_iter=15, tol=0, random_state=1)
-    model.fit(X, groups)
+    model.fit(X, groups=groups)
     F = model.loss_history_
     assert np.all(np.diff(F) <= 1e-12 * F[:-1]) and F[-1] < F[0]
 
@@ -86,7 +86,7 @@ def test_dense_sparse_and_store_inputs_agree(tmp_path):
     fits = []
     for data in (X, X.toarray()):
         model = distfact.WeightedL1NMF(3, block_rows=10, column_blocks=3, **kwargs)
-        fits.append((model.fit_transform(data, groups), model.components_, model.loss_history_))
+        fits.append((model.fit_transform(data, groups=groups), model.components_, model.loss_history_))
     store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=10)
     model = distfact.WeightedL1NMF(3, column_blocks=3, **kwargs)
     fits.append((model.fit_transform(str(store.path)), model.components_, model.loss_history_))
@@ -113,8 +113,8 @@ def test_one_read_of_each_row_block_and_column_block_per_pass(tmp_path):
 def test_transform_equals_w_sweeps_with_h_fixed():
     X, groups = sparse_grouped(m=30, n=20, seed=8)
     lam = 0.6
-    model = distfact.WeightedL1NMF(3, lam=lam, max_iter=3, tol=0, random_state=2, hals_iter=2).fit(X, groups)
-    W = model.transform(X, groups, max_iter=3, tol=0)
+    model = distfact.WeightedL1NMF(3, lam=lam, max_iter=3, tol=0, random_state=2, hals_iter=2).fit(X, groups=groups)
+    W = model.transform(X, groups=groups, max_iter=3, tol=0)
     H, Xd = model.components_, X.toarray()
     W_ref = np.full_like(W, np.sqrt(Xd.mean() / 3))
     weight = np.where(Xd != 0, 1.0, lam)
@@ -125,19 +125,19 @@ def test_transform_equals_w_sweeps_with_h_fixed():
                 W_ref[i, t] = lad_brute_force(weight[i] * rest, weight[i] * H[t])
     np.testing.assert_allclose(W, W_ref, rtol=1e-12, atol=1e-12)
     # with a tolerance: sweeps until the objective falls by less than tol (relative), not just one
-    W_tol = model.transform(X, groups, max_iter=200, tol=1e-9)
-    once = model.transform(X, groups, max_iter=1, tol=0)
+    W_tol = model.transform(X, groups=groups, max_iter=200, tol=1e-9)
+    once = model.transform(X, groups=groups, max_iter=1, tol=0)
     assert direct_objective(Xd, W_tol, H, lam) < direct_objective(Xd, once, H, lam)
     assert direct_objective(Xd, W_tol, H, lam) <= direct_objective(Xd, W, H, lam) * (1 + 1e-12)
 
 
 def test_time_limit_stops_the_fit():
     X, groups = sparse_grouped(m=200, n=80, seed=9)
-    model = distfact.WeightedL1NMF(5, max_iter=10_000, tol=0, time_limit=0.5, random_state=0).fit(X, groups)
+    model = distfact.WeightedL1NMF(5, max_iter=10_000, tol=0, time_limit=0.5, random_state=0).fit(X, groups=groups)
     assert model.timed_out_ and 0 < model.n_iter_ < 10_000
     # the limit covers the HALS start too
     started = time.perf_counter()
-    model = distfact.WeightedL1NMF(5, hals_iter=10**7, tol=0, time_limit=0.5, random_state=0).fit(X, groups)
+    model = distfact.WeightedL1NMF(5, hals_iter=10**7, tol=0, time_limit=0.5, random_state=0).fit(X, groups=groups)
     assert model.timed_out_ and model.n_iter_ == 0 and time.perf_counter() - started < 30
 
 
@@ -152,16 +152,16 @@ def test_a_bad_rank_writes_nothing_into_the_store(tmp_path):
 def test_resume_gives_the_uninterrupted_result(tmp_path):
     X, groups = sparse_grouped(m=80, n=30, seed=10)
     kwargs = dict(lam=0.2, max_iter=8, tol=0, random_state=4, hals_iter=3, block_rows=15)
-    W_ref = distfact.WeightedL1NMF(3, **kwargs).fit_transform(X, groups)
+    W_ref = distfact.WeightedL1NMF(3, **kwargs).fit_transform(X, groups=groups)
 
     def crash(info):
         if info.iteration == 5:
             raise KeyboardInterrupt("simulated crash")
     with pytest.raises(KeyboardInterrupt):
         distfact.WeightedL1NMF(3, checkpoint_dir=tmp_path / "run", checkpoint_every=2, callback=crash,
-                               **kwargs).fit(X, groups)
+                               **kwargs).fit(X, groups=groups)
     resumed = distfact.WeightedL1NMF(3, checkpoint_dir=tmp_path / "run", checkpoint_every=2, resume=True, **kwargs)
-    W = resumed.fit_transform(X, groups)
+    W = resumed.fit_transform(X, groups=groups)
     assert np.array_equal(W, W_ref) and resumed.n_iter_ == 8
 
 
@@ -218,4 +218,4 @@ def test_bad_data_is_refused(make, message):
 def test_bad_parameters_are_refused(params, message):
     X, groups = sparse_grouped(seed=13)
     with pytest.raises(ValueError, match=message):
-        distfact.WeightedL1NMF(3, **params).fit(X, groups)
+        distfact.WeightedL1NMF(3, **params).fit(X, groups=groups)

@@ -9,9 +9,11 @@ import os
 import shutil
 import tempfile
 import uuid
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.exceptions import NotFittedError
 
 from ..engine import Checkpointer, make_executor
 from ..engine.executor import WorkerLost
@@ -136,6 +138,16 @@ class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
     """Base of distfact's estimators (fit on grouped data, run by the engine)."""
 
     _fitted_private = ("_method",)
+    #: whether X may hold negative values (scikit-learn's ``positive_only`` tag is its negation)
+    _signed_input = False
+
+    def _ignore_y(self, y, groups) -> None:
+        """scikit-learn passes targets as ``y``, which distfact's factorisations do not use; but a second
+        positional argument meant as the rows' groups (``fit(X, groups)``, as the API once read) must not be
+        dropped without a word. Called first thing by ``fit`` and ``fit_transform``."""
+        if y is not None and groups is None:
+            warnings.warn(f"{type(self).__name__} ignores y (targets); the rows' groups are passed as groups=",
+                          UserWarning, stacklevel=3)
 
     def _grouped(self, X, groups):
         return as_grouped(X, groups, block_rows=getattr(self, "block_rows", None),
@@ -176,6 +188,18 @@ class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
         self.scheduler_ = executor.describe()
         self._method = method
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.positive_only = not self._signed_input
+        tags.input_tags.sparse = True
+        return tags
+
+    def _check_width(self, n_features: int) -> None:
+        """New rows must have the fitted number of features (in scikit-learn's words, which its checks expect)."""
+        if n_features != self.n_features_in_:
+            raise ValueError(f"X has {n_features} features, but {type(self).__name__} is expecting "
+                             f"{self.n_features_in_} features as input")
+
     def inverse_transform(self, W):
         """W H."""
         self._check_fitted()
@@ -183,7 +207,7 @@ class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
 
     def _check_fitted(self):
         if not hasattr(self, "components_"):
-            raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit first")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
 
     def _custom_start(self, data, executor, W, rank: int, dtype, global_state: dict, local_inputs=None):
         """init='custom': ``W`` (X's row order) checked and split into the store's blocks; the start

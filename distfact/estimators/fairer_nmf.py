@@ -96,20 +96,18 @@ class FairerNMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
         self.callback = callback
 
-    def fit(self, X, y=None, groups=None, client=None):
+    def fit(self, X, y=None, *, groups=None, client=None):
         """Fit on X with row ``groups`` (or a GroupedMatrix / store path carrying them)."""
+        self._ignore_y(y, groups)
         self._fit(X, groups, client, want_W=False)
         return self
 
-    def fit_transform(self, X, y=None, groups=None, client=None):
+    def fit_transform(self, X, y=None, *, groups=None, client=None):
         """Fit and return W in X's row order (gathered on the driver)."""
+        self._ignore_y(y, groups)
         return self._fit(X, groups, client, want_W=True)
 
     def _check(self, X, groups):
-        if groups is None and not hasattr(X, "group_names") and not isinstance(X, (str, bytes)) \
-                and not hasattr(X, "__fspath__"):
-            raise ValueError("Fairer-NMF needs groups: pass groups= (one label per row of X), "
-                             "or a GroupedMatrix / store that carries them")
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
         if self.solver == "am" and not available_conic_solvers():

@@ -7,8 +7,8 @@ import numbers
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 import threadpoolctl
+from sklearn.utils.validation import check_array
 
 from ..methods import multigroup_svd as mg
 from ..store.coerce import as_grouped
@@ -104,6 +104,7 @@ class MultigroupSVD(FactorEstimator):
     """
 
     _fitted_private = ("_grams", "_basis", "_traces")  # what losses_of and svd_components use
+    _signed_input = True
 
     def __init__(self, n_components, *, solver="auto", tol=1e-6, max_iter=100, center=False, scale=False,
                  fw_step="line-search", max_gram_features=4096, sketch_size=None, power_iterations=2,
@@ -123,9 +124,11 @@ class MultigroupSVD(FactorEstimator):
         self.n_threads = n_threads
 
     # -- fitting ---------------------------------------------------------------------------------------
-    def fit(self, X, groups=None, client=None):
+    def fit(self, X, y=None, *, groups=None, client=None):
         """Fit on X (array, sparse matrix, DataFrame, GroupedMatrix or store path) with row ``groups``
-        (None for a GroupedMatrix or store; for an array, None means a single group: the SVD)."""
+        (None for a GroupedMatrix or store; for an array, None means a single group: the SVD). ``y`` is
+        ignored (scikit-learn's place for targets)."""
+        self._ignore_y(y, groups)
         check_iteration_params(self.max_iter, self.tol, self.random_state)
         if self.max_iter < 1 or self.tol <= 0:
             raise ValueError(f"max_iter must be at least 1 and tol positive, got max_iter={self.max_iter!r}, "
@@ -287,19 +290,13 @@ class MultigroupSVD(FactorEstimator):
             finally:
                 executor.close()
             return self._rows_in_caller_order(data, blocks)
-        X = X if sp.issparse(X) else np.asarray(X, dtype=np.float64)
-        if X.ndim != 2:
-            raise ValueError(f"X must be 2-D (samples x features), got shape {X.shape}")
+        X = check_array(X, accept_sparse=("csr", "csc"), dtype=np.float64)
         self._check_width(X.shape[1])
         return _project_block(X, None, None, *self._projection())
 
     def _projection(self):
         weights = np.ascontiguousarray((self.components_ / self.scale_).T)  # n x d
         return weights, self.mean_ @ weights
-
-    def _check_width(self, n):
-        if n != self.n_features_in_:
-            raise ValueError(f"X has {n} features, the model was fitted on {self.n_features_in_}")
 
     def inverse_transform(self, Z):
         """Z V scale_ + mean_: back to X's units."""

@@ -103,17 +103,19 @@ class NMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, y=None, groups=None, W=None, H=None, client=None, W_out=None):
+    def fit(self, X, y=None, *, groups=None, W=None, H=None, client=None, W_out=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with row ``groups``.
 
         ``W_out``: a directory where the fitted W is written block by block, by the
         process holding each block (one Zarr array per block, in the store's row order).
         """
+        self._ignore_y(y, groups)
         self._fit(X, groups, W, H, client, want_W=False, W_out=W_out)
         return self
 
-    def fit_transform(self, X, y=None, groups=None, W=None, H=None, client=None):
+    def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, client=None):
         """Fit and return W (n_samples x r) in X's row order. This gathers W on the driver."""
+        self._ignore_y(y, groups)
         return self._fit(X, groups, W, H, client, want_W=True)
 
     @survives_worker_loss
@@ -166,12 +168,11 @@ class NMF(FactorEstimator):
         self.group_errors_ = np.sqrt(relative_to(sq, data.group_sq_norms))
 
     # ------------------------------------------------------------ transform
-    def transform(self, X, groups=None, client=None, max_iter=None):
+    def transform(self, X, *, groups=None, client=None, max_iter=None):
         """W for new X with H = components_ fixed (one read of X; rows solved independently)."""
         self._check_fitted()
         data = self._grouped(X, groups)
-        if data.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        self._check_width(data.shape[1])
         executor = self._executor(data, client)
         try:
             scale = self._method.init_scale(data)

@@ -9,6 +9,9 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import NotFittedError
+from sklearn.utils import TransformerTags, column_or_1d
+from sklearn.utils.multiclass import check_classification_targets
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
@@ -185,8 +188,7 @@ class SSNMF(FactorEstimator):
                     digest.update(name.encode() + np.ascontiguousarray(part).tobytes())
                 for block, entry in zip(data.blocks, inputs):
                     entry[name] = values[block.row_start:block.row_stop]
-        self._inputs_digest = digest.hexdigest()
-        return inputs, (0 if Y is None else Y.shape[1]), classes
+        return inputs, (0 if Y is None else Y.shape[1]), classes, digest.hexdigest()
 
     @survives_worker_loss
     def _fit(self, X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W, W_out=None):
@@ -196,14 +198,14 @@ class SSNMF(FactorEstimator):
             raise ValueError("W, H and B are used only with init='custom'")
         data = self._grouped(X, groups)
         r = check_rank(self.n_components, data.shape)
-        inputs, n_targets, classes = self._local_inputs(data, Y, y, data_mask, label_mask)
+        inputs, n_targets, classes, inputs_digest = self._local_inputs(data, Y, y, data_mask, label_mask)
         model = self.model if n_targets else self.model[0]
         method = SSNMFMethod(r, model, float(self.lam), float(self.eps), float(self.tol))
         executor = self._executor(data, client, r + 2 * n_targets, np.float64)  # W, and the rows of Y and L
         try:
             config = {"estimator": "SSNMF", "method": method.__dict__, "init": self.init,
                       "random_state": self.random_state, "data": data_fingerprint(data),
-                      "targets_and_masks": self._inputs_digest}
+                      "targets_and_masks": inputs_digest}
             state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
                              start=self._start(method, data, executor, inputs, n_targets, W, H, B),
                              checkpointer=self._checkpointer(config), resume=self.resume,
@@ -245,15 +247,14 @@ class SSNMF(FactorEstimator):
         self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform
-    def transform(self, X, data_mask=None, groups=None, client=None, max_iter=500, tol=1e-6):
+    def transform(self, X, data_mask=None, *, groups=None, client=None, max_iter=500, tol=1e-6):
         """W for new rows with H fixed (Section 2.3, step 2): exact non-negative least squares per row
         for a Frobenius reconstruction, multiplicative updates of the I-divergence (or masked Frobenius)
         otherwise; one read of X."""
         self._check_fitted()
         data = self._grouped(X, groups)
-        if data.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
-        inputs, _, _ = self._local_inputs(data, None, None, data_mask, None)
+        self._check_width(data.shape[1])
+        inputs = self._local_inputs(data, None, None, data_mask, None)[0]
         executor = self._executor(data, client)
         try:
             executor.init_local(given_local, per_block=inputs)  # each block's rows of the mask, where it runs
@@ -302,29 +303,44 @@ class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
 
     def fit(self, X, y, client=None):
         """Fit on X with class labels y (-1 marks unlabelled rows, used for the reconstruction only)."""
+        y = column_or_1d(y, warn=True)  # a column of labels, as scikit-learn's classifiers take it, with a warning
+        if y.dtype.kind == "f" and np.isfinite(y).all():  # continuous targets; a missing label is named by SSNMF
+            check_classification_targets(y)
         self.ssnmf_ = SSNMF(self.n_components, model=self.model, lam=self.lam, max_iter=self.max_iter, tol=self.tol,
                             eps=self.eps, random_state=self.random_state, n_threads=self.n_threads)
         self.ssnmf_.fit(X, y=y, client=client)
         self.classes_ = self.ssnmf_.classes_
         self.n_features_in_ = self.ssnmf_.n_features_in_
+        self.n_iter_ = self.ssnmf_.n_iter_
         return self
+
+    def fit_transform(self, X, y, client=None):
+        """Fit, then W for X's rows as :meth:`transform` gives it (with H fixed, as for new rows)."""
+        return self.fit(X, y, client=client).transform(X, client=client)
 
     def transform(self, X, client=None):
         self._check_fitted()
         return self.ssnmf_.transform(X, client=client, max_iter=self.transform_max_iter, tol=self.transform_tol)
 
     def decision_function(self, X, client=None):
+        """W_new B (n_samples x n_classes); with two classes, as scikit-learn's binary classifiers give it,
+        the second class's score less the first's (n_samples,): positive predicts ``classes_[1]``."""
+        scores = self._scores(X, client)
+        return scores[:, 1] - scores[:, 0] if len(self.classes_) == 2 else scores
+
+    def _scores(self, X, client):
         """W_new B (n_samples x n_classes)."""
         return self.transform(X, client=client) @ self.ssnmf_.B_
 
     def predict_proba(self, X, client=None):
-        scores = self.decision_function(X, client=client)
+        scores = self._scores(X, client)
         totals = scores.sum(axis=1, keepdims=True)
         uniform = np.full_like(scores, 1.0 / scores.shape[1])
         return np.divide(scores, totals, out=uniform, where=totals > 0)
 
     def predict(self, X, client=None):
-        return self.classes_[np.argmax(self.decision_function(X, client=client), axis=1)]
+        scores = self._scores(X, client)  # first: an unfitted model raises NotFittedError
+        return self.classes_[np.argmax(scores, axis=1)]
 
     def score(self, X, y, sample_weight=None):
         """Accuracy; labels the model has not seen are an error (they could never be predicted)."""
@@ -334,6 +350,13 @@ class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
             raise ValueError(f"y has classes {unseen} that were not seen in fit; known classes: {self.classes_.tolist()}")
         return super().score(X, y, sample_weight=sample_weight)
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.positive_only = True
+        tags.input_tags.sparse = True
+        tags.transformer_tags = TransformerTags()  # it has transform (W for new rows) without being a TransformerMixin
+        return tags
+
     def _check_fitted(self):
         if not hasattr(self, "ssnmf_"):
-            raise ValueError("this SSNMFClassifier is not fitted yet; call fit first")
+            raise NotFittedError("this SSNMFClassifier is not fitted yet; call fit first")

@@ -86,20 +86,23 @@ class StratifiedNMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, strata=None, W=None, H=None, v=None, client=None, W_out=None):
+    def fit(self, X, y=None, *, groups=None, W=None, H=None, v=None, client=None, W_out=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with one stratum
-        label per row (``strata``; a pandas Categorical fixes the strata and their order).
+        label per row (``groups``; a pandas Categorical fixes the strata and their order; None: one stratum).
+        ``y`` is ignored (scikit-learn's place for targets).
 
         ``W``, ``H``, ``v`` (init='custom'): W in X's row order (n_samples x r), H (r x n_features),
         v (n_strata x n_features, strata in sorted order, or the Categorical's). ``W_out``: a
         directory where W is written block by block (one Zarr array per block, in the store's order).
         """
-        self._fit(X, strata, W, H, v, client, want_W=False, W_out=W_out)
+        self._ignore_y(y, groups)
+        self._fit(X, groups, W, H, v, client, want_W=False, W_out=W_out)
         return self
 
-    def fit_transform(self, X, strata=None, W=None, H=None, v=None, client=None):
+    def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, v=None, client=None):
         """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
-        return self._fit(X, strata, W, H, v, client, want_W=True)
+        self._ignore_y(y, groups)
+        return self._fit(X, groups, W, H, v, client, want_W=True)
 
     def _check_params(self):
         check_iteration_params(self.max_iter, 0.0 if self.tol is None else self.tol, self.random_state)
@@ -155,18 +158,16 @@ class StratifiedNMF(FactorEstimator):
         self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform
-    def transform(self, X, strata=None, client=None, max_iter=200, tol=1e-4):
+    def transform(self, X, *, groups=None, client=None, max_iter=200, tol=1e-4):
         """W for new rows with H and every stratum's v fixed (line 7 iterated; one read of X).
-        The new rows' strata must be among ``strata_names_``."""
+        The new rows' strata (``groups``) must be among ``strata_names_``; they may be left out when the
+        model has one stratum."""
         self._check_fitted()
-        if strata is None and not hasattr(X, "group_names") and not isinstance(X, (str, os.PathLike)):
-            raise ValueError("transform needs the stratum of every new row: pass strata= (or a GroupedMatrix "
-                             "/ store carrying them)")
-        if hasattr(getattr(strata, "cat", strata), "categories"):
-            strata = np.asarray(strata).astype(str)  # new rows need not cover every fitted stratum
-        data = self._grouped(X, strata)
-        if data.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        groups = self._strata_of(X, groups)
+        if hasattr(getattr(groups, "cat", groups), "categories"):
+            groups = np.asarray(groups).astype(str)  # new rows need not cover every fitted stratum
+        data = self._grouped(X, groups)
+        self._check_width(data.shape[1])
         unknown = sorted(set(data.group_names) - set(self.strata_names_))
         if unknown:
             raise ValueError(f"strata {unknown} were not seen in fit; known strata: {self.strata_names_}")
@@ -178,6 +179,16 @@ class StratifiedNMF(FactorEstimator):
         finally:
             executor.close()
         return self._rows_in_caller_order(data, blocks)
+
+    def _strata_of(self, X, groups):
+        """The new rows' strata: as given, carried by a GroupedMatrix or store, or (one fitted stratum) that one."""
+        if groups is not None or hasattr(X, "group_names") or isinstance(X, (str, os.PathLike)):
+            return groups
+        if len(self.strata_names_) == 1:
+            n_rows = X.shape[0] if hasattr(X, "shape") else len(np.asarray(X))
+            return np.full(n_rows, self.strata_names_[0], dtype=object)
+        raise ValueError("transform needs the stratum of every new row: pass groups= (or a GroupedMatrix / store "
+                         f"carrying them); the model has {len(self.strata_names_)} strata")
 
     def top_features(self, k=10, feature_names=None) -> dict:
         """The ``k`` largest-weighted features of every stratum's v(i) and every topic (row of H).
@@ -200,12 +211,13 @@ class StratifiedNMF(FactorEstimator):
         return {"strata": {name: top(v) for name, v in zip(self.strata_names_, self.strata_features_)},
                 "topics": [top(h) for h in self.components_]}
 
-    def inverse_transform(self, W, strata):
-        """W H + 1 v(i)^T: each row's reconstruction with its stratum's shift (``strata``: one label per row)."""
+    def inverse_transform(self, W, groups=None):
+        """W H + 1 v(i)^T: each row's reconstruction with its stratum's shift (``groups``: one label per row;
+        may be left out when the model has one stratum)."""
         self._check_fitted()
         import pandas as pd
 
-        strata = np.asarray(strata).astype(str)
+        strata = np.asarray(self._strata_of(W, groups)).astype(str)
         index = pd.Index(self.strata_names_).get_indexer(strata)
         if (index < 0).any():
             unknown = sorted(set(strata[index < 0]))

@@ -15,6 +15,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
 from ..metrics import relative_to
+from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
@@ -113,15 +114,17 @@ class WeightedL1NMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, groups=None, W=None, H=None, client=None, W_out=None):
+    def fit(self, X, y=None, *, groups=None, W=None, H=None, client=None, W_out=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with optional row
         ``groups`` (for per-group errors). ``W`` (in X's row order) and ``H``: init='custom'.
         ``W_out``: a directory where W is written block by block (one Zarr array per block)."""
+        self._ignore_y(y, groups)
         self._fit(X, groups, W, H, client, want_W=False, W_out=W_out)
         return self
 
-    def fit_transform(self, X, groups=None, W=None, H=None, client=None):
+    def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, client=None):
         """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
+        self._ignore_y(y, groups)
         return self._fit(X, groups, W, H, client, want_W=True)
 
     def _check_params(self):
@@ -142,7 +145,7 @@ class WeightedL1NMF(FactorEstimator):
         """sCD sweeps non-zeros: a numpy array (or list) is stored as CSR; other inputs as they come
         (a dense store or DataFrame is swept through each block's CSR form)."""
         if isinstance(X, (np.ndarray, list, tuple)):
-            X = sp.csr_matrix(np.asarray(X))
+            X = sp.csr_matrix(checked_matrix(X, "X"))
         return super()._grouped(X, groups)
 
     def _data(self, X, groups) -> tuple[GroupedMatrix, int]:
@@ -233,13 +236,12 @@ class WeightedL1NMF(FactorEstimator):
         self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform
-    def transform(self, X, groups=None, client=None, max_iter=100, tol=1e-6):
+    def transform(self, X, *, groups=None, client=None, max_iter=100, tol=1e-6):
         """W for new X with H = components_ fixed: W sweeps (Algorithm 6.1 on the rows) from a constant
         start until each block's objective falls by less than ``tol`` (relative); one read of X."""
         self._check_fitted()
         data = self._grouped(X, groups)
-        if data.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {data.shape[1]} features, the model was fitted on {self.n_features_in_}")
+        self._check_width(data.shape[1])
         check_iteration_params(max_iter, tol)
         executor = self._executor(data, client)
         try:

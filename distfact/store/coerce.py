@@ -9,6 +9,7 @@ import scipy.sparse as sp
 
 from .grouped import GroupedMatrix
 from .ingest import from_arrays
+from .validate import SUPPORTED_DTYPES
 
 # Arrays already in memory are cut into about as many blocks as there are threads: each
 # block costs an r x n statistics array per pass, and there is no I/O to overlap.
@@ -42,14 +43,25 @@ def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = 
         if groups is not None:
             raise ValueError(f"{where} is a store path, whose groups are stored with it; do not pass groups=")
         return _checked_sign(GroupedMatrix.open(X), signed, where)
-    if not (sp.issparse(X) or hasattr(X, "shape")):
-        X = np.asarray(X)
+    if not hasattr(X, "shape") or isinstance(X, np.ndarray) or sp.issparse(X):
+        X = checked_matrix(X, where)
     categories = getattr(getattr(groups, "cat", groups), "categories", None)
     group_names = None if categories is None else [str(c) for c in categories]
     if group_names is not None:
         groups = np.asarray(groups).astype(str)
     return from_arrays(X, groups, None, group_names=group_names, block_rows=block_rows,
                        block_bytes=in_memory_block_bytes(X, n_threads), signed=signed)
+
+
+def checked_matrix(X, where: str):
+    """A list, array or sparse matrix as scikit-learn's estimators take it, with their messages (a 1-D array:
+    "Reshape your data"; no rows or columns; complex numbers; an object array of numbers becomes float64).
+    Values (NaN, negative, overflow) are checked later, block by block, naming the entry."""
+    from sklearn.utils.validation import check_array
+
+    dtype = X.dtype if getattr(X, "dtype", object) in SUPPORTED_DTYPES else np.float64
+    return check_array(X, accept_sparse=("csr", "csc", "coo"), dtype=dtype, ensure_all_finite=False,
+                       input_name=where, copy=False)
 
 
 def _checked_sign(data: GroupedMatrix, signed: bool, where: str) -> GroupedMatrix:

@@ -153,7 +153,8 @@ def _check_values(values: np.ndarray, columns: list[str], codes: np.ndarray, nam
     value = values[i, j]
     what = "NaN (a missing value)" if np.isnan(value) else ("an infinite value" if np.isinf(value)
                                                            else "a negative value")
-    raise ValueError(f"{where} has {what} ({float(value)!r}) at row {offset + i}, column {columns[j]!r} "
+    prefix = "Negative values in data: " if what == "a negative value" else ""
+    raise ValueError(f"{prefix}{where} has {what} ({float(value)!r}) at row {offset + i}, column {columns[j]!r} "
                      f"(group {names[codes[i]]!r}); " + ("values must be finite" if signed else
                                                           "distfact factors non-negative finite data"))
 

@@ -40,7 +40,9 @@ def check_block_values(block, group_name: str, source_rows: np.ndarray, where: s
     for mask, what in checks:
         if mask.any():
             first = _entry(block, np.flatnonzero(mask.ravel())[0], source_rows, group_name)
-            raise ValueError(f"{where} has {what} {first}; "
+            # "Negative values in data" is the phrase scikit-learn's estimators use, and its checks look for
+            prefix = "Negative values in data: " if what == "a negative value" else ""
+            raise ValueError(f"{prefix}{where} has {what} {first}; "
                              + ("X must be finite" if signed else "distfact factors non-negative finite data"))
     limit = float(np.finfo(values.dtype).max)
     if not square_sum <= limit:  # also when infinite
