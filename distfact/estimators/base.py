@@ -117,6 +117,14 @@ def data_fingerprint(data) -> dict:
             "blocks": [(b.row_start, b.row_stop) for b in data.blocks], "checksum": data.meta.checksum()}
 
 
+def with_input_tags(tags, signed: bool = False):
+    """scikit-learn's tags for what distfact's estimators take: sparse matrices, and (unless ``signed``) only
+    non-negative values."""
+    tags.input_tags.positive_only = not signed
+    tags.input_tags.sparse = True
+    return tags
+
+
 class SavedEstimator:
     """``save(path)`` for distfact's estimators; ``distfact.load(path)`` reads the file back
     (``estimators/persistence.py``)."""
@@ -189,10 +197,7 @@ class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
         self._method = method
 
     def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.positive_only = not self._signed_input
-        tags.input_tags.sparse = True
-        return tags
+        return with_input_tags(super().__sklearn_tags__(), signed=self._signed_input)
 
     def _check_width(self, n_features: int) -> None:
         """New rows must have the fitted number of features (in scikit-learn's words, which its checks expect)."""

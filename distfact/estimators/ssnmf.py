@@ -19,7 +19,7 @@ from ..methods.ssnmf import MODELS, SSNMFMethod
 from ..metrics import relative_to
 from ..store.validate import check_label_spellings
 from .base import (FactorEstimator, SavedEstimator, check_factor, check_iteration_params, check_new_directory,
-                   check_rank, data_fingerprint, given_local, survives_worker_loss)
+                   check_rank, data_fingerprint, given_local, survives_worker_loss, with_input_tags)
 
 INITS = ("random", "custom")
 
@@ -351,9 +351,7 @@ class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
         return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.positive_only = True
-        tags.input_tags.sparse = True
+        tags = with_input_tags(super().__sklearn_tags__())
         tags.transformer_tags = TransformerTags()  # it has transform (W for new rows) without being a TransformerMixin
         return tags
 
