@@ -1,6 +1,7 @@
 """What verifying a store's chunks costs a read pass (issue 17): verification on against off.
 
-    python benchmarks/bench_verify.py                  # ~9 minutes on 2 idle cores, ~2.3 GB of temporary disk
+    python benchmarks/bench_verify.py                  # ~13 minutes on 2 idle cores (17 with valgrind), ~2.3 GB
+                                                       # of temporary disk
     python benchmarks/bench_verify.py --quick          # small stores, to check the script (under a minute)
     python benchmarks/bench_verify.py --dir /scratch   # where the stores go (default: a temporary directory
                                                        # under /tmp); removed at the end either way
@@ -28,7 +29,8 @@ every block through the store's reader, as a fit's pass reads it. Three measurem
   fraction of the unverified read time of "interleaved" in 1 thread.
 - "instructions" (when valgrind is installed: ``apt install valgrind``): the instructions callgrind counts for
   reading the store's first block twice, verified and not, less those of starting Python and opening the store.
-  Unlike times on a shared machine, counts are the same from run to run: they say what work verification adds.
+  Counts vary far less than times on a shared machine, but still by 1-2% between runs (allocator and import
+  paths), about the size of the CRC's share of a dense block.
 
 Target: on/off <= 1.05 for the pass.
 
