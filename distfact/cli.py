@@ -222,7 +222,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_ingest(args):
-    from . import store
+    from .store import from_arrays, from_corpus, from_table
 
     src = args.source
     if not os.path.exists(src):
@@ -235,17 +235,17 @@ def cmd_ingest(args):
     if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
         if not args.group_column:
             raise ValueError("a table source needs --group-column")
-        data = store.from_table(src, args.group_column, args.dest, signed=args.signed, **common)
+        data = from_table(src, args.group_column, args.dest, signed=args.signed, **common)
     elif lower.endswith(JSONL_SUFFIXES) or os.path.isdir(src):
         if args.signed:
             raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
-        data = store.from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
-                                 vectorizer=args.vectorizer, max_features=args.max_features, **common)
+        data = from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
+                           vectorizer=args.vectorizer, max_features=args.max_features, **common)
     elif lower.endswith(".npz"):
         X, groups = load_npz(src)
         if args.groups_file:
             groups = read_labels(args.groups_file)
-        data = store.from_arrays(X, groups, args.dest, signed=args.signed, **common)
+        data = from_arrays(X, groups, args.dest, signed=args.signed, **common)
     else:
         raise ValueError(f"source {src!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
                          f"{', '.join(PARQUET_SUFFIXES)}) or a corpus ({', '.join(JSONL_SUFFIXES)}))")

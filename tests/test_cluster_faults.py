@@ -203,8 +203,8 @@ PRELOAD = textwrap.dedent("""
                 del sys.modules[module]
             sys.meta_path.insert(0, NoDistfact())
         else:
-            import distfact
-            distfact.__version__ = "0.0.1"
+            import distfact._version
+            distfact._version.__version__ = "0.0.1"
 """)
 
 

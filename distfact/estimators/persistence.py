@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
+from .._version import __version__
 from ..engine import arraytree
 from ..methods.fairer_nmf import FairerAM, FairerMU
 from ..methods.nmf import NMFMethod
@@ -67,8 +68,6 @@ def estimator_classes() -> dict:
 
 def save_model(model, path) -> None:
     """Write the fitted ``model`` to ``path`` (see the module docstring for the format)."""
-    from .. import __version__
-
     classes, tree = _encode_model(model)
     arraytree.save(path, tree, {"format": FORMAT, "format_version": FORMAT_VERSION, "distfact_version": __version__,
                                 **classes})
@@ -130,8 +129,6 @@ def load(path):
 
 
 def _check_header(path: str, meta: dict) -> dict:
-    from .. import __version__
-
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not a distfact model file (format {meta.get('format')!r}, expected {FORMAT!r})")
     version = meta.get("format_version")

@@ -26,7 +26,7 @@ import uuid
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..estimators.persistence import load as load_model
 from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
 from .spec import METRICS, Spec, estimator_class, load_spec
@@ -331,7 +331,8 @@ def open_input(run_dir: str):
 
 
 def stage_ingest(out: str, context: dict) -> dict:
-    from .. import datasets
+    from ..datasets import (load_digits_grouped, load_heart_disease, load_heart_multigroup, make_fairer_synthetic,
+                            make_stratified_synthetic)
     from ..store import from_arrays, from_corpus, from_table, open_store
     from ..store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
 
@@ -343,10 +344,9 @@ def stage_ingest(out: str, context: dict) -> dict:
         data = open_store(options["path"])
         store = os.path.abspath(options["path"])
     elif kind == "dataset":
-        loader = {"digits": datasets.load_digits_grouped, "heart": datasets.load_heart_disease,
-                  "heart-multigroup": datasets.load_heart_multigroup,
-                  "fairer-synthetic": lambda: (*datasets.make_fairer_synthetic(), None),
-                  "stratified-synthetic": lambda: (*datasets.make_stratified_synthetic()[:2], None)}[options["value"]]
+        loader = {"digits": load_digits_grouped, "heart": load_heart_disease, "heart-multigroup": load_heart_multigroup,
+                  "fairer-synthetic": lambda: (*make_fairer_synthetic(), None),
+                  "stratified-synthetic": lambda: (*make_stratified_synthetic()[:2], None)}[options["value"]]
         X, groups, names = loader()
         data = from_arrays(X, groups, target, feature_names=names, signed=options["value"] == "heart-multigroup",
                            **common)

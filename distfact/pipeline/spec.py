@@ -58,11 +58,10 @@ class SpecError(ValueError):
 
 
 def estimator_class(method: str):
-    from .. import estimators
+    from ..estimators import NMF, SSNMF, FairerNMF, MultigroupSVD, StratifiedNMF, WeightedL1NMF
 
-    return {"nmf": estimators.NMF, "fairer-nmf": estimators.FairerNMF, "stratified-nmf": estimators.StratifiedNMF,
-            "wl1-nmf": estimators.WeightedL1NMF, "ssnmf": estimators.SSNMF,
-            "multigroup-svd": estimators.MultigroupSVD}[method]
+    return {"nmf": NMF, "fairer-nmf": FairerNMF, "stratified-nmf": StratifiedNMF, "wl1-nmf": WeightedL1NMF,
+            "ssnmf": SSNMF, "multigroup-svd": MultigroupSVD}[method]
 
 
 @dataclass
