@@ -173,7 +173,7 @@ def worker_facts(store_path: str | None) -> dict:
     """Run on each worker: the distfact version there, and why the store is unreadable there, if it is.
     (Pickled by reference: where distfact is not installed, unpickling this function is what fails.)"""
     from distfact._version import __version__
-    from distfact.store.grouped import unreadable
+    from distfact.store.reading import unreadable
 
     return {"version": __version__, "store_error": None if store_path is None else unreadable(store_path)}
 

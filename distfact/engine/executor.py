@@ -40,7 +40,7 @@ import zarr
 
 from ..kernels.memory import aligned
 from ..store.format import Block
-from ..store.grouped import write_arrays
+from ..store.writing import write_arrays
 from .finite import check_block
 from .reduce import add, by_group, keyed, merge, split_by_group, tree_reduce, tree_reduce_arrivals
 
