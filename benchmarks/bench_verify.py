@@ -57,7 +57,7 @@ import numpy as np
 import distfact
 from bench_cluster import corpus_store, dense_store, page_cache
 from bench_nmf import machine, write_results
-from distfact.engine.executor import InProcessExecutor
+from distfact.engine.executor.inprocess import InProcessExecutor
 from distfact.store.chunks import chunk_key
 from distfact.store.reading import block_place
 

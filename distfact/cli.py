@@ -564,7 +564,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
                 "demo": cmd_demo, "make-certs": cmd_make_certs}
-    from .engine.executor import WorkerLost
+    from .engine import WorkerLost
     from .outputs import Locked
 
     try:

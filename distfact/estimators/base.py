@@ -13,8 +13,7 @@ import uuid
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from ..engine import Checkpointer, make_executor
-from ..engine.executor import WorkerLost
+from ..engine import Checkpointer, WorkerLost, make_executor
 from ..store.coerce import as_grouped
 from .persistence import save_model
 
