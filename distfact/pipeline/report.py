@@ -99,12 +99,10 @@ def _method_views(entry: dict, report: dict) -> list[tuple[str, bytes]]:
     return []
 
 
-def write_pipeline_report(out_dir: str, context: dict) -> dict:
-    from .run import load_fits
-
+def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: pd.DataFrame) -> dict:
+    """The report of the run in ``context`` into ``out_dir``: ``fits`` its committed fits (``run.py: load_fits``),
+    ``table`` the evaluate stage's per-group metrics (``run.py: read_group_metrics``)."""
     spec, run_dir = context["spec"], context["run_dir"]
-    fits = load_fits(run_dir, spec)
-    table = read_group_metrics(run_dir)
     with open(os.path.join(run_dir, "ingest", "input.json")) as f:
         data = json.load(f)
     shape = spec.report.get("image_shape")
@@ -158,9 +156,3 @@ def write_pipeline_report(out_dir: str, context: dict) -> dict:
     if spec.description:
         body.insert(0, f"<p>{html.escape(spec.description)}</p>")
     return write_page({"html": os.path.join(out_dir, "report.html")}, out_dir, title, "".join(body), images)
-
-
-def read_group_metrics(run_dir: str) -> pd.DataFrame:
-    """evaluate/group_metrics.csv with group names as written (a group may be called "NA" or "null")."""
-    return pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"), keep_default_na=False,
-                       dtype={"group": str, "fit": str, "method": str, "metric": str})

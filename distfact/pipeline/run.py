@@ -496,10 +496,19 @@ def stage_evaluate(out: str, context: dict) -> dict:
     return {"rows": len(table)}
 
 
+def read_group_metrics(run_dir: str):
+    """evaluate/group_metrics.csv with group names as written (a group may be called "NA" or "null")."""
+    import pandas as pd
+
+    return pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"), keep_default_na=False,
+                       dtype={"group": str, "fit": str, "method": str, "metric": str})
+
+
 def stage_report(out: str, context: dict) -> dict:
     from .report import write_pipeline_report
 
-    paths = write_pipeline_report(out, context)
+    run_dir = context["run_dir"]
+    paths = write_pipeline_report(out, context, load_fits(run_dir, context["spec"]), read_group_metrics(run_dir))
     return {"html": os.path.relpath(paths["html"], out)}
 
 
