@@ -479,7 +479,7 @@ def cmd_report(args):
     with OutputDir(args.output, "report", overwrite=args.overwrite) as out, \
             client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
         if args.multigroup:
-            from .multigroup_report import write_multigroup_report
+            from .reports.multigroup_svd import write_multigroup_report
 
             model = _multigroup_model(args, args.solver or "auto")
             model._check_n_components(data.shape[1])
@@ -487,7 +487,7 @@ def cmd_report(args):
             paths = write_multigroup_report(out.path, model, title=f"Multigroup SVD: {name}")
         elif args.ssnmf:
             from .estimators import SSNMF
-            from .ssnmf_report import write_ssnmf_report
+            from .reports.ssnmf import write_ssnmf_report
 
             model = SSNMF(args.rank, model=args.model, lam=args.lam,
                           max_iter=100 if args.max_iter is None else args.max_iter, random_state=args.seed)
@@ -495,7 +495,7 @@ def cmd_report(args):
             paths = write_ssnmf_report(out.path, model, top=args.top, title=f"SSNMF ({args.model}): {name}")
         elif args.stratified:
             from .estimators import StratifiedNMF
-            from .stratified_report import write_stratified_report
+            from .reports.stratified_nmf import write_stratified_report
 
             model = StratifiedNMF(args.rank, max_iter=100 if args.max_iter is None else args.max_iter,
                                   random_state=args.seed)
@@ -503,7 +503,7 @@ def cmd_report(args):
             paths = write_stratified_report(out.path, model, image_shape=shape, top=args.top,
                                             title=f"Stratified-NMF: {name}")
         else:
-            from .fairness import fairness_table, write_fairness_report
+            from .reports.fairness import fairness_table, write_fairness_report
 
             rows = fairness_table(data, ranks=ranks, solver=args.solver or "mu", tol=args.tol,
                                   max_iter=5000 if args.max_iter is None else args.max_iter,

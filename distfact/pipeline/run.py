@@ -505,7 +505,7 @@ def read_group_metrics(run_dir: str):
 
 
 def stage_report(out: str, context: dict) -> dict:
-    from .report import write_pipeline_report
+    from ..reports.pipeline import write_pipeline_report
 
     run_dir = context["run_dir"]
     paths = write_pipeline_report(out, context, load_fits(run_dir, context["spec"]), read_group_metrics(run_dir))

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from ..report import figure_png, html_table, write_page
+from .page import figure_png, html_table, write_page
 
 
 def _metric_plot(table: pd.DataFrame, method: str, metric: str) -> bytes:
@@ -77,21 +77,21 @@ def top_features(model, k: int) -> list[list]:
 def _method_views(entry: dict, report: dict) -> list[tuple[str, bytes]]:
     model, method, name = entry["model"], entry["fit"].method, entry["name"]
     if method == "multigroup-svd":
-        from ..multigroup_report import comparison_table, duality_figure, losses_figure
+        from .multigroup_svd import comparison_table, duality_figure, losses_figure
 
         return [(f"{name}-fig2_losses.png", losses_figure(comparison_table(model), f"{name}: multigroup (solid), SVD "
                                                                                   "(dashed)")),
                 (f"{name}-fig3_duality.png", duality_figure(model, name))]
     if method == "stratified-nmf":
-        from ..stratified_report import strata_features_plot
+        from .stratified_nmf import strata_features_plot
 
         return [(f"{name}-strata_features.png", strata_features_plot(model))]
     if method == "ssnmf" and getattr(model, "B_", None) is not None:
-        from ..ssnmf_report import b_heatmap
+        from .ssnmf import b_heatmap
 
         return [(f"{name}-B.png", b_heatmap(model, f"{name}: normalised B"))]
     if report.get("image_shape") is not None:
-        from ..stratified_report import image_grid
+        from .stratified_nmf import image_grid
 
         return [(f"{name}-components.png", image_grid(np.asarray(model.components_),
                                                       [f"{i + 1}" for i in range(len(model.components_))],
