@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from .store.files import class_labels, load_npz, read_labels
+from .store.files import class_labels
 
 EXIT_BAD_INPUT = 2
 # per method: its solvers (the first is the default), its inits (likewise), default max_iter and tol
@@ -222,33 +222,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_ingest(args):
-    from .store import from_arrays, from_corpus, from_table
+    from .store.sources import ingest_source, source_kind
 
-    src = args.source
-    if not os.path.exists(src):
-        raise ValueError(f"source {src!r} does not exist")
-    common = {"block_rows": args.block_rows, "overwrite": args.overwrite}
-    from .store.corpus import JSONL_SUFFIXES
-    from .store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
-
-    lower = src.lower()
-    if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
-        if not args.group_column:
-            raise ValueError("a table source needs --group-column")
-        data = from_table(src, args.group_column, args.dest, signed=args.signed, **common)
-    elif lower.endswith(JSONL_SUFFIXES) or os.path.isdir(src):
-        if args.signed:
-            raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
-        data = from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
-                           vectorizer=args.vectorizer, max_features=args.max_features, **common)
-    elif lower.endswith(".npz"):
-        X, groups = load_npz(src)
-        if args.groups_file:
-            groups = read_labels(args.groups_file)
-        data = from_arrays(X, groups, args.dest, signed=args.signed, **common)
-    else:
-        raise ValueError(f"source {src!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
-                         f"{', '.join(PARQUET_SUFFIXES)}) or a corpus ({', '.join(JSONL_SUFFIXES)}))")
+    kind = source_kind(args.source) if os.path.exists(args.source) else None  # (ingest_source names a missing one)
+    if kind == "table" and not args.group_column:
+        raise ValueError("a table source needs --group-column")
+    if kind == "corpus" and args.signed:
+        raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
+    data = ingest_source(args.source, args.dest, group_column=args.group_column, groups_file=args.groups_file,
+                         signed=args.signed, text_field=args.text_field, group_field=args.group_field,
+                         vectorizer=args.vectorizer, max_features=args.max_features, block_rows=args.block_rows,
+                         overwrite=args.overwrite)
     if args.column_blocks:
         data = data.with_column_blocks()
     print(f"wrote {data!r}")
