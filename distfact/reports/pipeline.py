@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from ..features import feature_names_of, top_feature_names
 from .page import figure_png, html_table, write_page
 
 
@@ -66,12 +67,12 @@ def _loss_curves(entries: list[dict]) -> bytes | None:
     return png
 
 
-def top_features(model, k: int) -> list[list]:
-    """Per component, its ``k`` largest-weighted features (by absolute weight for signed components)."""
+def component_table(model, k: int) -> list[list]:
+    """Per component (numbered from 1), its ``k`` largest-weighted features (by absolute weight for signed
+    components)."""
     H = np.asarray(model.components_)
-    names = np.asarray(getattr(model, "feature_names_in_", [f"x{j}" for j in range(H.shape[1])]), dtype=object)
     weights = np.abs(H) if (H < 0).any() else H
-    return [[i + 1, *names[np.argsort(-row, kind="stable")[:k]]] for i, row in enumerate(weights)]
+    return [[i + 1, *words] for i, words in enumerate(top_feature_names(weights, feature_names_of(model), k))]
 
 
 def _method_views(entry: dict, report: dict) -> list[tuple[str, bytes]]:
@@ -145,7 +146,7 @@ def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: 
         if curves is not None:
             images.append((f"{method}-loss-curves.png", curves))
         largest = max(entries, key=lambda e: e["rank"])
-        top = top_features(largest["model"], spec.report["top"])
+        top = component_table(largest["model"], spec.report["top"])
         body.append(f"<h3>Top features per component: {html.escape(largest['name'])}</h3>"
                     + html_table(["component", *range(1, len(top[0]))], top))
         pd.DataFrame(top).to_csv(os.path.join(out_dir, f"{largest['name']}-top_features.csv"), index=False,
