@@ -247,7 +247,7 @@ def cmd_info(args):
         return
     print(f"{info['path']}: {info['shape'][0]} x {info['shape'][1]} {info['dtype']} ({info['layout']}), "
           f"nnz {info['nnz']}, {info['n_blocks']} blocks")
-    from .metrics import format_table
+    from .reports.terminal import format_table
 
     print(format_table(info["groups"]))
 
@@ -305,7 +305,7 @@ def _max_iter(args) -> int:
 
 def cmd_fit(args):
     from .engine.cluster import client_for
-    from .metrics import format_table, group_table
+    from .reports.terminal import format_table, group_table
     from .outputs import OutputDir, write_json
     from .store import open_store
 
