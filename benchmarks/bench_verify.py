@@ -59,8 +59,9 @@ import numpy as np
 import distfact
 from bench_cluster import corpus_store, dense_store, page_cache
 from bench_nmf import machine, write_results
-from distfact.engine.executor import InProcessExecutor
-from distfact.store.grouped import block_place, chunk_key
+from distfact.engine.executor.inprocess import InProcessExecutor
+from distfact.store.chunks import chunk_key
+from distfact.store.reading import block_place
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GB = 1e9

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from .store.files import class_labels, load_npz, read_labels
+from .store.files import class_labels
 
 EXIT_BAD_INPUT = 2
 # per method: its solvers (the first is the default), its inits (likewise), default max_iter and tol
@@ -222,33 +222,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_ingest(args):
-    from . import store
+    from .store.sources import ingest_source, source_kind
 
-    src = args.source
-    if not os.path.exists(src):
-        raise ValueError(f"source {src!r} does not exist")
-    common = {"block_rows": args.block_rows, "overwrite": args.overwrite}
-    from .store.corpus import JSONL_SUFFIXES
-    from .store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
-
-    lower = src.lower()
-    if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
-        if not args.group_column:
-            raise ValueError("a table source needs --group-column")
-        data = store.from_table(src, args.group_column, args.dest, signed=args.signed, **common)
-    elif lower.endswith(JSONL_SUFFIXES) or os.path.isdir(src):
-        if args.signed:
-            raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
-        data = store.from_corpus(src, args.dest, text_field=args.text_field, group_field=args.group_field,
-                                 vectorizer=args.vectorizer, max_features=args.max_features, **common)
-    elif lower.endswith(".npz"):
-        X, groups = load_npz(src)
-        if args.groups_file:
-            groups = read_labels(args.groups_file)
-        data = store.from_arrays(X, groups, args.dest, signed=args.signed, **common)
-    else:
-        raise ValueError(f"source {src!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
-                         f"{', '.join(PARQUET_SUFFIXES)}) or a corpus ({', '.join(JSONL_SUFFIXES)}))")
+    kind = source_kind(args.source) if os.path.exists(args.source) else None  # (ingest_source names a missing one)
+    if kind == "table" and not args.group_column:
+        raise ValueError("a table source needs --group-column")
+    if kind == "corpus" and args.signed:
+        raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
+    data = ingest_source(args.source, args.dest, group_column=args.group_column, groups_file=args.groups_file,
+                         signed=args.signed, text_field=args.text_field, group_field=args.group_field,
+                         vectorizer=args.vectorizer, max_features=args.max_features, block_rows=args.block_rows,
+                         overwrite=args.overwrite)
     if args.column_blocks:
         data = data.with_column_blocks()
     print(f"wrote {data!r}")
@@ -263,7 +247,7 @@ def cmd_info(args):
         return
     print(f"{info['path']}: {info['shape'][0]} x {info['shape'][1]} {info['dtype']} ({info['layout']}), "
           f"nnz {info['nnz']}, {info['n_blocks']} blocks")
-    from .metrics import format_table
+    from .reports.terminal import format_table
 
     print(format_table(info["groups"]))
 
@@ -321,7 +305,7 @@ def _max_iter(args) -> int:
 
 def cmd_fit(args):
     from .engine.cluster import client_for
-    from .metrics import format_table, group_table
+    from .reports.terminal import format_table, group_table
     from .outputs import OutputDir, write_json
     from .store import open_store
 
@@ -479,7 +463,7 @@ def cmd_report(args):
     with OutputDir(args.output, "report", overwrite=args.overwrite) as out, \
             client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
         if args.multigroup:
-            from .multigroup_report import write_multigroup_report
+            from .reports.multigroup_svd import write_multigroup_report
 
             model = _multigroup_model(args, args.solver or "auto")
             model._check_n_components(data.shape[1])
@@ -487,7 +471,7 @@ def cmd_report(args):
             paths = write_multigroup_report(out.path, model, title=f"Multigroup SVD: {name}")
         elif args.ssnmf:
             from .estimators import SSNMF
-            from .ssnmf_report import write_ssnmf_report
+            from .reports.ssnmf import write_ssnmf_report
 
             model = SSNMF(args.rank, model=args.model, lam=args.lam,
                           max_iter=100 if args.max_iter is None else args.max_iter, random_state=args.seed)
@@ -495,7 +479,7 @@ def cmd_report(args):
             paths = write_ssnmf_report(out.path, model, top=args.top, title=f"SSNMF ({args.model}): {name}")
         elif args.stratified:
             from .estimators import StratifiedNMF
-            from .stratified_report import write_stratified_report
+            from .reports.stratified_nmf import write_stratified_report
 
             model = StratifiedNMF(args.rank, max_iter=100 if args.max_iter is None else args.max_iter,
                                   random_state=args.seed)
@@ -503,7 +487,7 @@ def cmd_report(args):
             paths = write_stratified_report(out.path, model, image_shape=shape, top=args.top,
                                             title=f"Stratified-NMF: {name}")
         else:
-            from .fairness import fairness_table, write_fairness_report
+            from .reports.fairness import fairness_table, write_fairness_report
 
             rows = fairness_table(data, ranks=ranks, solver=args.solver or "mu", tol=args.tol,
                                   max_iter=5000 if args.max_iter is None else args.max_iter,
@@ -564,7 +548,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
                 "demo": cmd_demo, "make-certs": cmd_make_certs}
-    from .engine.executor import WorkerLost
+    from .engine import WorkerLost
     from .outputs import Locked
 
     try:

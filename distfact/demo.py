@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from .pipeline import run_pipeline
-from .pipeline.report import read_group_metrics
+from .pipeline.run import read_group_metrics
 
 DEMO_SPEC = os.path.join(os.path.dirname(__file__), "pipeline", "demo.toml")
 

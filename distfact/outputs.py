@@ -33,7 +33,7 @@ import uuid
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 
 logger = logging.getLogger("distfact")
 

@@ -102,7 +102,7 @@ def test_a_worker_killed_mid_fit_with_checkpoints_resumes_from_the_newest(cli_cl
 
 def test_a_rerun_after_a_lost_worker_resumes_and_restores_the_resume_parameter(tmp_path):
     """The rerun logic without a cluster: a callback that raises WorkerLost once, at iteration 5."""
-    from distfact.engine.executor import WorkerLost
+    from distfact.engine import WorkerLost
 
     X, groups = grouped_data(m=90, n=12)
     undisturbed = distfact.NMF(3, max_iter=12, tol=0, random_state=0).fit(X, groups=groups)
@@ -128,7 +128,7 @@ def test_a_rerun_waits_for_the_workers_the_fit_had(cli_cluster, tmp_path, monkey
     import logging
 
     from distfact.engine import cluster
-    from distfact.engine.executor import WorkerLost
+    from distfact.engine import WorkerLost
 
     monkeypatch.setattr(cluster, "REJOIN_WAIT", 1)
     X, groups = grouped_data(m=90, n=12)
@@ -203,8 +203,8 @@ PRELOAD = textwrap.dedent("""
                 del sys.modules[module]
             sys.meta_path.insert(0, NoDistfact())
         else:
-            import distfact
-            distfact.__version__ = "0.0.1"
+            import distfact._version
+            distfact._version.__version__ = "0.0.1"
 """)
 
 

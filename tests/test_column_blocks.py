@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import distfact
 from conftest import grouped_data
-from distfact.store import grouped
+from distfact.store import writing
 from distfact.store.format import Metadata
-from distfact.store.grouped import column_ranges
+from distfact.store.writing import column_ranges
 
 
 def stored_csc(store, X):
@@ -182,14 +182,14 @@ def store_on_disk(tmp_path):
 
 def intercept_stacking(monkeypatch, before_call):
     """Run ``before_call(k)`` ahead of the k-th (from 1) stacking of a column block's pieces."""
-    real, calls = grouped.stack_column_pieces, []
+    real, calls = writing.stack_column_pieces, []
 
     def stack(*args):
         calls.append(args)
         before_call(len(calls))
         return real(*args)
 
-    monkeypatch.setattr(grouped, "stack_column_pieces", stack)
+    monkeypatch.setattr(writing, "stack_column_pieces", stack)
 
 
 def check_unchanged(path, before, X):
@@ -319,8 +319,7 @@ def test_a_corrupt_column_chunk_is_named(tmp_path):
 def test_from_arrays_with_column_blocks(on_disk, tmp_path):
     X, groups = sample(np.float32)
     path = tmp_path / "x.zarr" if on_disk else None
-    store = distfact.GroupedMatrix.from_arrays(sp.csr_matrix(X), groups, path, block_rows=6, block_bytes=800,
-                                               column_blocks=True)
+    store = distfact.from_arrays(sp.csr_matrix(X), groups, path, block_rows=6, block_bytes=800, column_blocks=True)
     assert store.has_column_blocks and store.in_memory == (not on_disk)
     assert len(store.column_blocks) > 1
     check_column_blocks(store, X)

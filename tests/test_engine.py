@@ -11,7 +11,7 @@ import scipy.sparse as sp
 import distfact
 from conftest import grouped_data
 from distfact.engine import tree_reduce
-from distfact.engine.executor import DistributedExecutor, block_work, contiguous_placement
+from distfact.engine.executor.distributed import DistributedExecutor, block_work, contiguous_placement
 from distfact.engine.reduce import merge, tree_reduce_arrivals
 from distfact.kernels.memory import aligned
 

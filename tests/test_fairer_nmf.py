@@ -233,7 +233,7 @@ def test_fairness_report_table_files_and_cli(tmp_path):
     import subprocess
     import sys
 
-    from distfact.fairness import fairness_table, write_fairness_report
+    from distfact.reports.fairness import fairness_table, write_fairness_report
 
     X, groups = grouped_data(m=60, n=8, n_groups=2, seed=50)
     rows = fairness_table(X, groups, ranks=[1, 2], max_iter=50, estimate_max_iter=40)

@@ -16,6 +16,7 @@ from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer, 
 
 import distfact
 from distfact.store import from_arrays, from_corpus, from_table
+from distfact.store.sources import ingest_source, source_kind
 
 
 # -- helpers --------------------------------------------------------------------
@@ -343,3 +344,31 @@ def test_corpus_bad_sources(tmp_path):
         from_corpus(tmp_path / "nope.jsonl")
     with pytest.raises(ValueError, match="vectorizer must be"):
         from_corpus(tmp_path / "nope.jsonl", vectorizer="bm25")
+
+
+# -- the dispatch the CLI and the pipelines share -------------------------------------------------------
+def test_source_kind_by_name(tmp_path):
+    (tmp_path / "docs").mkdir()
+    kinds = {name: source_kind(tmp_path / name) for name in ("a.csv", "a.TSV.gz", "a.parquet", "a.pq", "a.jsonl",
+                                                             "a.ndjson", "docs", "a.npz", "a.txt")}
+    assert kinds == {"a.csv": "table", "a.TSV.gz": "table", "a.parquet": "table", "a.pq": "table",
+                     "a.jsonl": "corpus", "a.ndjson": "corpus", "docs": "corpus", "a.npz": "arrays", "a.txt": None}
+
+
+def test_ingest_source_dispatches_by_kind(tmp_path, table):
+    X, groups = table.drop(columns="grp").to_numpy(dtype=np.float64), table["grp"].to_numpy().astype(str)
+    table.to_csv(tmp_path / "t.csv", index=False)
+    np.savez(tmp_path / "a.npz", X=X, groups=groups)
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t, "group": g}) + "\n"
+                                              for t, g in [("red fox", "a"), ("red dog", "b"), ("red fox dog", "a")]))
+    from_csv = ingest_source(tmp_path / "t.csv", tmp_path / "t.zarr", group_column="grp")
+    from_npz = ingest_source(tmp_path / "a.npz", tmp_path / "a.zarr")
+    assert from_csv.group_names == from_npz.group_names
+    np.testing.assert_array_equal(from_csv.load_block(0), from_npz.load_block(0))
+    corpus = ingest_source(tmp_path / "c.jsonl", tmp_path / "c.zarr", vectorizer="count")
+    assert corpus.group_names == ["a", "b"] and corpus.shape == (3, 3)
+    with pytest.raises(ValueError, match="does not exist"):
+        ingest_source(tmp_path / "missing.csv", tmp_path / "m.zarr", group_column="grp")
+    (tmp_path / "x.txt").write_text("1\n")
+    with pytest.raises(ValueError, match="unknown kind"):
+        ingest_source(tmp_path / "x.txt", tmp_path / "x.zarr")

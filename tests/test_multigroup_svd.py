@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 import distfact
 from distfact.kernels.gram import deflate, solve_on_complement, top_eigenpairs, top_eigenvalue
-from distfact.methods import multigroup_svd as mg
+from distfact.methods.multigroup_svd import solvers as mg
 
 
 def groups_data(sizes=(60, 40), n=8, seed=0, shift=3.0):

@@ -31,7 +31,7 @@ import shutil
 import uuid
 import warnings
 
-from . import arraytree
+from .arraytree import TreeFile, save as save_tree
 
 logger = logging.getLogger("distfact")
 
@@ -97,7 +97,7 @@ class Checkpointer:
         with open(os.path.join(partial, CONFIG), "w") as f:
             json.dump({"hash": self.hash, "config": self.config}, f, indent=1, default=str)
         record = {"format": FORMAT, "version": VERSION, "iteration": iteration, "config_hash": self.hash,
-                  "files": {STATE: arraytree.save(os.path.join(partial, STATE), {"iteration": iteration, **state}),
+                  "files": {STATE: save_tree(os.path.join(partial, STATE), {"iteration": iteration, **state}),
                             CONFIG: _file_sha256(os.path.join(partial, CONFIG))},
                   "local": local}
         with open(os.path.join(partial, MARKER), "w") as f:
@@ -158,7 +158,7 @@ class Checkpointer:
         try:
             if _file_sha256(os.path.join(path, CONFIG)) != record["files"][CONFIG]:
                 raise DamagedCheckpoint(f"{CONFIG} is not the file that was written")
-            state = arraytree.TreeFile(os.path.join(path, STATE), record["files"][STATE]).read()
+            state = TreeFile(os.path.join(path, STATE), record["files"][STATE]).read()
             if not (isinstance(state, dict) and type(state.get("iteration")) is int
                     and state["iteration"] == record["iteration"]):
                 raise DamagedCheckpoint(f"{STATE} is not iteration {record['iteration']}'s state")

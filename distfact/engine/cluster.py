@@ -172,8 +172,8 @@ IMPORT_TIMEOUT = 120  # seconds more for a worker's first import of distfact (co
 def worker_facts(store_path: str | None) -> dict:
     """Run on each worker: the distfact version there, and why the store is unreadable there, if it is.
     (Pickled by reference: where distfact is not installed, unpickling this function is what fails.)"""
-    from distfact import __version__
-    from distfact.store.grouped import unreadable
+    from distfact._version import __version__
+    from distfact.store.reading import unreadable
 
     return {"version": __version__, "store_error": None if store_path is None else unreadable(store_path)}
 
@@ -204,7 +204,7 @@ def check_workers(client, store_path: str | None, n_workers: int = 1) -> None:
     import compiles and loads a lot: it is timed apart from the answer), at this process's version, and reading the
     store at ``store_path``; a ``ValueError`` naming the workers and what is wrong otherwise, rather than tasks failing
     or hanging later. (Workers that join after the check are not checked.)"""
-    from distfact import __version__
+    from distfact._version import __version__
 
     try:
         client.wait_for_workers(1, timeout=WORKER_WAIT)

@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .executor import aligned
+from ..kernels.memory import aligned
 from .finite import NonFiniteError, check_global, check_objective
 
 logger = logging.getLogger("distfact")

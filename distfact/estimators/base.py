@@ -15,8 +15,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import NotFittedError
 
-from ..engine import Checkpointer, make_executor
-from ..engine.executor import WorkerLost
+from ..engine import Checkpointer, WorkerLost, make_executor
 from ..store.coerce import as_grouped
 from .persistence import save_model
 

@@ -10,7 +10,7 @@ import pandas as pd
 import threadpoolctl
 from sklearn.utils.validation import check_array
 
-from ..methods import multigroup_svd as mg
+from ..methods.multigroup_svd import passes, solvers
 from ..store.coerce import as_grouped
 from ..store.grouped import GroupedMatrix
 from .base import FactorEstimator, check_iteration_params, survives_worker_loss
@@ -133,8 +133,8 @@ class MultigroupSVD(FactorEstimator):
         if self.max_iter < 1 or self.tol <= 0:
             raise ValueError(f"max_iter must be at least 1 and tol positive, got max_iter={self.max_iter!r}, "
                              f"tol={self.tol!r}")
-        if self.fw_step not in mg.FW_STEPS:
-            raise ValueError(f"fw_step must be one of {mg.FW_STEPS}, got {self.fw_step!r}")
+        if self.fw_step not in solvers.FW_STEPS:
+            raise ValueError(f"fw_step must be one of {solvers.FW_STEPS}, got {self.fw_step!r}")
         data = as_grouped(X, groups, block_rows=self.block_rows, n_threads=self.n_threads, signed=True)
         m, n = data.shape
         d = self._check_n_components(n)
@@ -150,7 +150,7 @@ class MultigroupSVD(FactorEstimator):
         # The driver's eigenproblems are small: below ~1000 features one BLAS thread is faster (two
         # threads' synchronisation costs more than they share: 0.9 vs 2.6 ms for n = 200 on 2 cores).
         with _blas_controller().limit(limits=1 if grams.shape[1] <= 1000 else None, user_api="blas"):
-            result = mg.multigroup_vectors(grams, d, solver, self.tol, self.max_iter, self.fw_step)
+            result = solvers.multigroup_vectors(grams, d, solver, self.tol, self.max_iter, self.fw_step)
             self._set_results(data, executor, result, grams, basis, traces, mean if self.center else np.zeros(n),
                               col_scale, solver)
         return self
@@ -177,8 +177,8 @@ class MultigroupSVD(FactorEstimator):
         return int(d)
 
     def _resolved_solver(self, n_groups: int) -> str:
-        if self.solver not in mg.SOLVERS:
-            raise ValueError(f"solver must be one of {mg.SOLVERS}, got {self.solver!r}")
+        if self.solver not in solvers.SOLVERS:
+            raise ValueError(f"solver must be one of {solvers.SOLVERS}, got {self.solver!r}")
         if self.solver == "brent" and n_groups != 2:
             raise ValueError(f"solver='brent' is for exactly two groups; the data have {n_groups} "
                              "(use 'fw' or 'sdp')")
@@ -189,14 +189,14 @@ class MultigroupSVD(FactorEstimator):
     def _gram_path(self, data, executor, mean, centre):
         """One pass: each group's Gram about ``centre`` and its columns' squared deviations from the mean."""
         wanted = mean if self.center or self.scale else None  # the deviations serve centring and scaling only
-        stats = executor.run_pass(mg.gram_block, centre, wanted, update=False)
+        stats = executor.run_pass(passes.gram_block, centre, wanted, update=False)
         grams = np.stack([s["gram"] for s in stats])
         if self.center:  # the direct sums are exact where a sparse block's Gram had to cancel large terms
             for gram, s in zip(grams, stats):
                 np.fill_diagonal(gram, s["sq_dev"])
         if not self.scale:
             return grams, np.ones(data.shape[1])
-        std = mg.column_scale(sum(s["sq_dev"] for s in stats), mean, data.shape[0], data.feature_names)
+        std = passes.column_scale(sum(s["sq_dev"] for s in stats), mean, data.shape[0], data.feature_names)
         return grams / np.outer(std, std), std
 
     def _sketch_path(self, data, executor, mean, centre, d):
@@ -205,9 +205,9 @@ class MultigroupSVD(FactorEstimator):
         m, n = data.shape
         k = data.n_groups
         size = self.sketch_size or d + 20
-        stats = executor.run_pass(mg.deviations_block, mean, update=False)
+        stats = executor.run_pass(passes.deviations_block, mean, update=False)
         sq_dev = np.stack([s["sq_dev"] for s in stats])
-        std = mg.column_scale(sq_dev.sum(axis=0), mean, m, data.feature_names) if self.scale else np.ones(n)
+        std = passes.column_scale(sq_dev.sum(axis=0), mean, m, data.feature_names) if self.scale else np.ones(n)
         # ||A_l||^2 about the centre: sum (x - c)^2 = sum (x - mean)^2 + 2 (mean - c) sum (x - mean) + n_l (mean - c)^2
         offset = mean - centre
         sums_about_mean = np.stack([s["sum"] for s in stats]) - np.outer(data.group_sizes, mean)
@@ -217,17 +217,17 @@ class MultigroupSVD(FactorEstimator):
         omegas = np.broadcast_to(rng.standard_normal((n, size)), (k, n, size))
         for _ in range(1 + self.power_iterations):
             # Y_l = D^-1 G_l D^-1 Omega_l, then an orthonormal basis of it for the next iteration
-            stats = executor.run_pass(mg.sketch_block, centre, np.ascontiguousarray(omegas / std[None, :, None]),
+            stats = executor.run_pass(passes.sketch_block, centre, np.ascontiguousarray(omegas / std[None, :, None]),
                                       update=False)
             omegas = np.stack([np.linalg.qr(s["Y"] / std[:, None])[0] for s in stats])
         basis = np.linalg.qr(np.concatenate(list(omegas), axis=1))[0]
-        stats = executor.run_pass(mg.projected_gram_block, centre, np.ascontiguousarray(basis / std[:, None]),
+        stats = executor.run_pass(passes.projected_gram_block, centre, np.ascontiguousarray(basis / std[:, None]),
                                   update=False)
         return np.stack([s["gram"] for s in stats]), std, basis, traces
 
     def _set_results(self, data, executor, result, grams, basis, traces, mean, col_scale, solver):
         self._grams, self._basis, self._traces = grams, basis, traces  # for losses_of: k n^2 doubles
-        losses = mg.group_losses(grams, result.components, result.s, traces)
+        losses = solvers.group_losses(grams, result.components, result.s, traces)
         self.components_ = result.components if basis is None else result.components @ basis.T
         self.mu_ = result.mu
         self.primal_objective_ = result.primal
@@ -261,13 +261,13 @@ class MultigroupSVD(FactorEstimator):
             V = V @ self._basis
             if not np.allclose(np.linalg.norm(V, axis=1), 1.0, atol=1e-8):
                 raise ValueError("components outside the span of the wide-data sketch: their losses are unknown")
-        s = mg.deflated_top_eigenvalues(self._grams, V)
-        return self._loss_frame(mg.group_losses(self._grams, V, s, self._traces))
+        s = solvers.deflated_top_eigenvalues(self._grams, V)
+        return self._loss_frame(solvers.group_losses(self._grams, V, s, self._traces))
 
     def svd_components(self) -> np.ndarray:
         """The standard SVD's first d right singular vectors of the (centred/scaled) stacked data."""
         self._check_fitted()
-        V = mg.pooled_svd_components(self._grams, self.n_components_)
+        V = solvers.pooled_svd_components(self._grams, self.n_components_)
         return V if self._basis is None else V @ self._basis.T
 
     def _loss_frame(self, losses: dict) -> pd.DataFrame:

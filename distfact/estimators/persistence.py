@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
+from .._version import __version__
 from ..engine import arraytree
 from ..methods.fairer_nmf import FairerAM, FairerMU
 from ..methods.nmf import NMFMethod
@@ -57,18 +58,17 @@ SECTIONS = ("params", "attributes", "frames", "methods", "estimators")
 FRAME_DTYPES = ("str", "object", "bool", "int64", "float64")
 
 
-def estimator_classes() -> dict:
-    """The registry of the classes a model file may name."""
-    from . import NMF, SSNMF, FairerNMF, MultigroupSVD, SSNMFClassifier, StratifiedNMF, WeightedL1NMF
+ESTIMATORS: dict = {}  # the registry of the classes a model file may name: distfact.estimators registers its own
 
-    return {cls.__name__: cls for cls in (NMF, FairerNMF, StratifiedNMF, WeightedL1NMF, SSNMF, SSNMFClassifier,
-                                          MultigroupSVD)}
+
+def register_estimators(*classes) -> None:
+    """Add ``classes`` to :data:`ESTIMATORS` (``distfact/estimators/__init__.py`` does, for all of distfact's
+    estimators: it runs before any of its modules, this one included, is used)."""
+    ESTIMATORS.update({cls.__name__: cls for cls in classes})
 
 
 def save_model(model, path) -> None:
     """Write the fitted ``model`` to ``path`` (see the module docstring for the format)."""
-    from .. import __version__
-
     classes, tree = _encode_model(model)
     arraytree.save(path, tree, {"format": FORMAT, "format_version": FORMAT_VERSION, "distfact_version": __version__,
                                 **classes})
@@ -77,7 +77,7 @@ def save_model(model, path) -> None:
 def _encode_model(model) -> tuple[dict, dict]:
     """(the class names of ``model`` and of its estimator attributes, its tree)."""
     name = type(model).__name__
-    if estimator_classes().get(name) is not type(model):
+    if ESTIMATORS.get(name) is not type(model):
         raise TypeError(f"a {name} is not one of distfact's estimators; only those are saved")
     model._check_fitted()
     classes = {"estimator": name, "estimators": {}}
@@ -130,8 +130,6 @@ def load(path):
 
 
 def _check_header(path: str, meta: dict) -> dict:
-    from .. import __version__
-
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not a distfact model file (format {meta.get('format')!r}, expected {FORMAT!r})")
     version = meta.get("format_version")
@@ -147,7 +145,7 @@ def _check_header(path: str, meta: dict) -> dict:
 
 def _check_classes(path: str, classes, field: str) -> None:
     """The estimator class names of a header, recursively: every one in the registry."""
-    known = estimator_classes()
+    known = ESTIMATORS
     if not isinstance(classes, dict) or classes.get("estimator") not in known or not isinstance(
             classes.get("estimators"), dict):
         name = classes.get("estimator") if isinstance(classes, dict) else classes
@@ -161,7 +159,7 @@ def _decode_model(path: str, classes: dict, tree, where: tuple):
     def error(field, problem):
         return ValueError(f"{path}: field {'/'.join((*where, *field))!r}: {problem}")
 
-    cls = estimator_classes()[classes["estimator"]]
+    cls = ESTIMATORS[classes["estimator"]]
     if not isinstance(tree, dict) or sorted(tree) != sorted(SECTIONS) or not all(
             isinstance(tree[section], dict) for section in SECTIONS):
         raise error((), f"not a model (the sections must be {SECTIONS})")

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
+from ..features import feature_names_of, top_feature_names
 from ..methods.stratified_nmf import StratifiedMU
 from ..metrics import relative_to
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
@@ -197,19 +198,12 @@ class StratifiedNMF(FactorEstimator):
         ``feature_names`` defaults to the data's (``feature_names_in_``), else "x0", "x1", ...
         """
         self._check_fitted()
-        if feature_names is None:
-            feature_names = getattr(self, "feature_names_in_", None)
-        if feature_names is None:
-            feature_names = [f"x{j}" for j in range(self.n_features_in_)]
-        feature_names = np.asarray(feature_names, dtype=object)
+        feature_names = feature_names_of(self, feature_names)
         if feature_names.shape != (self.n_features_in_,):
             raise ValueError(f"feature_names has {feature_names.shape[0]} names, the model has "
                              f"{self.n_features_in_} features")
-
-        def top(weights):
-            return [str(f) for f in feature_names[np.argsort(-weights, kind="stable")[:k]]]
-        return {"strata": {name: top(v) for name, v in zip(self.strata_names_, self.strata_features_)},
-                "topics": [top(h) for h in self.components_]}
+        return {"strata": dict(zip(self.strata_names_, top_feature_names(self.strata_features_, feature_names, k))),
+                "topics": top_feature_names(self.components_, feature_names, k)}
 
     def inverse_transform(self, W, groups=None):
         """W H + 1 v(i)^T: each row's reconstruction with its stratum's shift (``groups``: one label per row;

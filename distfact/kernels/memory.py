@@ -4,7 +4,7 @@ BLAS kernels take alignment-dependent code paths whose rounding differs; numpy's
 arrays start 16 bytes into a page, and arrays that arrive by pickling (on workers, or
 statistics coming back) sit at arbitrary offsets. Aligning every input of a block task and
 of the global step makes a result independent of where it ran. Dense blocks of X are
-aligned once, where they are read or staged (``store/grouped.py``), so that the passes
+aligned once, where they are read or staged (``store/reading.py``, ``store/ingest.py``), so that the passes
 never copy them.
 """
 

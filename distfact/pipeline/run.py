@@ -26,7 +26,7 @@ import uuid
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..estimators.persistence import load as load_model
 from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
 from .spec import METRICS, Spec, estimator_class, load_spec
@@ -330,42 +330,31 @@ def open_input(run_dir: str):
     return open_store(store if os.path.isabs(store) else os.path.join(run_dir, "ingest", store))
 
 
+SOURCE_OPTIONS = ("group_column", "signed", "text_field", "group_field", "vectorizer", "max_features", "block_rows")
+
+
 def stage_ingest(out: str, context: dict) -> dict:
-    from .. import datasets
-    from ..store import from_arrays, from_corpus, from_table, open_store
-    from ..store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
+    from ..datasets import (load_digits_grouped, load_heart_disease, load_heart_multigroup, make_fairer_synthetic,
+                            make_stratified_synthetic)
+    from ..store import from_arrays, open_store
+    from ..store.sources import ingest_source
 
     spec = context["spec"]
     kind, options = spec.input["kind"], spec.input
-    common = {"block_rows": options.get("block_rows")}
     target = os.path.join(out, "data.zarr")
     if kind == "store":
         data = open_store(options["path"])
         store = os.path.abspath(options["path"])
     elif kind == "dataset":
-        loader = {"digits": datasets.load_digits_grouped, "heart": datasets.load_heart_disease,
-                  "heart-multigroup": datasets.load_heart_multigroup,
-                  "fairer-synthetic": lambda: (*datasets.make_fairer_synthetic(), None),
-                  "stratified-synthetic": lambda: (*datasets.make_stratified_synthetic()[:2], None)}[options["value"]]
+        loader = {"digits": load_digits_grouped, "heart": load_heart_disease, "heart-multigroup": load_heart_multigroup,
+                  "fairer-synthetic": lambda: (*make_fairer_synthetic(), None),
+                  "stratified-synthetic": lambda: (*make_stratified_synthetic()[:2], None)}[options["value"]]
         X, groups, names = loader()
         data = from_arrays(X, groups, target, feature_names=names, signed=options["value"] == "heart-multigroup",
-                           **common)
+                           block_rows=options.get("block_rows"))
         store = "data.zarr"
     else:
-        source = options["path"]
-        lower = source.lower()
-        if lower.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
-            data = from_table(source, options["group_column"], target, signed=options.get("signed", False), **common)
-        elif lower.endswith(".npz"):
-            from ..store.files import load_npz
-
-            X, groups = load_npz(source)
-            data = from_arrays(X, groups, target, signed=options.get("signed", False), **common)
-        else:
-            data = from_corpus(source, target, text_field=options.get("text_field", "text"),
-                               group_field=options.get("group_field", "group"),
-                               vectorizer=options.get("vectorizer", "tfidf"),
-                               max_features=options.get("max_features", 20000), **common)
+        data = ingest_source(options["path"], target, **{key: options[key] for key in SOURCE_OPTIONS if key in options})
         store = "data.zarr"
     if options.get("column_blocks") and not data.has_column_blocks:
         data = data.with_column_blocks()
@@ -496,10 +485,19 @@ def stage_evaluate(out: str, context: dict) -> dict:
     return {"rows": len(table)}
 
 
-def stage_report(out: str, context: dict) -> dict:
-    from .report import write_pipeline_report
+def read_group_metrics(run_dir: str):
+    """evaluate/group_metrics.csv with group names as written (a group may be called "NA" or "null")."""
+    import pandas as pd
 
-    paths = write_pipeline_report(out, context)
+    return pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"), keep_default_na=False,
+                       dtype={"group": str, "fit": str, "method": str, "metric": str})
+
+
+def stage_report(out: str, context: dict) -> dict:
+    from ..reports.pipeline import write_pipeline_report
+
+    run_dir = context["run_dir"]
+    paths = write_pipeline_report(out, context, load_fits(run_dir, context["spec"]), read_group_metrics(run_dir))
     return {"html": os.path.relpath(paths["html"], out)}
 
 

@@ -30,13 +30,10 @@ import re
 import tomllib
 from dataclasses import dataclass
 
-from ..store.corpus import JSONL_SUFFIXES
 from ..store.files import utf8_text
-from ..store.tables import CSV_SUFFIXES, PARQUET_SUFFIXES
+from ..store.sources import SOURCE_SUFFIXES, source_kind
 
 DATASETS = ("digits", "heart", "heart-multigroup", "fairer-synthetic", "stratified-synthetic")
-TABLE_SUFFIXES = (*CSV_SUFFIXES, *PARQUET_SUFFIXES)
-SOURCE_SUFFIXES = (".npz", *TABLE_SUFFIXES, *JSONL_SUFFIXES)
 # the type of each estimator parameter whose default is None (the others take their default's type)
 NONE_DEFAULT_TYPES = {"tol": float, "time_limit": float, "column_blocks": int, "sketch_size": int}
 # parameters the pipeline sets itself, refused in a [[fit]] table
@@ -58,11 +55,10 @@ class SpecError(ValueError):
 
 
 def estimator_class(method: str):
-    from .. import estimators
+    from ..estimators import NMF, SSNMF, FairerNMF, MultigroupSVD, StratifiedNMF, WeightedL1NMF
 
-    return {"nmf": estimators.NMF, "fairer-nmf": estimators.FairerNMF, "stratified-nmf": estimators.StratifiedNMF,
-            "wl1-nmf": estimators.WeightedL1NMF, "ssnmf": estimators.SSNMF,
-            "multigroup-svd": estimators.MultigroupSVD}[method]
+    return {"nmf": NMF, "fairer-nmf": FairerNMF, "stratified-nmf": StratifiedNMF, "wl1-nmf": WeightedL1NMF,
+            "ssnmf": SSNMF, "multigroup-svd": MultigroupSVD}[method]
 
 
 @dataclass
@@ -251,11 +247,11 @@ def _input(check: Checker, spec: Spec, table: dict) -> dict:
         check.fail((*path, kind), f"{out['value']!r} is not a distfact store (no zarr.json; write one with "
                                   "'distfact ingest')")
     if kind == "source":
-        lower = location.lower()
-        if not (lower.endswith(SOURCE_SUFFIXES) or os.path.isdir(location)):
+        source = source_kind(location)
+        if source is None:
             check.fail((*path, "source"), f"unknown kind of source {out['value']!r} (expected one of "
                                           f"{', '.join(SOURCE_SUFFIXES)} or a directory of .jsonl files)")
-        if lower.endswith(TABLE_SUFFIXES) and "group_column" not in out:
+        if source == "table" and "group_column" not in out:
             check.fail(path, "a table source needs 'group_column'")
     if "vectorizer" in out and out["vectorizer"] not in ("tfidf", "count", "hashing"):
         check.fail((*path, "vectorizer"), f"unknown vectorizer {out['vectorizer']!r} (tfidf, count or hashing)")

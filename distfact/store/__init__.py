@@ -1,8 +1,9 @@
 """Grouped matrices on Zarr: format, ingest and validation."""
 
-from .grouped import BlockReader, ColumnBlockReader, GroupedMatrix, StoreWriter, open_store
+from .grouped import GroupedMatrix, open_store
+from .reading import BlockReader, ColumnBlockReader
 from .format import Block, ColumnBlock
-from .ingest import from_arrays
+from .ingest import StoreWriter, from_arrays
 from .tables import from_table
 from .corpus import from_corpus
 

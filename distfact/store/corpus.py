@@ -31,8 +31,9 @@ from numbers import Integral, Real
 import numpy as np
 import pandas as pd
 
-from .grouped import DEFAULT_BLOCK_BYTES, GroupedMatrix, StoreWriter, check_destination
-from .ingest import rows_per_block
+from .grouped import GroupedMatrix
+from .ingest import StoreWriter, rows_per_block
+from .writing import DEFAULT_BLOCK_BYTES, check_destination
 from .validate import group_lookup
 from .tables import GroupBuffers, sort_group_names
 

@@ -10,7 +10,7 @@ holding the three CSC arrays of a range of columns.
 The metadata records, for every stored array, its dtype and the CRC32C of its chunk file, and
 for every row block its non-zeros, sum of squares, sum and smallest value; it carries a
 SHA-256 checksum of itself. :meth:`Metadata.from_json` checks every field's type, the
-document's internal consistency and the checksum; readers (``grouped.py``) check each
+document's internal consistency and the checksum; readers (``reading.py``) check each
 array's shape, dtype and codecs, and its chunk's CRC32C, as they read it.
 """
 

@@ -1,12 +1,154 @@
-"""Ingest in-memory arrays (numpy, scipy.sparse, dask, pandas) into a grouped matrix."""
+"""Ingest: the :class:`StoreWriter` every source feeds (blocks validated, staged aside, committed at once), and
+in-memory arrays (numpy, scipy.sparse, dask, pandas) into a grouped matrix."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
+
 import numpy as np
 import scipy.sparse as sp
+import zarr
+from zarr.storage import LocalStore
 
-from .grouped import DEFAULT_BLOCK_BYTES, GroupedMatrix, StoreWriter
-from .validate import check_groups, group_lookup, working_dtype
+from ..kernels.memory import aligned
+from .chunks import ChecksummingStore
+from .format import Block, Metadata, group_stats
+from .grouped import GroupedMatrix
+from .validate import check_block_values, check_groups, group_lookup, working_dtype
+from .writing import DEFAULT_BLOCK_BYTES, array_records, block_stats, check_destination, write_arrays
+
+
+class StoreWriter:
+    """Receives validated blocks group by group and commits them all at once.
+
+    On disk, blocks go to a hidden sibling directory that is renamed into place by
+    :meth:`commit`; anything that fails before that leaves the destination as it
+    was. With ``path=None`` the blocks are kept in memory.
+    """
+
+    def __init__(self, path, n_cols: int, dtype, layout: str, *, overwrite: bool = False,
+                 where: str = "X", signed: bool = False):
+        self.n_cols = n_cols
+        self.signed = signed
+        self.dtype = np.dtype(dtype)
+        self.layout = layout
+        self.where = where
+        self.final_path = None if path is None else os.path.abspath(os.fspath(path))
+        self.overwrite = overwrite
+        if self.final_path is not None:
+            self._check_destination()
+        self._column_sums = np.zeros(n_cols, dtype=np.float64)
+        self._square_sum = 0.0  # of every entry so far, in float64: it must stay representable in ``dtype``
+        self._staged: list[dict] = []
+        self._root = None
+        if self.final_path is not None:
+            parent, name = os.path.split(self.final_path)
+            os.makedirs(parent, exist_ok=True)
+            self.tmp_path = os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:8]}")
+            self._root = zarr.open_group(store=ChecksummingStore(LocalStore(self.tmp_path)), mode="w", zarr_format=3)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+        return False
+
+    def abort(self) -> None:
+        if self._root is not None and os.path.exists(self.tmp_path):
+            shutil.rmtree(self.tmp_path, ignore_errors=True)
+        self._root = None
+
+    def add_block(self, group_name: str, block, source_rows: np.ndarray) -> None:
+        """Validate one block of rows of ``group_name`` (``source_rows``: their caller row numbers), then stage it."""
+        if block.shape[0] == 0:
+            return
+        if self.layout == "csr":
+            block = sp.csr_matrix(block, dtype=self.dtype)
+        else:  # a sparse block is densified only when the caller asked for the dense layout
+            block = np.ascontiguousarray(block.toarray() if sp.issparse(block) else block, dtype=self.dtype)
+        if block.shape[1] != self.n_cols:
+            raise ValueError(f"{self.where}: rows {int(source_rows[0])}.. have {block.shape[1]} columns, expected {self.n_cols}")
+        if sp.issparse(block):
+            block.sum_duplicates()
+            block.eliminate_zeros()
+        stats = block_stats(block)
+        check_block_values(block, group_name, source_rows, self.where, self.signed,
+                           square_sum=self._square_sum + stats["sq_norm"])
+        self._square_sum += stats["sq_norm"]
+        self._column_sums += np.asarray(block.sum(axis=0, dtype=np.float64)).ravel()
+        key = f"{len(self._staged):06d}"
+        entry = {"key": key, "group": group_name, "rows": block.shape[0], "stats": stats, "arrays": ()}
+        source_rows = np.ascontiguousarray(source_rows, dtype=np.int64)
+        if self._root is None:  # dense blocks aligned once here rather than copied by every pass
+            entry["data"], entry["source_rows"] = aligned(block), source_rows
+        else:
+            arrays = ({"data": block.data, "indices": block.indices, "indptr": block.indptr} if sp.issparse(block)
+                      else {"X": block})
+            arrays["rows"] = source_rows
+            write_arrays(self._root.create_group(f"blocks/{key}"), **arrays)
+            entry["arrays"] = array_records(self._root.store.written, f"blocks/{key}", **arrays)
+        self._staged.append(entry)
+
+    def commit(self, group_order: list[str], feature_names=None, source: dict | None = None) -> GroupedMatrix:
+        """Order the blocks by group, write metadata last, move the store into place."""
+        staged_groups = {e["group"] for e in self._staged}
+        for name in group_order:
+            if name not in staged_groups:
+                raise ValueError(f"group {name!r} is empty: it has no rows")
+        unknown = staged_groups - set(group_order)
+        if unknown:
+            raise ValueError(f"rows carry groups not in the group list: {sorted(unknown)}")
+        own = {"column_sums": self._column_sums}
+        if feature_names is not None:
+            own["feature_names"] = np.asarray([str(f) for f in feature_names])
+            if own["feature_names"].shape != (self.n_cols,):
+                raise ValueError(f"feature_names has {own['feature_names'].shape[0]} names, "
+                                 f"X has {self.n_cols} columns")
+        order = {name: i for i, name in enumerate(group_order)}
+        staged = sorted(self._staged, key=lambda e: order[e["group"]])  # stable: arrival order within a group
+        blocks, row = [], 0
+        for entry in staged:
+            blocks.append(Block(len(blocks), entry["key"], order[entry["group"]], row, row + entry["rows"],
+                                **entry["stats"], arrays=entry["arrays"]))
+            row += entry["rows"]
+        groups = [group_stats(name, [b for b in blocks if b.group == g]) for g, name in enumerate(group_order)]
+        meta = Metadata((row, self.n_cols), str(self.dtype), self.layout, groups, blocks,
+                        has_feature_names=feature_names is not None, source=source or {}, signed=self.signed)
+        meta.check(self.where)
+        if self._root is None:
+            by_key = {e["key"]: e for e in staged}
+            return GroupedMatrix(meta, self._column_sums, blocks=[by_key[b.key]["data"] for b in blocks],
+                                 block_rows=[by_key[b.key]["source_rows"] for b in blocks],
+                                 feature_names=own.get("feature_names"))
+        try:
+            write_arrays(self._root, **own)
+            meta.arrays = array_records(self._root.store.written, "", **own)
+            self._root.attrs["distfact"] = meta.to_json()
+            self._replace_destination()
+        except BaseException:
+            self.abort()
+            raise
+        return GroupedMatrix.open(self.final_path)
+
+    def _check_destination(self) -> None:
+        check_destination(self.final_path, self.overwrite)
+
+    def _replace_destination(self) -> None:
+        self._check_destination()  # again: something may have appeared while we were writing
+        if os.path.exists(self.final_path):
+            trash = f"{self.tmp_path}.old"
+            os.rename(self.final_path, trash)
+            os.rename(self.tmp_path, self.final_path)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(self.tmp_path, self.final_path)
+        self._root = None
+
+
 
 
 def group_codes(groups, n_rows: int, group_names=None, where: str = "groups"):

@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from .grouped import DEFAULT_BLOCK_BYTES, GroupedMatrix, StoreWriter, check_destination
-from .ingest import rows_per_block
+from .grouped import GroupedMatrix
+from .ingest import StoreWriter, rows_per_block
+from .writing import DEFAULT_BLOCK_BYTES, check_destination
 from .validate import group_lookup
 
 CSV_SUFFIXES = {".csv": ",", ".csv.gz": ",", ".tsv": "\t", ".tsv.gz": "\t"}

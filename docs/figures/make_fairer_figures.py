@@ -9,7 +9,7 @@ import warnings
 from sklearn.exceptions import ConvergenceWarning
 
 from distfact.datasets import load_heart_disease, make_fairer_synthetic
-from distfact.fairness import fairness_table, write_fairness_report
+from distfact.reports.fairness import fairness_table, write_fairness_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

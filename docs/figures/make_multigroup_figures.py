@@ -22,7 +22,7 @@ import numpy as np
 
 import distfact
 from distfact.datasets import load_communities, load_heart_multigroup
-from distfact.multigroup_report import comparison_table, duality_figure, losses_figure
+from distfact.reports.multigroup_svd import comparison_table, duality_figure, losses_figure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK = 8

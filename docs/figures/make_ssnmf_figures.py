@@ -33,7 +33,7 @@ from sklearn.naive_bayes import MultinomialNB
 from sklearn.svm import LinearSVC
 
 import distfact
-from distfact.ssnmf_report import write_ssnmf_report
+from distfact.reports.ssnmf import write_ssnmf_report
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ssnmf-tweets")
 SOURCES = ["Twitter Web Client", "Twitter for Android", "Twitter for iPhone"]

@@ -15,7 +15,7 @@ import os
 
 import distfact
 from distfact.datasets import load_digit_strata, make_stratified_synthetic
-from distfact.stratified_report import write_stratified_report
+from distfact.reports.stratified_nmf import write_stratified_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

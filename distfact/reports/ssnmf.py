@@ -13,8 +13,9 @@ import os
 
 import numpy as np
 
-from .outputs import write_json
-from .report import figure_png, html_table, write_page
+from ..features import feature_names_of, top_feature_names
+from ..outputs import write_json
+from .page import figure_png, html_table, write_page
 
 
 def normalised_B(model) -> np.ndarray:
@@ -29,14 +30,12 @@ def class_names(model) -> list[str]:
     return [f"target {j}" for j in range(model.B_.shape[1])]
 
 
-def top_features(model, feature_names=None, k: int = 10) -> list[list]:
+def topic_table(model, feature_names=None, k: int = 10) -> list[list]:
     """Table 5: per topic, the class it weighs most and its ``k`` largest-weighted features."""
-    names = np.asarray(feature_names if feature_names is not None else
-                       getattr(model, "feature_names_in_", [f"x{j}" for j in range(model.n_features_in_)]), dtype=object)
     classes = class_names(model)
     B = normalised_B(model)
-    return [[t + 1, classes[int(np.argmax(B[:, t]))], *(str(w) for w in names[np.argsort(-h, kind="stable")[:k]])]
-            for t, h in enumerate(model.components_)]
+    return [[t + 1, classes[int(np.argmax(B[:, t]))], *words]
+            for t, words in enumerate(top_feature_names(model.components_, feature_names_of(model, feature_names), k))]
 
 
 def b_heatmap(model, title: str = "normalised B") -> bytes:
@@ -76,7 +75,7 @@ def write_ssnmf_report(out_dir, model, *, feature_names=None, top=10, title="SSN
     if model.B_ is None:
         raise ValueError("the SSNMF report needs a model fitted with targets (Y or y)")
     os.makedirs(out_dir, exist_ok=True)
-    rows = top_features(model, feature_names, top)
+    rows = topic_table(model, feature_names, top)
     columns = ["topic", "class", *range(1, len(rows[0]) - 1)]
     paths = {"csv": os.path.join(out_dir, "top_features.csv"), "json": os.path.join(out_dir, "ssnmf.json"),
              "html": os.path.join(out_dir, "ssnmf.html")}

@@ -15,10 +15,10 @@ import os
 
 import numpy as np
 
-from .estimators import FairerNMF, NMF
-from .outputs import write_json
-from .report import html_figures, html_page, html_table
-from .store.coerce import as_grouped
+from ..estimators import FairerNMF, NMF
+from ..outputs import write_json
+from ..store.coerce import as_grouped
+from .page import html_figures, html_page, html_table
 
 COLUMNS = ("rank", "group", "rows", "r_error_standard_all", "r_error_standard_alone", "r_loss_standard",
            "r_loss_fairer", "r_error_fairer")

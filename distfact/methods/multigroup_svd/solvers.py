@@ -1,27 +1,6 @@
-"""Consistent multigroup low-rank approximation: multigroup singular vectors (multigroup-lowrank.txt).
-
-Groups A^1..A^k are the row groups of X (centred and scaled as asked); all the work after the
-one pass over X is on their Gram matrices G_l = (A^l)^T A^l, stacked as ``grams`` (k x n x n):
-
-- eq. (1), Problem 1: v minimises max_l h_l(v), h_l(v) = s_l - v^T G_l v, ||v|| = 1, where
-  s_l = sigma_1^2(A^l) = lambda_max(G_l)                       -> :func:`constraint_values`
-- Problem 2 (the dual, Appendix B): max over the simplex of g(mu) = mu^T s - lambda_max(A(mu)),
-  A(mu) = sum_l mu_l G_l                                          -> :func:`dual_value`
-- eq. (6): (grad g)_l = s_l - v(mu)^T G_l v(mu) = h_l(v(mu)), v(mu) the top eigenvector of A(mu).
-  Algorithm 2's line 6 prints ``s_l + ...``: a sign typo; eq. (6) is right.
-- Algorithm 2: Frank-Wolfe on Problem 2, with Algorithm 3 on growing subspaces (the top
-  eigenvectors of A(mu)) to close the gap                           -> :func:`frank_wolfe`, :func:`eigenspace_primal`
-- Section 7, Lemma E.1, eq. (11): two groups, the root of q(mu) = h_1(v(mu)) - h_2(v(mu)) on
-  [0, 1] (q(0) >= 0 >= q(1), q decreasing), by Halley's method on q's exact derivatives (eigenvalue
-  perturbation) inside Brent's bracket                              -> :func:`brent_two_groups`, :func:`root_function`
-- Algorithm 3 (Appendix C): the SDP relaxation, by Clarabel        -> :func:`sdp_relaxation`
-- Algorithm 1: a solution per rank, then deflation G_l <- P G_l P, P = I - v v^T
-                                                                   -> :func:`multigroup_vectors`
-- Appendix A, Section 8.1: marginal, incremental and reconstruction losses -> :func:`group_losses`
-
-The empirical duality gap of a rank (Section 8.3) is f - g: f = max_l h_l(v) at the returned v,
-g = g(mu) at the returned mu. It is zero at an optimum for two groups (Theorem 7.1).
-"""
+"""The multigroup SVD on the driver, from the groups' Gram matrices: the rank-1 problem (Problems 1 and 2) by
+Frank-Wolfe with its eigenspace refinement, by the root of q for two groups, or by the SDP relaxation; Algorithm 1
+with deflation; and the losses of Appendix A and Section 8.1."""
 
 from __future__ import annotations
 
@@ -33,8 +12,7 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse as sp
 
-from ..kernels.gram import (centred_gram, deflate, fixed_sign, projected_gram, sketch_products, solve_on_complement,
-                            squared_deviations, top_eigenpair, top_eigenpairs, top_eigenvalue)
+from ...kernels.gram import deflate, fixed_sign, solve_on_complement, top_eigenpair, top_eigenpairs, top_eigenvalue
 
 log = logging.getLogger(__name__)
 SOLVERS = ("auto", "fw", "brent", "sdp")
@@ -42,53 +20,6 @@ REFINE_EVERY = 10  # Frank-Wolfe iterations between two eigenspace refinements (
 REFINE_ROUNDS = 10  # at most this many subspace rounds (small SDPs) per refinement
 FW_STEPS = ("line-search", "2/(t+2)")
 
-
-# -- the pass over X (block statistics; the engine sums them per group) ---------------------------
-
-def gram_block(X_b, local, block, centre, mean):
-    """One block's contribution to its group's Gram matrix about ``centre``, and (unless ``mean`` is None:
-    neither centring nor scaling asked) to its columns' sums of squared deviations from ``mean`` (the scale,
-    free of the cancellation of sum x^2 - m mean^2)."""
-    gram = centred_gram(X_b, centre)
-    if mean is None:
-        return {"gram": gram}
-    if not sp.issparse(X_b) and np.array_equal(centre, mean):  # a dense block centred on the mean: the
-        return {"gram": gram, "sq_dev": gram.diagonal().copy()}  # diagonal is these sums already
-    return {"gram": gram, "sq_dev": squared_deviations(X_b, mean)}
-
-
-def sketch_block(X_b, local, block, centre, omegas):
-    """One block's (A_b^T A_b) Omega_l, Omega_l = ``omegas[l]`` for its group l (the wide-data sketch)."""
-    return {"Y": sketch_products(X_b, centre, omegas[block.group])}
-
-
-def projected_gram_block(X_b, local, block, centre, basis):
-    """One block's Q^T A_b^T A_b Q (the Gram matrix restricted to the sketch's basis Q)."""
-    return {"gram": projected_gram(X_b, centre, basis)}
-
-
-def deviations_block(X_b, local, block, mean):
-    """One block's column sums and sums of squared deviations from ``mean`` (the wide path's scale and
-    its groups' ||A_l||_F^2)."""
-    return {"sum": np.asarray(X_b.sum(axis=0, dtype=np.float64)).ravel(), "sq_dev": squared_deviations(X_b, mean)}
-
-
-def column_scale(sq_dev: np.ndarray, mean: np.ndarray, n_rows: int, feature_names) -> np.ndarray:
-    """Population standard deviation of every column (Section 8.1's standardisation) from the sums of
-    squared deviations from the mean. A column is constant when its deviations are rounding (below
-    64 eps |mean|): it cannot be scaled, and a ``ValueError`` names it."""
-    var = sq_dev / n_rows
-    constant = var <= (64 * np.finfo(np.float64).eps * np.maximum(np.abs(mean), np.finfo(np.float64).tiny)) ** 2
-    if constant.any():
-        idx = np.flatnonzero(constant)
-        names = [str(feature_names[i]) if feature_names is not None else str(i) for i in idx[:10]]
-        more = f" and {len(idx) - 10} more" if len(idx) > 10 else ""
-        raise ValueError(f"scale=True: column(s) {', '.join(names)}{more} of X are constant (zero variance) "
-                         "and cannot be standardised; drop them or use scale=False")
-    return np.sqrt(var)
-
-
-# -- the rank-1 problem on the driver ---------------------------------------------------------------
 
 @dataclass
 class RankOne:

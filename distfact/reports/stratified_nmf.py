@@ -13,8 +13,9 @@ import os
 
 import numpy as np
 
-from .outputs import write_json
-from .report import figure_png, html_table, write_page
+from ..features import feature_names_of
+from ..outputs import write_json
+from .page import figure_png, html_table, write_page
 
 
 def normalised_strata_features(model) -> np.ndarray:
@@ -24,11 +25,7 @@ def normalised_strata_features(model) -> np.ndarray:
 
 
 def _feature_names(model, feature_names):
-    if feature_names is None:
-        feature_names = getattr(model, "feature_names_in_", None)
-    if feature_names is None:
-        feature_names = [f"x{j}" for j in range(model.n_features_in_)]
-    return np.asarray([str(f) for f in feature_names])
+    return np.asarray([str(f) for f in feature_names_of(model, feature_names)])
 
 
 def strata_features_plot(model, feature_names=None, max_features=20) -> bytes:

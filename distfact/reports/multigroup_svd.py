@@ -13,8 +13,8 @@ import os
 import numpy as np
 import pandas as pd
 
-from .outputs import write_json
-from .report import figure_png, html_table, write_page
+from ..outputs import write_json
+from .page import figure_png, html_table, write_page
 
 LOSSES = ("marginal", "incremental", "reconstruction")
 MARKERS = "osD^v<>p*h"

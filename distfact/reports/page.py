@@ -1,5 +1,5 @@
-"""Per-group reports of a fitted factorisation: a table (CSV/JSON), PNG plots and one
-self-contained HTML page embedding them (readable offline)."""
+"""The page every report writes: figures as PNG, HTML tables, and one self-contained HTML page embedding them
+(readable offline)."""
 
 from __future__ import annotations
 

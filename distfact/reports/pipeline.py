@@ -15,7 +15,8 @@ import os
 import numpy as np
 import pandas as pd
 
-from ..report import figure_png, html_table, write_page
+from ..features import feature_names_of, top_feature_names
+from .page import figure_png, html_table, write_page
 
 
 def _metric_plot(table: pd.DataFrame, method: str, metric: str) -> bytes:
@@ -66,32 +67,32 @@ def _loss_curves(entries: list[dict]) -> bytes | None:
     return png
 
 
-def top_features(model, k: int) -> list[list]:
-    """Per component, its ``k`` largest-weighted features (by absolute weight for signed components)."""
+def component_table(model, k: int) -> list[list]:
+    """Per component (numbered from 1), its ``k`` largest-weighted features (by absolute weight for signed
+    components)."""
     H = np.asarray(model.components_)
-    names = np.asarray(getattr(model, "feature_names_in_", [f"x{j}" for j in range(H.shape[1])]), dtype=object)
     weights = np.abs(H) if (H < 0).any() else H
-    return [[i + 1, *names[np.argsort(-row, kind="stable")[:k]]] for i, row in enumerate(weights)]
+    return [[i + 1, *words] for i, words in enumerate(top_feature_names(weights, feature_names_of(model), k))]
 
 
 def _method_views(entry: dict, report: dict) -> list[tuple[str, bytes]]:
     model, method, name = entry["model"], entry["fit"].method, entry["name"]
     if method == "multigroup-svd":
-        from ..multigroup_report import comparison_table, duality_figure, losses_figure
+        from .multigroup_svd import comparison_table, duality_figure, losses_figure
 
         return [(f"{name}-fig2_losses.png", losses_figure(comparison_table(model), f"{name}: multigroup (solid), SVD "
                                                                                   "(dashed)")),
                 (f"{name}-fig3_duality.png", duality_figure(model, name))]
     if method == "stratified-nmf":
-        from ..stratified_report import strata_features_plot
+        from .stratified_nmf import strata_features_plot
 
         return [(f"{name}-strata_features.png", strata_features_plot(model))]
     if method == "ssnmf" and getattr(model, "B_", None) is not None:
-        from ..ssnmf_report import b_heatmap
+        from .ssnmf import b_heatmap
 
         return [(f"{name}-B.png", b_heatmap(model, f"{name}: normalised B"))]
     if report.get("image_shape") is not None:
-        from ..stratified_report import image_grid
+        from .stratified_nmf import image_grid
 
         return [(f"{name}-components.png", image_grid(np.asarray(model.components_),
                                                       [f"{i + 1}" for i in range(len(model.components_))],
@@ -99,12 +100,10 @@ def _method_views(entry: dict, report: dict) -> list[tuple[str, bytes]]:
     return []
 
 
-def write_pipeline_report(out_dir: str, context: dict) -> dict:
-    from .run import load_fits
-
+def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: pd.DataFrame) -> dict:
+    """The report of the run in ``context`` into ``out_dir``: ``fits`` its committed fits (``run.py: load_fits``),
+    ``table`` the evaluate stage's per-group metrics (``run.py: read_group_metrics``)."""
     spec, run_dir = context["spec"], context["run_dir"]
-    fits = load_fits(run_dir, spec)
-    table = read_group_metrics(run_dir)
     with open(os.path.join(run_dir, "ingest", "input.json")) as f:
         data = json.load(f)
     shape = spec.report.get("image_shape")
@@ -147,7 +146,7 @@ def write_pipeline_report(out_dir: str, context: dict) -> dict:
         if curves is not None:
             images.append((f"{method}-loss-curves.png", curves))
         largest = max(entries, key=lambda e: e["rank"])
-        top = top_features(largest["model"], spec.report["top"])
+        top = component_table(largest["model"], spec.report["top"])
         body.append(f"<h3>Top features per component: {html.escape(largest['name'])}</h3>"
                     + html_table(["component", *range(1, len(top[0]))], top))
         pd.DataFrame(top).to_csv(os.path.join(out_dir, f"{largest['name']}-top_features.csv"), index=False,
@@ -158,9 +157,3 @@ def write_pipeline_report(out_dir: str, context: dict) -> dict:
     if spec.description:
         body.insert(0, f"<p>{html.escape(spec.description)}</p>")
     return write_page({"html": os.path.join(out_dir, "report.html")}, out_dir, title, "".join(body), images)
-
-
-def read_group_metrics(run_dir: str) -> pd.DataFrame:
-    """evaluate/group_metrics.csv with group names as written (a group may be called "NA" or "null")."""
-    return pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"), keep_default_na=False,
-                       dtype={"group": str, "fit": str, "method": str, "metric": str})

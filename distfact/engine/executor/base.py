@@ -1,0 +1,122 @@
+"""What every executor shares: the tasks a pass runs on each block (wherever it runs), the bookkeeping of
+passes and spilled local factors, and :class:`WorkerLost`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import scipy.sparse as sp
+
+from ...kernels.memory import aligned
+from ..finite import check_block
+from ..reduce import add, keyed, split_by_group, tree_reduce
+from .spill import LocalSpill, load_local, materialise, save_local
+
+
+class WorkerLost(RuntimeError):
+    """A worker process died holding results the fit needs (blocks of X read there, local factors,
+    the broadcast global state): the fit cannot continue from its futures and must roll back.
+    ``n_workers``: how many workers the fit had, for the rerun to wait for (a nanny restarts a lost worker)."""
+
+    def __init__(self, message: str, n_workers: int = 0):
+        super().__init__(message)
+        self.n_workers = n_workers
+
+
+def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0):
+    """What one task does: load X_b (and a spilled local factor) if needed, run ``fn``,
+    spill the new local factor if asked, key the statistics by group."""
+    if X_b is None:
+        X_b = reader(block)
+    X_b = X_b if sp.issparse(X_b) else aligned(X_b)
+    out = fn(X_b, aligned(materialise(local)), block, *aligned(args))
+    if update:
+        new_local, stats = out
+        check_block(block, new_local, stats)
+        if spill is not None:
+            new_local = spill.store(block, new_local, generation)
+        return new_local, keyed(block.group, stats)
+    check_block(block, stats=out)
+    return keyed(block.group, out)
+
+
+def run_column_block(fn, reader, column_block, Xc, locals_, args):
+    """What one column task does: load the CSC column block if needed, put the local factors of all
+    row blocks together (the whole W, stored row order), run ``fn``; returns (piece, statistics)."""
+    if Xc is None:
+        Xc = reader(column_block)
+    parts = [materialise(local) for local in locals_]
+    W = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    piece, stats = fn(Xc, aligned(W), column_block, *aligned(args))
+    check_block(column_block, piece, stats, "its part of the global factor")
+    return piece, stats
+
+
+def map_local_one(fn, block, local, args, spill, generation):
+    """``local <- fn(local, block, *args)`` where the local factor lives (no read of X)."""
+    new_local = fn(aligned(materialise(local)), block, *aligned(args))
+    return new_local if spill is None else spill.store(block, new_local, generation)
+
+
+def map_one(fn, reader, block, X_b, local, args):
+    X_b = reader(block) if X_b is None else X_b
+    return fn(X_b if sp.issparse(X_b) else aligned(X_b), aligned(materialise(local)), block, *aligned(args))
+
+
+def init_one(fn, block, args, spill, *own):
+    """A block's first local factor: ``fn(block, *args)``, or ``fn(block, *args, own)`` with the
+    block's own input (``init_local``'s ``per_block``)."""
+    local = fn(block, *aligned(args), *aligned(own))
+    return local if spill is None else spill.store(block, local, 0)
+
+
+def restore_one(directory, block, spill, expected=None):
+    """A block's local factor from a checkpoint, checked against its manifest ``expected``, where it will live."""
+    try:
+        local = load_local(directory, block, expected)
+    except Exception as exc:  # whatever a damaged file makes Zarr or a codec raise: the checkpoint is unusable
+        detail = str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"block {block.index}'s local factor: {detail}") from None
+    return local if spill is None else spill.store(block, local, 0)
+
+
+def checkpoint_one(directory, block, local) -> dict:
+    """Write a block's local factor into a checkpoint (where it lives); returns its manifest."""
+    return save_local(directory, block, materialise(local))
+
+
+class Executor:
+    """Common bookkeeping: the pass counter and the spill directory of local factors."""
+
+    def __init__(self, data, spill_dir: str | None = None):
+        self.data = data
+        self.blocks = data.blocks
+        self.n_passes = 0
+        self.spill = None if spill_dir is None else LocalSpill(os.path.abspath(os.fspath(spill_dir)))
+        self.generation = 0
+
+    def _count_pass(self):
+        self.n_passes += 1
+
+    def _column_results(self, results: list) -> tuple[list, list[dict]]:
+        """Pieces in column order, and the statistics summed over column blocks in a fixed order."""
+        self._count_pass()
+        total = tree_reduce([stats for _, stats in results], add)
+        return [piece for piece, _ in results], aligned(split_by_group(total, self.data.n_groups))
+
+    def _manifests(self, expected: list | None) -> list:
+        """Per block, the manifest its restored local factor must match (None: unchecked)."""
+        if expected is None:
+            return [None] * len(self.blocks)
+        if len(expected) != len(self.blocks):
+            raise ValueError(f"local factors of {len(expected)} blocks recorded, the data have {len(self.blocks)}")
+        return list(expected)
+
+    def _remove_spill(self):
+        if self.spill is not None:
+            shutil.rmtree(self.spill.directory, ignore_errors=True)
+
+    def describe(self) -> dict:
+        raise NotImplementedError

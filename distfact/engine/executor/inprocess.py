@@ -1,0 +1,150 @@
+"""Passes in this process: a plain loop over the blocks, or a pool of threads across them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+import threading
+
+import numpy as np
+
+from ...kernels.memory import aligned
+from ..reduce import by_group, merge, tree_reduce
+from .base import Executor, checkpoint_one, init_one, map_local_one, map_one, restore_one, run_block, run_column_block
+from .spill import materialise
+
+
+class _SingleThreadBLAS:
+    """A process-wide 'BLAS on one thread' held while any parallel-block executor is open
+    (reference-counted: overlapping fits restore the original limits only when the last ends)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._count = 0
+        self._limiter = None
+
+    def acquire(self):
+        with self._lock:
+            if self._count == 0:
+                from threadpoolctl import ThreadpoolController
+
+                self._limiter = ThreadpoolController().limit(limits=1, user_api="blas")
+            self._count += 1
+
+    def release(self):
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                self._limiter.restore_original_limits()
+                self._limiter = None
+
+
+SINGLE_THREAD_BLAS = _SingleThreadBLAS()
+
+
+class InProcessExecutor(Executor):
+    """Runs passes in this process: a plain loop, or a pool of threads across blocks."""
+
+    def __init__(self, data, n_threads: int | None = None, spill_dir: str | None = None):
+        super().__init__(data, spill_dir)
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.reader = data.reader()
+        self.locals: list = [None] * data.n_blocks
+        self._holds_blas = not self._serial()
+        self._pool = None  # threads for the blocks of a pass, made at the first parallel pass
+        if self._holds_blas:
+            # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
+            # the driver's small products between passes must not leave BLAS threads spinning
+            # on the cores the blocks need. (Workers of a distributed cluster run BLAS single-threaded too.)
+            SINGLE_THREAD_BLAS.acquire()
+
+    def describe(self) -> dict:
+        mode = "loop" if self._serial() else "threads"
+        return {"scheduler": "in-process", "mode": mode, "threads": self.n_threads}
+
+    def _serial(self) -> bool:
+        """Blocks run one after the other when there is nothing to overlap: one thread or
+        one block, or dense blocks already in memory, whose BLAS products use every core
+        (on 2 cores, one 2-thread product beats two 1-thread ones). Blocks read from disk,
+        or CSR blocks (single-threaded kernels), run in parallel threads."""
+        return (self.n_threads <= 1 or len(self.blocks) == 1
+                or (self.data.in_memory and not self.data.is_sparse))
+
+    def _map(self, tasks: list, serial: bool | None = None):
+        """The tasks' results in order. In parallel threads, every task ends before the first failure (in task
+        order) is raised, so that none is still writing (a checkpoint, W) when the caller cleans up after it."""
+        if self._serial() if serial is None else serial:
+            return [task() for task in tasks]
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.n_threads, thread_name_prefix="distfact-block")
+        futures = [self._pool.submit(task) for task in tasks]
+        concurrent.futures.wait(futures)
+        return [future.result() for future in futures]
+
+    def init_local(self, fn, *args, per_block: list | None = None) -> None:
+        """``local_b <- fn(block, *args[, per_block[b]])`` for every block, where it will live."""
+        own = [()] * len(self.blocks) if per_block is None else [(item,) for item in per_block]
+        self.locals = self._map([functools.partial(init_one, fn, block, args, self.spill, *own[block.index])
+                                 for block in self.blocks])
+
+    def run_pass(self, fn, *args, update: bool) -> list[dict]:
+        data_blocks = self.data._blocks
+        self.generation += update
+        tasks = [functools.partial(run_block, fn, self.reader, block,
+                                   None if data_blocks is None else data_blocks[block.index],
+                                   self.locals[block.index], args, update, self.spill, self.generation)
+                 for block in self.blocks]
+        results = self._map(tasks)
+        self._count_pass()
+        if update:
+            self.locals = [r[0] for r in results]
+            results = [r[1] for r in results]
+        return aligned(by_group(tree_reduce(results, merge), self.data.n_groups))
+
+    def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
+        """One pass over the CSC column blocks (see the module docstring); column tasks are
+        compiled kernels that release the GIL, so they run in parallel threads."""
+        W = [np.concatenate(self.local_factors())]  # once for all column blocks of the pass
+        reader = self.data.column_reader()
+        tasks = [functools.partial(run_column_block, fn, reader, cblock, None, W, args)
+                 for cblock in self.data.column_blocks]
+        return self._column_results(self._map(tasks, serial=self.n_threads <= 1 or len(tasks) == 1))
+
+    def map_local(self, fn, *args) -> None:
+        """``local_b <- fn(local_b, block, *args)`` for every block, where it lives; X is not read."""
+        self.generation += 1
+        self.locals = self._map([functools.partial(map_local_one, fn, block, local, args, self.spill, self.generation)
+                                 for block, local in zip(self.blocks, self.locals)])
+
+    def map_blocks(self, fn, *args) -> list:
+        """``fn(X_b, local_b, block, *args)`` per block, results returned in block order (one pass)."""
+        data_blocks = self.data._blocks
+        tasks = [functools.partial(map_one, fn, self.reader, block,
+                                   None if data_blocks is None else data_blocks[block.index],
+                                   self.locals[block.index], args)
+                 for block in self.blocks]
+        out = self._map(tasks)
+        self._count_pass()
+        return out
+
+    def local_factors(self) -> list:
+        return [materialise(local) for local in self.locals]
+
+    def save_local(self, directory: str) -> list[dict]:
+        return self._map([functools.partial(checkpoint_one, directory, block, local)
+                          for block, local in zip(self.blocks, self.locals)])
+
+    def load_local(self, directory: str, expected: list | None = None) -> None:
+        expected = self._manifests(expected)
+        self.locals = self._map([functools.partial(restore_one, directory, block, self.spill, expected[block.index])
+                                 for block in self.blocks])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self._remove_spill()
+        if self._holds_blas:
+            SINGLE_THREAD_BLAS.release()
+            self._holds_blas = False

@@ -1,0 +1,136 @@
+"""Local factors in Zarr: written and read back by the process that holds them, for the out-of-core mode (a
+factor larger than the memory budget lives on disk between passes) and for checkpoints (with a manifest of
+every array's shape, dtype and CRC32C, checked on restore)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import google_crc32c
+import numpy as np
+import scipy.sparse as sp
+import zarr
+
+from ...store.format import Block
+from ...store.writing import write_arrays
+
+
+CSR_PARTS = ("data", "indices", "indptr")
+
+
+def save_local(directory: str, block, local) -> dict:
+    """Write one block's local factor under ``directory`` (run where the factor lives): one Zarr
+    array, or for a local state of several named row-aligned parts (a dict of dense arrays and
+    CSR matrices) one Zarr group with an array, or a data/indices/indptr group, per part.
+
+    Returns the block's manifest (what :func:`load_local` checks when given it): for every array written,
+    its Zarr path under ``directory`` -> shape, dtype and CRC32C of its bytes; for a CSR part, its path ->
+    the matrix's shape."""
+    name = f"{block.index:06d}"
+    path = os.path.join(directory, name)
+    if not isinstance(local, dict):  # an array on its own path: blocks written concurrently share no node
+        local = np.asarray(local)
+        zarr.open_array(path, mode="w", shape=local.shape, dtype=local.dtype, chunks=local.shape,
+                        zarr_format=3)[...] = local
+        return {name: _array_manifest(local)}
+    node = zarr.open_group(path, mode="w", zarr_format=3)
+    manifest = {}
+    for part_name, part in local.items():
+        if sp.issparse(part):
+            part = sp.csr_matrix(part)
+            sub = node.create_group(part_name)
+            sub.attrs["shape"] = list(part.shape)
+            arrays = dict(zip(CSR_PARTS, (part.data, part.indices, part.indptr)))
+            write_arrays(sub, **arrays)
+            manifest[f"{name}/{part_name}"] = {"csr_shape": list(part.shape)}
+            manifest.update({f"{name}/{part_name}/{key}": _array_manifest(array) for key, array in arrays.items()})
+        else:
+            part = np.asarray(part)
+            write_arrays(node, **{part_name: part})
+            manifest[f"{name}/{part_name}"] = _array_manifest(part)
+    return manifest
+
+
+def _array_manifest(array: np.ndarray) -> dict:
+    return {"shape": list(array.shape), "dtype": array.dtype.str,
+            "crc32c": google_crc32c.value(np.ascontiguousarray(array))}
+
+
+def load_local(directory: str, block, expected: dict | None = None):
+    """One block's local factor as :func:`save_local` wrote it. Only numeric Zarr v3 arrays are read (bool,
+    integers, floats: nothing that decodes into objects). ``expected``: the block's manifest from
+    ``save_local``; the arrays read must match it exactly (no array missing or added, the same shapes,
+    dtypes and CRC32C: a lost chunk reads as zeros and is caught here), else ValueError naming the array."""
+    name = f"{block.index:06d}"
+    node = zarr.open(os.path.join(directory, name), mode="r", zarr_format=3)
+    if isinstance(node, zarr.Array):
+        arrays, shapes = {name: _read_numeric(node, name)}, {}
+    else:
+        arrays, shapes = {}, {}
+        for part_name, part in node.members():
+            path = f"{name}/{part_name}"
+            if isinstance(part, zarr.Group):
+                shapes[path] = part.attrs.get("shape")
+                arrays.update({f"{path}/{key}": _read_numeric(array, f"{path}/{key}") for key, array in part.members()})
+            else:
+                arrays[path] = _read_numeric(part, path)
+    if expected is not None:
+        found = {**{path: {"csr_shape": shape} for path, shape in shapes.items()},
+                 **{path: _array_manifest(array) for path, array in arrays.items()}}
+        _check_manifest(directory, expected, found)
+    if name in arrays:
+        return arrays[name]
+    local = {path.removeprefix(f"{name}/"): sp.csr_matrix(tuple(arrays[f"{path}/{key}"] for key in CSR_PARTS),
+                                                          shape=tuple(shape))
+             for path, shape in shapes.items()}
+    local.update({path.removeprefix(f"{name}/"): array for path, array in arrays.items() if path.count("/") == 1})
+    return local
+
+
+def _read_numeric(array: zarr.Array, path: str) -> np.ndarray:
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"array {path!r} has dtype {array.dtype}; a local factor holds numbers only")
+    return array[...]
+
+
+def _check_manifest(directory: str, expected: dict, found: dict) -> None:
+    """ValueError naming the first array (or CSR part) of a block that differs from what was written."""
+    for path in sorted(expected.keys() | found.keys()):
+        if path not in found:
+            raise ValueError(f"{directory}: {path!r} is missing")
+        if path not in expected:
+            raise ValueError(f"{directory}: {path!r} was not written by distfact")
+        if found[path] != expected[path]:
+            differ = [f"{key} {found[path].get(key)!r} (written: {value!r})" for key, value in expected[path].items()
+                      if found[path].get(key) != value]
+            raise ValueError(f"{directory}: {path!r} has {', '.join(differ) or 'other entries'}")
+
+
+@dataclass(frozen=True)
+class SpilledLocal:
+    """A block's local factor kept in Zarr rather than in memory (out-of-core mode)."""
+
+    directory: str
+    block: Block
+
+    def load(self):
+        return load_local(self.directory, self.block)
+
+
+@dataclass(frozen=True)
+class LocalSpill:
+    """Where local factors go when they exceed the memory budget: ``directory/gen0`` and
+    ``gen1``, alternately, so a pass never overwrites the factors it reads (a task that
+    Dask re-runs still finds its input)."""
+
+    directory: str
+
+    def store(self, block, local, generation: int) -> SpilledLocal:
+        where = os.path.join(self.directory, f"gen{generation % 2}")
+        save_local(where, block, local)
+        return SpilledLocal(where, block)
+
+
+def materialise(local):
+    return local.load() if isinstance(local, SpilledLocal) else local

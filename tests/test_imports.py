@@ -1,0 +1,115 @@
+"""The package's plan: no import cycles among distfact's modules, and no module importing the package root.
+
+Read from the source with ast (nothing is imported), counting every import statement, those inside functions
+too: an import moved into a function still makes the two modules depend on each other.
+
+`from P import name` depends on P's __init__ (Python runs it first), and on P.name too when that is a module;
+`import P.Q` and `from P.Q import name` depend on P.Q. A module that depends on its own package's __init__ (or
+an ancestor's) is a cycle on its own: the package contains it. A package's __init__ importing its submodules
+is the plan, not a cycle."""
+
+import ast
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parents[1] / "distfact"
+
+
+def module_names(root):
+    """{dotted module name: (path, is a package's __init__)} for every .py file under root."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = (root.name, *path.relative_to(root).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return modules
+
+
+def import_graph(root):
+    """{module: {modules it imports}} among the modules under root (imports of other packages are left out)."""
+    modules = module_names(root)
+    graph = {}
+    for name, (path, is_package) in modules.items():
+        package = name if is_package else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module
+                targets.add(source)
+                targets.update(f"{source}.{alias.name}" for alias in node.names)
+        graph[name] = {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def strongly_connected(graph):
+    """Tarjan's strongly connected components of graph, those of more than one module."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph[node]):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def import_cycles(root):
+    """Every import cycle: the groups of modules that import each other, and each module importing an
+    __init__ of a package that contains it."""
+    graph = import_graph(root)
+    cycles = [" <-> ".join(component) for component in strongly_connected(graph)]
+    cycles += [f"{name} -> {target} (its own package)" for name, targets in sorted(graph.items())
+               for target in sorted(targets) if name.startswith(target + ".")]
+    return cycles
+
+
+def test_no_import_cycles():
+    assert import_cycles(SOURCE) == []
+
+
+def test_no_module_imports_the_package_root():
+    graph = import_graph(SOURCE)
+    assert sorted(name for name, targets in graph.items() if SOURCE.name in targets) == []
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path):
+    """A package with each kind of cycle (two modules importing each other, one of them lazily inside a
+    function; a module importing its own package's __init__; one importing the root) and imports that are not."""
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    files = {"__init__.py": "", "a.py": "from .b import f\n", "b.py": "def f():\n    from .a import g\n",
+             "root.py": "import pkg\n", "fine.py": "from .sub.thing import thing\nfrom .sub import other\n",
+             "sub/__init__.py": "from .thing import thing\n", "sub/thing.py": "from . import other\n",
+             "sub/other.py": "import os\n"}
+    for name, text in files.items():
+        (root / name).write_text(text)
+    assert import_cycles(root) == ["pkg.a <-> pkg.b", "pkg.sub <-> pkg.sub.thing", "pkg.root -> pkg (its own package)",
+                                   "pkg.sub.thing -> pkg.sub (its own package)"]
+    graph = import_graph(root)
+    assert graph["pkg.fine"] == {"pkg.sub", "pkg.sub.thing", "pkg.sub.other"}
+    assert sorted(name for name, targets in graph.items() if "pkg" in targets) == ["pkg.root"]
