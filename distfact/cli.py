@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import logging
 import math
@@ -18,13 +19,12 @@ import numpy as np
 from .store.files import class_labels
 
 EXIT_BAD_INPUT = 2
-# per method: its solvers (the first is the default), its inits (likewise), default max_iter and tol
+# per method: its solvers (the first is the default) and its inits (likewise); max_iter, tol and n_estimates
+# default to the estimator's own (``_estimator_default``)
 FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",), "wl1-nmf": ("scd",),
                "ssnmf": ("mu",), "multigroup-svd": ("auto", "fw", "brent", "sdp")}
 FIT_INITS = {"nmf": ("random", "nndsvda"), "fairer-nmf": ("random",), "stratified-nmf": ("random",),
              "wl1-nmf": ("hals", "random"), "ssnmf": ("random",)}
-FIT_MAX_ITER = {"wl1-nmf": 30}
-FIT_TOL = {"stratified-nmf": None, "wl1-nmf": 1e-6}
 
 
 def _number(kind, low=None, strict=False):
@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
                         "coordinate descent, robust to outliers and false zeros); ssnmf (semi-supervised NMF: "
                         "X ~ W H and the labels ~ W B jointly); multigroup-svd (consistent multigroup singular "
                         "vectors: min-max group loss, signed data, one pass)")
-    p.add_argument("--n-estimates", type=POSITIVE, default=5, help="fairer-nmf: NMF runs per group for E_l")
+    p.add_argument("--n-estimates", type=POSITIVE,
+                   help="fairer-nmf: NMF runs per group for E_l (default: the estimator's, T of the paper)")
     p.add_argument("--v-updates", type=POSITIVE, default=2, help="stratified-nmf: v updates per iteration (M)")
     p.add_argument("--lam", type=NON_NEGATIVE, default=1.0,
                    help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF); ssnmf: weight of the supervision term")
@@ -129,10 +130,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
     p.add_argument("--init", choices=["random", "nndsvda", "hals"],
                    help="random (default), or nndsvda for nmf; wl1-nmf: hals (default) or random")
-    p.add_argument("--max-iter", type=COUNT, help="iterations (default: 200; wl1-nmf: 30)")
+    p.add_argument("--max-iter", type=COUNT,
+                   help="iterations at most (default: the method's estimator's; fairer-nmf: until its stopping rule "
+                        "holds, as its paper)")
     p.add_argument("--tol", type=NON_NEGATIVE,
-                   help="change that stops the fit (default: 1e-4 relative; stratified-nmf: none, run --max-iter "
-                        "iterations as the paper does; wl1-nmf: 1e-6 on the objective divided by sum(X))")
+                   help="change that stops the fit (default: the method's estimator's: a relative change; "
+                        "fairer-nmf: eq. (10); stratified-nmf: none, run --max-iter iterations as its paper does; "
+                        "wl1-nmf: on the objective divided by sum(X))")
     p.add_argument("--seed", type=COUNT, default=0)
     p.add_argument("--output", "-o", default="distfact-fit",
                    help="output directory: written beside it in .NAME.partial/ and swapped into place when complete; "
@@ -274,7 +278,7 @@ def _fit_model(args, bar, checkpoint_dir):
         raise ValueError("--lam is available for wl1-nmf and ssnmf only")
     if (args.model != "FF" or args.labels != "groups") and args.method != "ssnmf":
         raise ValueError("--model and --labels are available for ssnmf only")
-    tol = FIT_TOL.get(args.method, 1e-4) if args.tol is None else args.tol
+    tol = _estimator_default(args.method, "tol") if args.tol is None else args.tol
     checkpoints = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
     common = dict(max_iter=_max_iter(args), tol=tol, random_state=args.seed, callback=bar)
     if args.method == "ssnmf":
@@ -283,7 +287,8 @@ def _fit_model(args, bar, checkpoint_dir):
         return WeightedL1NMF(args.rank, lam=args.lam, init=init, hals_iter=args.hals_iter,
                              time_limit=args.time_limit, **common, **checkpoints)
     if args.method == "fairer-nmf":
-        return FairerNMF(args.rank, solver=solver, n_estimates=args.n_estimates, **common, **checkpoints)
+        n_estimates = _estimator_default(args.method, "n_estimates") if args.n_estimates is None else args.n_estimates
+        return FairerNMF(args.rank, solver=solver, n_estimates=n_estimates, **common, **checkpoints)
     if args.method == "stratified-nmf":
         return StratifiedNMF(args.rank, v_updates=args.v_updates, **common, **checkpoints)
     return NMF(args.rank, solver=solver, beta_loss=args.beta_loss, init=init, **common, **checkpoints)
@@ -299,8 +304,16 @@ def _method_choice(args, option: str, value, choices: dict) -> str:
     return value
 
 
-def _max_iter(args) -> int:
-    return FIT_MAX_ITER.get(args.method, 200) if args.max_iter is None else args.max_iter
+def _estimator_default(method: str, name: str):
+    """The default of parameter ``name`` of ``method``'s estimator: the CLI copies none of them."""
+    from .pipeline.spec import estimator_class
+
+    return inspect.signature(estimator_class(method).__init__).parameters[name].default
+
+
+def _max_iter(args) -> int | None:
+    """--max-iter, else the estimator's default (None for fairer-nmf: until its stopping rule holds)."""
+    return _estimator_default(args.method, "max_iter") if args.max_iter is None else args.max_iter
 
 
 def cmd_fit(args):

@@ -105,6 +105,19 @@ def test_fit_fairer_nmf(npz_source, tmp_path):
     assert np.load(tmp_path / "fair" / "W.npy").shape == (80, 2)
 
 
+@pytest.mark.parametrize("method", ["nmf", "fairer-nmf", "stratified-nmf", "wl1-nmf", "ssnmf"])
+def test_fit_defaults_are_the_estimators(method):
+    """``distfact fit`` without --max-iter, --tol, --n-estimates builds the estimator with its own defaults
+    (Fairer-NMF's: until its stopping rule holds), not copies of them."""
+    from distfact.cli import _fit_model, _parser
+    from distfact.pipeline.spec import estimator_class
+
+    args = _parser().parse_args(["fit", "x.zarr", "--method", method, "--rank", "3"])
+    built, own = _fit_model(args, None, None).get_params(), estimator_class(method)(3).get_params()
+    for name in ("max_iter", "tol", "n_estimates"):
+        assert built.get(name, "absent") == own.get(name, "absent"), name
+
+
 def test_fit_and_report_stratified_nmf(tmp_path):
     from distfact.datasets import load_digit_strata
 

@@ -1,4 +1,4 @@
-"""``distfact.FairerNMF``: NMF minimising the worst group's relative reconstruction loss."""
+"""``distfact.FairerNMF``: NMF minimising the worst group's relative reconstruction loss (Kassab et al., 2024)."""
 
 from __future__ import annotations
 
@@ -15,36 +15,66 @@ from .base import FactorEstimator, check_iteration_params, check_rank, data_fing
 SOLVERS = ("mu", "am")
 
 
-class FairerNMF(FactorEstimator):
-    """Fairer-NMF (fairer-nmf.txt): min over W, H >= 0 of max_l (||X_l - W_l H||_F - E_l) / ||X_l||_F.
+# max_iter=None runs the scheme until eq. (10) holds; this cap only keeps a fit that never meets it (a tol too
+# small for the data's precision) from running forever. The paper's data need 1,300 to 12,600 iterations.
+UNTIL_CONVERGED_CAP = 100_000
 
-    E_l, the error a rank-r NMF of group l alone attains, is estimated first (Algorithm 1: the mean
-    Frobenius error of ``n_estimates`` independent MU runs per group, all run in the same passes
-    over X). Then the MU scheme (Algorithm 3) reweights the groups each iteration towards the
+
+class FairerNMF(FactorEstimator):
+    """Fairer-NMF: NMF minimising the worst group's relative reconstruction loss.
+
+    min over W, H >= 0 of max_l (||X_l - W_l H||_F - E_l) / ||X_l||_F, from L. Kassab, E. George, D. Needell,
+    H. Geng, N. Jafar Nia and A. Li, "Towards a Fairer Non-negative Matrix Factorization", 2024
+    (arXiv:2411.09847). E_l, the error a rank-r NMF of group l alone attains, is estimated first
+    (Algorithm 1: the mean Frobenius error of ``n_estimates`` independent MU runs per group, all run in the
+    same passes over X). Then the MU scheme (Algorithm 3) reweights the groups each iteration towards the
     worst one. See ``distfact.methods.fairer_nmf`` for the updates and equation numbers.
+
+    The defaults reproduce the paper's results (Section 6; measured in docs/fairer-nmf.md): T = 5 runs for
+    E_l, each stopped as in the reference code when its error changes by less than 1e-4 relative (at most
+    10,000 iterations), and the scheme run until its stopping rule holds, with no iteration cap to speak of.
+    With them, on the paper's Table 1 data and on UCI Heart Disease grouped by sex, the worst group's loss
+    is no larger than standard NMF's at ranks 3 to 10 and every E_l run converges (tested).
 
     Parameters
     ----------
     n_components : int
-    solver : {'mu', 'am'}
+        The rank r.
+    solver : {'mu', 'am'}, default='mu'
         'mu': the multiplicative-update scheme (Algorithm 3). 'am': alternating minimisation
         (Algorithm 2): the H step is a second-order cone program on per-group statistics (r*n + 1
         variables whatever the number of rows), solved by cvxpy with the first of CLARABEL, ECOS,
         SCS that is installed (falling back to the next on failure); the W step is an exact
         non-negative least squares per row, on the workers.
-    n_estimates : int
-        T in Algorithm 1.
-    c_update : {'decaying', 'fixed', 'largest'}
+    n_estimates : int, default=5
+        T in Algorithm 1 (the paper's T = 5).
+    c_update : {'decaying', 'fixed', 'largest'}, default='decaying'
         'decaying': c <- c + e_l* (the paper's rule); 'fixed': c <- (1 - c_step) c + c_step e_l*;
         'largest': c <- e_l* (all weight on the current worst group).
-    c_step : float
+    c_step : float, default=0.5
         Step of the 'fixed' rule.
-    tol : float
-        Eq. (10): stop when every group's error changes by less than ``tol`` relative to it.
-    max_iter : int
-    estimate_max_iter, estimate_tol : int, float
-        Iterations and tolerance of the NMF runs of Algorithm 1.
-    random_state : int or None
+    tol : float, default=1e-5
+        Eq. (10): stop when every group's error changes in an iteration by less than ``tol`` relative
+        to it (errors below 1% of ||X_l|| count as 1% of ||X_l||, so that a group reconstructed exactly
+        does not keep the scheme running). 0: run ``max_iter`` iterations. The paper prints 1e-4; its
+        reference code applies 1e-4 to the relative change of the groups' losses, a stricter test by
+        R-Error / |R-Loss| (5 to over 100 on Heart Disease) that does not end within 20,000 iterations at
+        most of Heart Disease's ranks. At 1e-4 on errors the MU scheme can stop on a plateau: Heart
+        Disease, rank 10, random_state=0: worst loss 0.0171 after 367 iterations, above standard NMF's
+        0.0166, where 1e-5 goes on to -0.0014 after 3,287 (the paper reports losses below 0 at rank 10).
+    max_iter : int or None, default=None
+        Iterations of the scheme at most. None: until eq. (10) holds, as the paper and its reference code
+        run, with a safety cap of ``UNTIL_CONVERGED_CAP`` = 100,000 iterations (a ConvergenceWarning if it
+        is reached); the paper's data need 1,300 to 12,600.
+    estimate_max_iter : int, default=10000
+        Iterations of each NMF run of Algorithm 1 at most (the reference code's cap).
+    estimate_tol : float, default=1e-4
+        A run of Algorithm 1 stops when its error e changes in an iteration by less than ``estimate_tol``
+        relative to max(e, 0.01 ||X_l||) (the reference code: relative to e). The floor lets runs on a group
+        that a rank-r NMF reconstructs exactly, whose error tends to 0 too slowly for a relative test, stop
+        once their error moves by less than 1e-6 of ||X_l|| per iteration (see
+        ``distfact.methods.fairer_nmf.GroupErrorEstimate``).
+    random_state : int or None, default=None
     block_rows, checkpoint_dir, checkpoint_every, resume, callback, n_threads, local_memory_budget :
         as in :class:`distfact.NMF`. Checkpoints of the E_l runs go to ``checkpoint_dir/estimate`` and
         those of the scheme to ``checkpoint_dir/scheme``; a resumed fit continues whichever phase was
@@ -58,7 +88,7 @@ class FairerNMF(FactorEstimator):
     E_runs_ : ndarray (n_groups, n_estimates)
         The errors of the individual runs.
     E_converged_ : ndarray of bool (n_groups,)
-        Whether every run of a group met ``estimate_tol`` within ``estimate_max_iter``.
+        Whether every run of a group met its stopping rule within ``estimate_max_iter``.
     group_names_ : list of str
     group_errors_ : ndarray (n_groups,)
         ||X_l - W_l H||_F / ||X_l||_F.
@@ -74,8 +104,8 @@ class FairerNMF(FactorEstimator):
         ``n_passes_`` counts the passes of Algorithm 1 too.
     """
 
-    def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-4,
-                 max_iter=200, estimate_max_iter=200, estimate_tol=1e-4, random_state=None, block_rows=None,
+    def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-5,
+                 max_iter=None, estimate_max_iter=10_000, estimate_tol=1e-4, random_state=None, block_rows=None,
                  checkpoint_dir=None, checkpoint_every=10, resume=False, n_threads=None, local_memory_budget=None,
                  callback=None):
         self.n_components = n_components
@@ -115,7 +145,7 @@ class FairerNMF(FactorEstimator):
                              "installed: pip install clarabel")
         if not isinstance(self.n_estimates, (int, np.integer)) or self.n_estimates < 1:
             raise ValueError(f"n_estimates must be a positive integer, got {self.n_estimates!r}")
-        check_iteration_params(self.max_iter, self.tol, self.random_state)
+        check_iteration_params(self._iteration_cap(), self.tol, self.random_state)
         check_iteration_params(self.estimate_max_iter, self.estimate_tol)
         data = self._grouped(X, groups)
         r = check_rank(self.n_components, data.shape)
@@ -145,7 +175,7 @@ class FairerNMF(FactorEstimator):
                              checkpointer=self._checkpointer(config, "estimate"), resume=self.resume)
             runs = estimate.errors(state.global_state, state.stats, data)
             self.E_runs_, self.E_ = runs, runs.mean(axis=1)
-            self.E_converged_ = self._runs_converged(state, data.n_groups)
+            self.E_converged_ = estimate.runs_stopped(state.global_state, state.stats, data).all(axis=1)
             if not self.E_converged_.all():
                 late = [n for n, ok in zip(data.group_names, self.E_converged_) if not ok]
                 warnings.warn(f"the NMF runs estimating E_l (Algorithm 1) of groups {late} did not converge "
@@ -159,36 +189,35 @@ class FairerNMF(FactorEstimator):
             seed = None if self.random_state is None else [self.random_state, 2]
             config = {"estimator": "FairerNMF", "solver": self.solver, "method": method.__dict__,
                       "random_state": self.random_state, "data": fingerprint}
-            state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
+            cap = self._iteration_cap()
+            state = run_loop(method, data, executor, max_iter=cap, callback=self.callback,
                              start=lambda: initialise(method, data, executor, seed),
                              checkpointer=self._checkpointer(config, "scheme"), resume=self.resume)
             self._set_results(method, data, state, executor)
+            if not state.converged and self.tol > 0 and cap > 0:
+                warnings.warn(f"Fairer-NMF stopped at {cap} iterations (max_iter={self.max_iter}) before every "
+                              f"group's error changed by less than tol={self.tol} (eq. 10)", ConvergenceWarning,
+                              stacklevel=3)
             if want_W:
                 return self._rows_in_caller_order(data, executor.local_factors())
         finally:
             executor.close()
         return None
 
-    def _runs_converged(self, state, n_groups) -> np.ndarray:
-        """Per group: all its runs' losses changed by less than estimate_tol in the last iteration."""
-        if state.converged:
-            return np.ones(n_groups, dtype=bool)
-        if len(state.group_objectives) < 2:
-            return np.zeros(n_groups, dtype=bool)
-        previous, current = (np.reshape(v, (n_groups, -1)) for v in state.group_objectives[-2:])
-        change = np.abs(previous - current) / np.maximum(previous, np.finfo(np.float64).tiny)
-        return (change < self.estimate_tol).all(axis=1)
+    def _iteration_cap(self):
+        """max_iter, or the safety cap when it is None (until eq. (10) holds)."""
+        return UNTIL_CONVERGED_CAP if self.max_iter is None else self.max_iter
 
     def _set_results(self, method, data, state, executor):
-        norms = np.sqrt(data.group_sq_norms)
-        errors = np.vstack(state.group_objectives)
+        relative = np.vstack(state.group_objectives)  # e_l / ||X_l|| after every iteration
+        relative_E = self.E_ / np.sqrt(data.group_sq_norms)
         self.components_ = state.global_state["H"]
         self.c_ = state.global_state["c"]
         self.conic_solver_ = state.global_state.get("solver")
         self.group_names_ = data.group_names
-        self.group_errors_ = errors[-1] / norms
-        self.group_losses_ = (errors[-1] - self.E_) / norms
-        self.loss_history_ = (errors - self.E_) / norms
+        self.group_errors_ = relative[-1]
+        self.group_losses_ = relative[-1] - relative_E
+        self.loss_history_ = relative - relative_E
         self.n_iter_ = state.iteration
         self.n_passes_ = executor.n_passes
         self.converged_ = state.converged

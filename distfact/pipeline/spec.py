@@ -35,7 +35,7 @@ from ..store.sources import SOURCE_SUFFIXES, source_kind
 
 DATASETS = ("digits", "heart", "heart-multigroup", "fairer-synthetic", "stratified-synthetic")
 # the type of each estimator parameter whose default is None (the others take their default's type)
-NONE_DEFAULT_TYPES = {"tol": float, "time_limit": float, "column_blocks": int, "sketch_size": int}
+NONE_DEFAULT_TYPES = {"tol": float, "max_iter": int, "time_limit": float, "column_blocks": int, "sketch_size": int}
 # parameters the pipeline sets itself, refused in a [[fit]] table
 RESERVED = {"n_components", "random_state", "checkpoint_dir", "checkpoint_every", "resume", "callback", "n_threads",
             "local_memory_budget", "block_rows"}
