@@ -13,18 +13,14 @@ import logging
 import math
 import os
 import sys
+import time
 
 import numpy as np
 
-from .store.files import class_labels
+from .registry import get_method, methods
+from .estimators.contract import resolve
 
 EXIT_BAD_INPUT = 2
-# per method: its solvers (the first is the default) and its inits (likewise); max_iter, tol and n_estimates
-# default to the estimator's own (``_estimator_default``)
-FIT_SOLVERS = {"nmf": ("mu", "hals"), "fairer-nmf": ("mu", "am"), "stratified-nmf": ("mu",), "wl1-nmf": ("scd",),
-               "ssnmf": ("mu",), "multigroup-svd": ("auto", "fw", "brent", "sdp")}
-FIT_INITS = {"nmf": ("random", "nndsvda"), "fairer-nmf": ("random",), "stratified-nmf": ("random",),
-             "wl1-nmf": ("hals", "random"), "ssnmf": ("random",)}
 
 
 def _number(kind, low=None, strict=False):
@@ -100,44 +96,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    p = sub.add_parser("fit", help="factor a store; write H, W and metrics.json")
+    declarations = methods()
+    p = sub.add_parser("fit", help="factor a store; write the model, its components, W and the per-group metrics",
+                       description="Fit a method on a store and write, into --output: model.npz (distfact.load "
+                                   "reads it), components.npy, W/ (one array per block; rows.npy maps the stored "
+                                   "rows back to the input's) when the method writes W, group_metrics.csv and "
+                                   "metrics.json, plus the method's own arrays. Every option left out takes the "
+                                   "method's estimator's default. `distfact report` reads the output.")
     p.add_argument("store")
-    p.add_argument("--method", default="nmf", choices=list(FIT_SOLVERS),
-                   help="nmf; fairer-nmf (min-max relative group loss); stratified-nmf (shared topics plus a "
-                        "shift per group, the groups being the strata); wl1-nmf (weighted L1 loss by sparse "
-                        "coordinate descent, robust to outliers and false zeros); ssnmf (semi-supervised NMF: "
-                        "X ~ W H and the labels ~ W B jointly); multigroup-svd (consistent multigroup singular "
-                        "vectors: min-max group loss, signed data, one pass)")
-    p.add_argument("--n-estimates", type=POSITIVE,
-                   help="fairer-nmf: NMF runs per group for E_l (default: the estimator's, T of the paper)")
-    p.add_argument("--v-updates", type=POSITIVE, default=2, help="stratified-nmf: v updates per iteration (M)")
-    p.add_argument("--lam", type=NON_NEGATIVE, default=1.0,
-                   help="wl1-nmf: weight of the zeros, in [0, 1] (1: L1-NMF); ssnmf: weight of the supervision term")
-    p.add_argument("--model", default="FF", choices=["FF", "FD", "DF", "DD"],
-                   help="ssnmf: the (reconstruction, supervision) losses, F = Frobenius, D = I-divergence")
-    p.add_argument("--labels", default="groups",
-                   help="ssnmf: 'groups' (the store's groups are the classes), 'none' (NMF), or a .npy/text file "
-                        "with one class label per input row (-1: unlabelled)")
-    p.add_argument("--hals-iter", type=COUNT, default=10, help="wl1-nmf: HALS iterations of --init hals")
-    p.add_argument("--time-limit", type=_number(float, 0.0, strict=True),
-                   help="wl1-nmf: seconds after which no new iteration starts")
+    p.add_argument("--method", default=next(iter(declarations)), choices=list(declarations),
+                   help="; ".join(f"{name}: {d.summary}" for name, d in declarations.items()))
     p.add_argument("--rank", "-r", type=POSITIVE, required=True, help="number of components")
-    p.add_argument("--solver", choices=["mu", "hals", "am", "scd", "auto", "fw", "brent", "sdp"],
-                   help="nmf: mu (default) or hals; fairer-nmf: mu (default) or am; stratified-nmf: mu; wl1-nmf: scd; "
-                        "multigroup-svd: auto (default: brent for two groups, fw otherwise), fw, brent or sdp")
-    p.add_argument("--center", action="store_true", help="multigroup-svd: subtract the column means")
-    p.add_argument("--scale", action="store_true", help="multigroup-svd: divide the columns by their std")
-    p.add_argument("--beta-loss", default="frobenius", choices=["frobenius", "kullback-leibler"])
-    p.add_argument("--init", choices=["random", "nndsvda", "hals"],
-                   help="random (default), or nndsvda for nmf; wl1-nmf: hals (default) or random")
-    p.add_argument("--max-iter", type=COUNT,
-                   help="iterations at most (default: the method's estimator's; fairer-nmf: until its stopping rule "
-                        "holds, as its paper)")
-    p.add_argument("--tol", type=NON_NEGATIVE,
-                   help="change that stops the fit (default: the method's estimator's: a relative change; "
-                        "fairer-nmf: eq. (10); stratified-nmf: none, run --max-iter iterations as its paper does; "
-                        "wl1-nmf: on the objective divided by sum(X))")
-    p.add_argument("--seed", type=COUNT, default=0)
+    p.add_argument("--seed", type=COUNT, default=0, help="random_state")
+    _add_method_options(p, declarations)
     p.add_argument("--output", "-o", default="distfact-fit",
                    help="output directory: written beside it in .NAME.partial/ and swapped into place when complete; "
                         "must be new, empty or an earlier fit output (replaced with --overwrite)")
@@ -148,43 +119,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     _add_scheduler_options(p)
 
-    p = sub.add_parser("report", help="a method paper's views: --fairness (Fairer-NMF), --stratified "
-                                      "(Stratified-NMF), --ssnmf (SSNMF) or --multigroup (multigroup SVD)",
-                       description="--multigroup (multigroup-lowrank.txt, Figs. 2 and 3): fit the multigroup SVD "
-                                   "of rank --rank and write the marginal, incremental and reconstruction loss by "
-                                   "rank per group beside the standard SVD's, the primal and dual objectives by "
-                                   "rank, and an HTML page. "
-                                   "--ssnmf (ssnmf.txt, Fig. 2 and Table 5): fit SSNMF with the groups (or --labels) "
-                                   "as classes and write the normalised B, the top features of each topic and an "
-                                   "HTML page. "
-                                   "--fairness (fairer-nmf.txt, Figs. 2, 3, 5): for each rank, fit standard NMF "
-                                   "and Fairer-NMF on STORE and write fairness.csv/json, the figures and an HTML "
-                                   "page. --stratified (stratified-nmf.txt, Figs. 1, 3-6): fit Stratified-NMF "
-                                   "with the groups as strata and write the normalised strata features, images "
-                                   "(--image-shape), top features per stratum and per topic, and an HTML page.")
-    p.add_argument("store")
-    kind = p.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--fairness", action="store_true", help="the Fairer-NMF fairness report")
-    kind.add_argument("--stratified", action="store_true", help="the Stratified-NMF report")
-    kind.add_argument("--ssnmf", action="store_true", help="the SSNMF report (B heat map, top features per topic)")
-    kind.add_argument("--multigroup", action="store_true",
-                      help="the multigroup SVD report (losses by rank per group against the SVD, duality gaps)")
-    p.add_argument("--ranks", default="1:10", help="fairness: ranks as FIRST:LAST (inclusive)")
-    p.add_argument("--solver", choices=["mu", "am", "auto", "fw", "brent", "sdp"],
-                   help="fairness: the Fairer-NMF scheme, mu (default) or am; multigroup: auto (default), fw, brent, sdp")
-    p.add_argument("--rank", "-r", type=POSITIVE, default=10,
-                   help="stratified, ssnmf: number of topics; multigroup: d")
-    p.add_argument("--center", action="store_true", help="multigroup: subtract the column means")
-    p.add_argument("--scale", action="store_true", help="multigroup: divide the columns by their std")
-    p.add_argument("--model", default="DF", choices=["FF", "FD", "DF", "DD"], help="ssnmf: the losses (R, S)")
-    p.add_argument("--lam", type=NON_NEGATIVE, default=1.0, help="ssnmf: weight of the supervision term")
-    p.add_argument("--labels", default="groups", help="ssnmf: 'groups' or a file of class labels (as for fit)")
-    p.add_argument("--image-shape", help="stratified: features are pixels of HEIGHTxWIDTH images, e.g. 8x8")
-    p.add_argument("--top", type=POSITIVE, default=10,
-                   help="stratified, ssnmf: top features listed per stratum and topic")
-    p.add_argument("--max-iter", type=COUNT, help="iterations (default: 5000 fairness, 100 stratified and ssnmf)")
-    p.add_argument("--tol", type=NON_NEGATIVE, default=1e-6, help="fairness: the stopping tolerance of both methods")
-    p.add_argument("--seed", type=COUNT, default=0)
+    reports = {d.paper_report.flag: d for d in declarations.values() if d.paper_report is not None}
+    p = sub.add_parser("report", help="a report of a fit output (no refit), or a method paper's report of a store",
+                       description="PATH is a `distfact fit` output: write its report (per-group metrics, the "
+                                   "objective by iteration, top features per component, the method's figures) "
+                                   "without fitting again. Or PATH is a store and one of "
+                                   + ", ".join(f"--{flag}" for flag in reports)
+                                   + " asks for that method's paper report, which fits what it needs.")
+    p.add_argument("path", metavar="PATH", help="a fit output directory, or a store (with a paper report's flag)")
+    kind = p.add_mutually_exclusive_group()
+    for flag, declaration in reports.items():
+        kind.add_argument(f"--{flag}", action="store_const", const=declaration.name, dest="paper",
+                          help=declaration.paper_report.help)
+    p.add_argument("--ranks", default="1:10", help="paper reports that compare ranks: FIRST:LAST (inclusive)")
+    p.add_argument("--rank", "-r", type=POSITIVE, default=10, help="paper reports of one fit: its rank")
+    p.add_argument("--seed", type=COUNT, default=0, help="paper reports: random_state")
+    p.add_argument("--image-shape", help="features are pixels of HEIGHTxWIDTH images, e.g. 8x8")
+    p.add_argument("--top", type=POSITIVE, default=10, help="top features listed per component")
+    _add_method_options(p, declarations)
     p.add_argument("--output", "-o", default="distfact-report",
                    help="output directory (new, empty or an earlier report, replaced with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --output")
@@ -256,174 +208,142 @@ def cmd_info(args):
     print(format_table(info["groups"]))
 
 
-def _progress(args, max_iter):
-    from .engine.progress import ProgressBar
-
-    return None if args.no_progress else ProgressBar(max_iter)
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def _fit_model(args, bar, checkpoint_dir):
-    """The estimator ``distfact fit`` runs, from the command line's options (checkpoints in ``checkpoint_dir``)."""
-    from .estimators import NMF, SSNMF, FairerNMF, StratifiedNMF, WeightedL1NMF
-
-    solver = _method_choice(args, "--solver", args.solver, FIT_SOLVERS)
-    init = _method_choice(args, "--init", args.init, FIT_INITS)
-    if args.beta_loss != "frobenius" and args.method != "nmf":
-        raise ValueError(f"--beta-loss {args.beta_loss} is available for nmf only")
-    if args.v_updates != 2 and args.method != "stratified-nmf":
-        raise ValueError("--v-updates is available for stratified-nmf only")
-    if (args.hals_iter != 10 or args.time_limit is not None) and args.method != "wl1-nmf":
-        raise ValueError("--hals-iter and --time-limit are available for wl1-nmf only")
-    if args.lam != 1.0 and args.method not in ("wl1-nmf", "ssnmf"):
-        raise ValueError("--lam is available for wl1-nmf and ssnmf only")
-    if (args.model != "FF" or args.labels != "groups") and args.method != "ssnmf":
-        raise ValueError("--model and --labels are available for ssnmf only")
-    tol = _estimator_default(args.method, "tol") if args.tol is None else args.tol
-    checkpoints = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every or 10, resume=args.resume)
-    common = dict(max_iter=_max_iter(args), tol=tol, random_state=args.seed, callback=bar)
-    if args.method == "ssnmf":
-        return SSNMF(args.rank, model=args.model, lam=args.lam, **common, **checkpoints)
-    if args.method == "wl1-nmf":
-        return WeightedL1NMF(args.rank, lam=args.lam, init=init, hals_iter=args.hals_iter,
-                             time_limit=args.time_limit, **common, **checkpoints)
-    if args.method == "fairer-nmf":
-        n_estimates = _estimator_default(args.method, "n_estimates") if args.n_estimates is None else args.n_estimates
-        return FairerNMF(args.rank, solver=solver, n_estimates=n_estimates, **common, **checkpoints)
-    if args.method == "stratified-nmf":
-        return StratifiedNMF(args.rank, v_updates=args.v_updates, **common, **checkpoints)
-    return NMF(args.rank, solver=solver, beta_loss=args.beta_loss, init=init, **common, **checkpoints)
+def _method_options(declarations) -> dict[str, dict]:
+    """Every method's user-set parameters and fit inputs as command-line options: option name -> the
+    parameters (one per method that has it, by method name) and, for a fit input, its declaration."""
+    options: dict[str, dict] = {}
+    for name, declaration in declarations.items():
+        for parameter in declaration.parameters().values():
+            options.setdefault(parameter.name, {})[name] = parameter
+        for fit_input in declaration.fit_inputs:
+            options.setdefault(fit_input.name, {})[name] = fit_input
+    return options
 
 
-def _method_choice(args, option: str, value, choices: dict) -> str:
-    """``value`` if the method offers it, the method's default if it was not given."""
-    offered = choices[args.method]
-    if value is None:
-        return offered[0]
-    if value not in offered:
-        raise ValueError(f"{option} {value} is not available for {args.method}; choose from {', '.join(offered)}")
-    return value
+def _add_method_options(p, declarations) -> None:
+    """The methods' parameters as options (``--solver``, ``--tol``, ...), derived from their estimators: an
+    option left out is absent from the parsed arguments, which leaves the estimator's own default in place (shown
+    in the help per method)."""
+    g = p.add_argument_group("method parameters (default: the method's estimator's own, listed per method)")
+    for name, by_method in _method_options(declarations).items():
+        first = next(iter(by_method.values()))
+        if not hasattr(first, "kind"):  # a fit input, given as text
+            g.add_argument(_option(name), default=argparse.SUPPRESS,
+                           help=f"{', '.join(by_method)}: {first.help} (default {first.default!r})".replace("%", "%%"))
+            continue
+        kinds = {parameter.kind for parameter in by_method.values()}
+        if len(kinds) > 1:
+            raise TypeError(f"parameter {name!r} is a {' in one method and a '.join(k.__name__ for k in kinds)} "
+                            "in another: a command-line option has one type")
+        defaults = ", ".join(f"{method} {parameter.default!r}" for method, parameter in by_method.items())
+        text = f"{first.help} (default: {defaults})".replace("%", "%%")
+        choices = sorted({c for parameter in by_method.values() for c in parameter.choices or ()}) or None
+        if first.kind is bool:
+            g.add_argument(_option(name), action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
+        else:
+            g.add_argument(_option(name), type={int: _number(int), float: _number(float)}.get(first.kind, str),
+                           choices=choices, default=argparse.SUPPRESS, help=text)
 
 
-def _estimator_default(method: str, name: str):
-    """The default of parameter ``name`` of ``method``'s estimator: the CLI copies none of them."""
-    from .pipeline.spec import estimator_class
-
-    return inspect.signature(estimator_class(method).__init__).parameters[name].default
-
-
-def _max_iter(args) -> int | None:
-    """--max-iter, else the estimator's default (None for fairer-nmf: until its stopping rule holds)."""
-    return _estimator_default(args.method, "max_iter") if args.max_iter is None else args.max_iter
+def _given(args, declaration) -> tuple[dict, dict]:
+    """The estimator parameters and fit inputs the user gave for ``declaration``'s method; an option of another
+    method is a ValueError naming it."""
+    params, inputs = {}, {}
+    mine = {**declaration.parameters(), **{i.name: i for i in declaration.fit_inputs}}
+    for name in _method_options(methods()):
+        if not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        if name not in mine:
+            raise ValueError(f"{_option(name)} does not apply to {declaration.name} (its options: "
+                             f"{', '.join(_option(n) for n in mine) or 'none'})")
+        (params if hasattr(mine[name], "kind") else inputs)[name] = value
+    return params, inputs
 
 
 def cmd_fit(args):
     from .engine.cluster import client_for
-    from .reports.terminal import format_table, group_table
-    from .outputs import OutputDir, write_json
+    from .engine.progress import ProgressBar
+    from .outputs import OutputDir
     from .store import open_store
 
+    declaration = get_method(args.method)
+    params, inputs = _given(args, declaration)
     data = open_store(args.store)
-    if args.method == "multigroup-svd":
-        return _fit_multigroup(args, data)
-    if args.center or args.scale:
-        raise ValueError("--center and --scale are available for multigroup-svd only")
     checkpointing = bool(args.checkpoint_every or args.resume)
+    accepted = inspect.signature(declaration.estimator.__init__).parameters
+    if checkpointing and "checkpoint_dir" not in accepted:
+        raise ValueError(f"--checkpoint-every and --resume do not apply to {declaration.name} (its estimator does "
+                         "not checkpoint)")
     # Checkpoints live in the staging directory (beside --output) until the fit completes; --resume finds them there.
     with OutputDir(args.output, "fit", overwrite=args.overwrite, resume=args.resume,
                    keep=("checkpoints",) if checkpointing else (), scratch=("checkpoints",)) as out:
-        bar = _progress(args, _max_iter(args))
-        model = _fit_model(args, bar, out.path if checkpointing else None)
-        _check_rank(model.n_components, data)
-        W_out = os.path.join(out.path, "W")
+        checkpoints = dict(checkpoint_dir=out.path, checkpoint_every=args.checkpoint_every or 10,
+                           resume=args.resume) if checkpointing else {}
+        model = declaration.make(args.rank, params, random_state=args.seed, **checkpoints)
+        bar = None if args.no_progress or "callback" not in accepted else ProgressBar(getattr(model, "max_iter", None))
+        if bar is not None:
+            model.set_params(callback=bar)
         with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
             if client is not None:
                 print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
-            if args.method == "fairer-nmf":
-                W = model.fit_transform(data, client=client)
-            elif args.method == "ssnmf":
-                model.fit(data, y=class_labels(args.labels, data), client=client, W_out=W_out)
-            else:
-                model.fit(data, client=client, W_out=W_out)
+            started = time.perf_counter()
+            model.fit(data, **declaration.fit_arguments(model, inputs, data, client, os.path.join(out.path, "W")))
+            seconds = time.perf_counter() - started
         if bar is not None:
             bar.close()
-        written = ["H.npy"]
-        np.save(os.path.join(out.path, "H.npy"), model.components_)
-        np.save(os.path.join(out.path, "rows.npy"), data.row_index())  # W's stored row -> input row
-        metrics = {"method": args.method, "rank": args.rank, "n_iter": model.n_iter_, "n_passes": model.n_passes_,
-                   "converged": model.converged_, "loss_history": model.loss_history_.tolist(),
-                   "scheduler": model.scheduler_, "store": os.path.abspath(args.store),
-                   "groups": group_table(model, data)}
-        if args.method == "fairer-nmf":
-            written.append("W.npy")
-            np.save(os.path.join(out.path, "W.npy"), W)
-            metrics.update(E=model.E_.tolist(), c=model.c_.tolist(), max_group_loss=float(model.group_losses_.max()))
-        else:
-            written.append("W/ (one array per block, rows.npy maps them back)")
-        if args.method == "stratified-nmf":
-            written.append("v.npy")
-            np.save(os.path.join(out.path, "v.npy"), model.strata_features_)  # one row per stratum, in "strata" order
-            metrics.update(strata=model.strata_names_, normalised_loss=float(model.loss_history_[-1, 1]),
-                           top_features=model.top_features(10))
-        elif args.method == "nmf":
-            metrics["reconstruction_err"] = model.reconstruction_err_
-        elif args.method == "ssnmf":
-            if model.B_ is not None:
-                written.append("B.npy")
-                np.save(os.path.join(out.path, "B.npy"), model.B_)  # Y ~ W B; columns in metrics' "classes" order
-                metrics["classes"] = [str(c) for c in model.classes_]
-            metrics.update(model=model._method.model, lam=args.lam, reconstruction=float(model.loss_history_[-1, 1]),
-                           supervision=float(model.loss_history_[-1, 2]))
-        elif args.method == "wl1-nmf":  # the L1 error, ||X - WH||_1; the groups' relative_error is its share
-            metrics.update(lam=model.lam, l1_error=model.reconstruction_err_, timed_out=model.timed_out_)
-        written.append("metrics.json")
-        write_json(os.path.join(out.path, "metrics.json"), metrics)
+            model.set_params(callback=None)
+        written = write_fit_output(out.path, declaration, model, data, args, seconds)
         out.commit()
-    print(format_table(metrics["groups"]))
+    table = model.group_metrics_
+    if declaration.nested_ranks:
+        table = table[table["rank"] == args.rank]
+    print(format_group_metrics(table, data))
+    if data.feature_names is not None:
+        from .reports.fits import component_table
+
+        print("\ntop features per component:")
+        print("\n".join(f"{row[0]:>3}  {', '.join(row[1:])}" for row in component_table(model, 10)))
     print(f"wrote {', '.join(os.path.join(args.output, name) for name in written)}")
 
 
-def _check_rank(rank: int, data) -> None:
-    """The rank against the store's shape, before any work (the estimators check it again)."""
-    from .estimators.base import check_rank
+def write_fit_output(directory: str, declaration, model, data, args, seconds: float) -> list[str]:
+    """What ``distfact fit`` writes for every method, plus the method's own arrays and facts; returns the names
+    of what was written."""
+    from .outputs import write_json
 
-    check_rank(rank, data.shape)
+    written = []
+    if os.path.isdir(os.path.join(directory, "W")):
+        np.save(os.path.join(directory, "rows.npy"), data.row_index())  # W's stored row -> input row
+        written += ["W/ (one array per block; rows.npy maps them back)"]
+    arrays = {"components.npy": model.components_, **(resolve(declaration.arrays)(model) if declaration.arrays else {})}
+    for name, array in arrays.items():
+        np.save(os.path.join(directory, name), array)
+    model.save(os.path.join(directory, "model.npz"))
+    model.group_metrics_.to_csv(os.path.join(directory, "group_metrics.csv"), index=False)
+    n_iter = np.asarray(model.n_iter_).tolist()
+    params = {k: v for k, v in model.get_params().items() if k in declaration.parameters()}
+    write_json(os.path.join(directory, "metrics.json"), {
+        "method": declaration.name, "rank": args.rank, "seed": args.seed, "params": params, "seconds": seconds,
+        "n_iter": n_iter,
+        "n_passes": int(model.n_passes_), "converged": bool(np.all(model.converged_)),
+        "objective_history": np.asarray(model.objective_history_).tolist(), "scheduler": model.scheduler_,
+        "store": os.path.abspath(args.store), **(resolve(declaration.facts)(model) if declaration.facts else {})})
+    return written + list(arrays) + ["model.npz", "group_metrics.csv", "metrics.json"]
 
 
-def _multigroup_model(args, solver):
-    from .estimators import MultigroupSVD
+def format_group_metrics(table, data) -> str:
+    """The per-group metrics as a plain-text table: one row per group (its rows), one column per metric."""
+    from .reports.terminal import format_table
 
-    return MultigroupSVD(args.rank, solver=solver, center=args.center, scale=args.scale, random_state=args.seed,
-                         **({} if args.tol is None else {"tol": args.tol}),
-                         **({} if args.max_iter is None else {"max_iter": args.max_iter}))
-
-
-def _fit_multigroup(args, data):
-    """``fit --method multigroup-svd``: V.npy (components), group_losses.csv and metrics.json."""
-    from .engine.cluster import client_for
-    from .outputs import OutputDir, write_json
-
-    nmf_only = {"--init": args.init is not None, "--beta-loss": args.beta_loss != "frobenius",
-                "--checkpoint-every": bool(args.checkpoint_every), "--resume": args.resume}
-    if any(nmf_only.values()):
-        raise ValueError(f"{', '.join(k for k, v in nmf_only.items() if v)} do not apply to multigroup-svd "
-                         "(one pass, no iterations over X)")
-    model = _multigroup_model(args, _method_choice(args, "--solver", args.solver, FIT_SOLVERS))
-    model._check_n_components(data.shape[1])
-    with OutputDir(args.output, "fit", overwrite=args.overwrite) as out:
-        with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-            model.fit(data, client=client)
-        names = ("V.npy", "group_losses.csv", "metrics.json")
-        np.save(os.path.join(out.path, names[0]), model.components_)
-        model.group_losses_.to_csv(os.path.join(out.path, names[1]), index=False)
-        write_json(os.path.join(out.path, names[2]), {
-            "method": args.method, "rank": args.rank, "solver": model.solver_, "center": args.center,
-            "scale": args.scale, "n_passes": model.n_passes_, "n_iter": model.n_iter_.tolist(),
-            "mu": model.mu_.tolist(), "duality_gap": model.duality_gap_.tolist(),
-            "primal": model.primal_objective_.tolist(), "dual": model.dual_objective_.tolist(),
-            "groups": model.group_names_, "scheduler": model.scheduler_, "store": os.path.abspath(args.store)})
-        out.commit()
-    print(model.group_losses_[model.group_losses_["rank"] == args.rank].to_string(index=False))
-    print(f"wrote {', '.join(os.path.join(args.output, name) for name in names)}")
+    sizes = dict(zip(data.group_names, data.group_sizes.tolist()))
+    wide = table.pivot_table(index="group", columns="metric", values="value", sort=False)
+    return format_table([{"group": str(group), "rows": sizes.get(group, 0), **{m: float(v) for m, v in row.items()}}
+                         for group, row in wide.iterrows()])
 
 
 def _parse_ranks(text: str) -> range:
@@ -436,80 +356,43 @@ def _parse_ranks(text: str) -> range:
     return range(first, last + 1)
 
 
-def _parse_image_shape(text):
-    try:
-        height, width = (int(v) for v in text.lower().split("x"))
-    except ValueError as exc:
-        raise ValueError(f"--image-shape must be HEIGHTxWIDTH, e.g. 8x8; got {text!r}") from exc
-    return height, width
-
-
 def cmd_report(args):
+    from .outputs import OutputDir, read_manifest
+    from .reports.page import parse_image_shape
+
+    if read_manifest(args.path, "fit") is not None:
+        if args.paper is not None:
+            flag = get_method(args.paper).paper_report.flag
+            raise ValueError(f"{args.path} is a fit output; a paper report (--{flag}) reads a store")
+        with OutputDir(args.output, "report", overwrite=args.overwrite) as out:
+            from .reports.fit import write_fit_report
+
+            paths = write_fit_report(args.path, out.path, top=args.top, image_shape=args.image_shape)
+            out.commit()
+        print(f"wrote {os.path.join(args.output, os.path.relpath(paths['html'], out.path))}")
+        return
+    if args.paper is None:
+        flags = [f"--{d.paper_report.flag}" for d in methods().values() if d.paper_report is not None]
+        raise ValueError(f"{args.path} is not a fit output (no distfact-output.json of a fit); for a store, ask "
+                         f"for a paper report: {', '.join(flags)}")
     from .engine.cluster import client_for
-    from .outputs import OutputDir
     from .store import open_store
 
-    data = open_store(args.store)
+    declaration = get_method(args.paper)
+    params, inputs = _given(args, declaration)
+    data = open_store(args.path)
+    options = {"rank": args.rank, "ranks": _parse_ranks(args.ranks), "seed": args.seed, "top": args.top,
+               "image_shape": parse_image_shape(args.image_shape, data.shape[1]), "params": params,
+               "inputs": {**{i.name: i.default for i in declaration.fit_inputs}, **inputs}}
     name = os.path.basename(os.path.normpath(data.path))
-    if not args.multigroup and (args.center or args.scale):
-        raise ValueError("--center and --scale are available for --multigroup only")
-    if args.multigroup and args.solver in ("mu", "am"):
-        raise ValueError(f"--solver {args.solver} is for --fairness; --multigroup takes auto, fw, brent or sdp")
-    if not args.multigroup and args.solver in ("auto", "fw", "brent", "sdp"):
-        raise ValueError(f"--solver {args.solver} is for --multigroup; --fairness takes mu or am")
-    ranks = _parse_ranks(args.ranks) if args.fairness else None
-    if args.fairness:
-        _check_rank(ranks[-1], data)
-        small = [(g, int(n)) for g, n in zip(data.group_names, data.group_sizes) if n < ranks[-1]]
-        if small:
-            raise ValueError(f"--ranks {args.ranks}: group {small[0][0]!r} has {small[0][1]} rows, fewer than rank "
-                             f"{ranks[-1]} (Fairer-NMF's E_l needs a rank-r NMF of every group)")
-    elif not args.multigroup:
-        _check_rank(args.rank, data)
-    labels = class_labels(args.labels, data) if args.ssnmf else None
-    if args.ssnmf and labels is None:
-        raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
-    shape = None if args.image_shape is None else _parse_image_shape(args.image_shape)
-    if shape is not None and shape[0] * shape[1] != data.shape[1]:
-        raise ValueError(f"--image-shape {args.image_shape} has {shape[0] * shape[1]} pixels, "
-                         f"the store has {data.shape[1]} features")
     with OutputDir(args.output, "report", overwrite=args.overwrite) as out, \
             client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-        if args.multigroup:
-            from .reports.multigroup_svd import write_multigroup_report
-
-            model = _multigroup_model(args, args.solver or "auto")
-            model._check_n_components(data.shape[1])
-            model.fit(data, client=client)
-            paths = write_multigroup_report(out.path, model, title=f"Multigroup SVD: {name}")
-        elif args.ssnmf:
-            from .estimators import SSNMF
-            from .reports.ssnmf import write_ssnmf_report
-
-            model = SSNMF(args.rank, model=args.model, lam=args.lam,
-                          max_iter=100 if args.max_iter is None else args.max_iter, random_state=args.seed)
-            model.fit(data, y=labels, client=client)
-            paths = write_ssnmf_report(out.path, model, top=args.top, title=f"SSNMF ({args.model}): {name}")
-        elif args.stratified:
-            from .estimators import StratifiedNMF
-            from .reports.stratified_nmf import write_stratified_report
-
-            model = StratifiedNMF(args.rank, max_iter=100 if args.max_iter is None else args.max_iter,
-                                  random_state=args.seed)
-            model.fit(data, client=client)
-            paths = write_stratified_report(out.path, model, image_shape=shape, top=args.top,
-                                            title=f"Stratified-NMF: {name}")
-        else:
-            from .reports.fairness import fairness_table, write_fairness_report
-
-            rows = fairness_table(data, ranks=ranks, solver=args.solver or "mu", tol=args.tol,
-                                  max_iter=5000 if args.max_iter is None else args.max_iter,
-                                  random_state=args.seed, client=client,
-                                  progress=lambda r: print(f"rank {r} done", file=sys.stderr))
-            paths = write_fairness_report(rows, out.path, title=f"Fairness report: {name}")
+        paths = resolve(declaration.paper_report.run)(data, options, client, out.path,
+                                                      f"{declaration.paper_report.flag}: {name}")
         out.commit()
     final = {key: os.path.join(args.output, os.path.relpath(path, out.path)) for key, path in paths.items()}
-    print(f"wrote {final['html']}, {final['csv']} and the figures in {args.output}")
+    tables = f", {final['csv']}" if "csv" in final else ""
+    print(f"wrote {final['html']}{tables} and the figures in {args.output}")
 
 
 def cmd_run(args):

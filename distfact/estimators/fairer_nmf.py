@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import warnings
+from numbers import Real
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
-from .base import FactorEstimator, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
+from .base import (FactorEstimator, check_iteration_params, check_new_directory, check_rank, data_fingerprint,
+                   survives_worker_loss)
+from .contract import COUNT, NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 SOLVERS = ("mu", "am")
 
@@ -104,6 +108,11 @@ class FairerNMF(FactorEstimator):
         ``n_passes_`` counts the passes of Algorithm 1 too.
     """
 
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "solver": [StrOptions(set(SOLVERS))], "n_estimates": [POSITIVE_INT],
+                                    "c_update": [StrOptions({"decaying", "fixed", "largest"})],
+                                    "c_step": [Interval(Real, 0, 1, closed="right")], "max_iter": [COUNT, None],
+                                    "estimate_max_iter": [COUNT], "estimate_tol": [NON_NEGATIVE]}
+
     def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-5,
                  max_iter=None, estimate_max_iter=10_000, estimate_tol=1e-4, random_state=None, block_rows=None,
                  checkpoint_dir=None, checkpoint_every=10, resume=False, n_threads=None, local_memory_budget=None,
@@ -126,10 +135,13 @@ class FairerNMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
         self.callback = callback
 
-    def fit(self, X, y=None, *, groups=None, client=None):
-        """Fit on X with row ``groups`` (or a GroupedMatrix / store path carrying them)."""
+    def fit(self, X, y=None, *, groups=None, client=None, W_out=None):
+        """Fit on X with row ``groups`` (or a GroupedMatrix / store path carrying them).
+
+        ``W_out``: a directory where the fitted W is written block by block, by the process holding each block
+        (one Zarr array per block, in the store's row order)."""
         self._ignore_y(y, groups)
-        self._fit(X, groups, client, want_W=False)
+        self._fit(X, groups, client, want_W=False, W_out=W_out)
         return self
 
     def fit_transform(self, X, y=None, *, groups=None, client=None):
@@ -160,7 +172,8 @@ class FairerNMF(FactorEstimator):
         return data, r
 
     @survives_worker_loss
-    def _fit(self, X, groups, client, want_W):
+    def _fit(self, X, groups, client, want_W, W_out=None):
+        check_new_directory(W_out, "W_out")
         data, r = self._check(X, groups)
         dtype = str(data.dtype)
         executor = self._executor(data, client, r * self.n_estimates)
@@ -198,11 +211,9 @@ class FairerNMF(FactorEstimator):
                 warnings.warn(f"Fairer-NMF stopped at {cap} iterations (max_iter={self.max_iter}) before every "
                               f"group's error changed by less than tol={self.tol} (eq. 10)", ConvergenceWarning,
                               stacklevel=3)
-            if want_W:
-                return self._rows_in_caller_order(data, executor.local_factors())
+            return self._outputs(data, executor, W_out, want_W)
         finally:
             executor.close()
-        return None
 
     def _iteration_cap(self):
         """max_iter, or the safety cap when it is None (until eq. (10) holds)."""
@@ -223,3 +234,15 @@ class FairerNMF(FactorEstimator):
         self.converged_ = state.converged
         self.n_features_in_ = data.shape[1]
         self.scheduler_ = executor.describe()
+
+
+def _fairer_facts(model) -> dict:
+    return {"E": model.E_.tolist(), "E_converged": model.E_converged_.tolist(), "c": model.c_.tolist(),
+            "max_group_loss": float(model.group_losses_.max())}
+
+
+DECLARATION = MethodDeclaration(
+    name="fairer-nmf", estimator=FairerNMF, summary="Fairer-NMF: NMF minimising the worst group's relative loss",
+    metrics=("relative_error", "relative_loss"), facts=_fairer_facts,
+    paper_report=PaperReport("fairness", "the Fairer-NMF paper's fairness report (Figs. 2, 3, 5): standard NMF "
+                             "and Fairer-NMF at each of --ranks", "distfact.reports.fairness:paper_report"))

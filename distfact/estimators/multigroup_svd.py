@@ -8,12 +8,14 @@ import numbers
 import numpy as np
 import pandas as pd
 import threadpoolctl
+from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.validation import check_array
 
 from ..methods.multigroup_svd import passes, solvers
 from ..store.coerce import as_grouped
 from ..store.grouped import GroupedMatrix
 from .base import FactorEstimator, check_iteration_params, survives_worker_loss
+from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 
 class MultigroupSVD(FactorEstimator):
@@ -105,6 +107,11 @@ class MultigroupSVD(FactorEstimator):
 
     _fitted_private = ("_grams", "_basis", "_traces")  # what losses_of and svd_components use
     _signed_input = True
+
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "solver": [StrOptions({"auto", "fw", "brent", "sdp"})],
+                                    "center": ["boolean"], "scale": ["boolean"],
+                                    "fw_step": [StrOptions(set(solvers.FW_STEPS))], "max_gram_features": [POSITIVE_INT],
+                                    "sketch_size": [POSITIVE_INT, None], "power_iterations": [COUNT]}
 
     def __init__(self, n_components, *, solver="auto", tol=1e-6, max_iter=100, center=False, scale=False,
                  fw_step="line-search", max_gram_features=4096, sketch_size=None, power_iterations=2,
@@ -312,3 +319,18 @@ def _blas_controller():
 
 def _project_block(X_b, local, block, weights, offset):
     return np.asarray(X_b @ weights) - offset
+
+
+def _multigroup_facts(model) -> dict:
+    return {"solver": model.solver_, "center": model.center, "scale": model.scale, "mu": model.mu_.tolist(),
+            "duality_gap": model.duality_gap_.tolist(), "primal": model.primal_objective_.tolist(),
+            "dual": model.dual_objective_.tolist()}
+
+
+DECLARATION = MethodDeclaration(
+    name="multigroup-svd", estimator=MultigroupSVD,
+    summary="consistent multigroup singular vectors: min-max group loss, signed data, one pass",
+    metrics=("marginal", "incremental", "reconstruction"), nested_ranks=True, facts=_multigroup_facts,
+    views="distfact.reports.multigroup_svd:views",
+    paper_report=PaperReport("multigroup", "the multigroup low-rank paper's report (Figs. 2, 3): losses by rank "
+                             "per group against the SVD, duality gaps", "distfact.reports.multigroup_svd:paper_report"))

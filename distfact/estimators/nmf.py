@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import StrOptions
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
@@ -14,6 +15,7 @@ from ..methods.nmf_init import nndsvda_start
 from ..metrics import relative_to
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
+from .contract import POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
 INITS = ("random", "nndsvda", "custom")
 
@@ -83,6 +85,11 @@ class NMF(FactorEstimator):
     scheduler_ : dict
         Where the fit ran.
     """
+
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "n_components": [POSITIVE_INT, None],
+                                    "solver": [StrOptions({"mu", "hals"})],
+                                    "beta_loss": [StrOptions({"frobenius", "kullback-leibler"})],
+                                    "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components=None, *, solver="mu", beta_loss="frobenius", init="random", tol=1e-4,
                  max_iter=200, random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10,
@@ -181,3 +188,12 @@ class NMF(FactorEstimator):
         finally:
             executor.close()
         return self._rows_in_caller_order(data, blocks)
+
+
+def _nmf_facts(model) -> dict:
+    return {"reconstruction_err": model.reconstruction_err_}
+
+
+DECLARATION = MethodDeclaration(
+    name="nmf", estimator=NMF, summary="non-negative matrix factorisation, with per-group errors",
+    metrics=("relative_error", "loss"), facts=_nmf_facts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import numbers
+from numbers import Real
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import NotFittedError
 from sklearn.utils import TransformerTags, column_or_1d
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 
 from ..engine import fit as run_loop
@@ -20,6 +22,7 @@ from ..metrics import relative_to
 from ..store.validate import check_label_spellings
 from .base import (FactorEstimator, SavedEstimator, check_factor, check_iteration_params, check_new_directory,
                    check_rank, data_fingerprint, given_local, survives_worker_loss, with_input_tags)
+from .contract import NON_NEGATIVE, SURFACE_CONSTRAINTS, FitInput, MethodDeclaration, PaperReport
 
 INITS = ("random", "custom")
 
@@ -107,6 +110,10 @@ class SSNMF(FactorEstimator):
         R_l / sum(X_l) (D); for a group of zeros, the reconstruction itself.
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, n_features_in_.
     """
+
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "model": [StrOptions(set(MODELS))],
+                                    "lam": [NON_NEGATIVE], "eps": [Interval(Real, 0, None, closed="neither")],
+                                    "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components, *, model="FF", lam=1.0, max_iter=100, tol=1e-4, eps=1e-10, init="random",
                  random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10, resume=False,
@@ -358,3 +365,33 @@ class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
     def _check_fitted(self):
         if not hasattr(self, "ssnmf_"):
             raise NotFittedError("this SSNMFClassifier is not fitted yet; call fit first")
+
+
+def _labels_to_fit(value: str, data) -> dict:
+    from ..store.files import class_labels
+
+    return {"y": class_labels(value, data)}
+
+
+def _ssnmf_arrays(model) -> dict:
+    return {} if model.B_ is None else {"B.npy": model.B_}  # Y ~ W B; columns in metrics.json's "classes" order
+
+
+def _ssnmf_facts(model) -> dict:
+    facts = {"model": model._method.model, "lam": model.lam, "reconstruction": float(model.loss_history_[-1, 1]),
+             "supervision": float(model.loss_history_[-1, 2])}
+    if model.B_ is not None:
+        facts["classes"] = [str(c) for c in model.classes_]
+    return facts
+
+
+DECLARATION = MethodDeclaration(
+    name="ssnmf", estimator=SSNMF,
+    summary="semi-supervised NMF: X ~ W H and the class labels ~ W B jointly",
+    metrics=("relative_error", "loss"), arrays=_ssnmf_arrays, facts=_ssnmf_facts,
+    fit_inputs=(FitInput("labels", "'groups' (the groups are the classes), 'none' (NMF), or a .npy/text file "
+                         "with one class label per input row (-1: unlabelled)", "groups", _labels_to_fit,
+                         is_path=lambda value: value not in ("groups", "none")),),
+    views="distfact.reports.ssnmf:views",
+    paper_report=PaperReport("ssnmf", "the SSNMF paper's report (Fig. 2, Table 5): the normalised B and the top "
+                             "features of each topic", "distfact.reports.ssnmf:paper_report"))

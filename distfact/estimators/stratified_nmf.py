@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numbers
 import os
+from numbers import Real
 
 import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
@@ -14,6 +16,7 @@ from ..methods.stratified_nmf import StratifiedMU
 from ..metrics import relative_to
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
+from .contract import NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 INITS = ("random", "custom")
 
@@ -67,6 +70,10 @@ class StratifiedNMF(FactorEstimator):
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, feature_names_in_ (when the data
     carry feature names), n_features_in_.
     """
+
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "v_updates": [POSITIVE_INT],
+                                    "tol": [NON_NEGATIVE, None], "eps": [Interval(Real, 0, None, closed="neither")],
+                                    "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components, *, v_updates=2, max_iter=100, tol=None, eps=1e-9, random_state=None,
                  init="random", block_rows=None, checkpoint_dir=None, checkpoint_every=10, resume=False,
@@ -217,3 +224,22 @@ class StratifiedNMF(FactorEstimator):
             unknown = sorted(set(strata[index < 0]))
             raise ValueError(f"strata {unknown} were not seen in fit; known strata: {self.strata_names_}")
         return np.asarray(W) @ self.components_ + self.strata_features_[index]
+
+
+def _stratified_arrays(model) -> dict:
+    return {"v.npy": model.strata_features_}  # one row per stratum, in metrics.json's "strata" order
+
+
+def _stratified_facts(model) -> dict:
+    return {"strata": model.strata_names_, "normalised_loss": float(model.loss_history_[-1, 1]),
+            "top_features": model.top_features(10)}
+
+
+DECLARATION = MethodDeclaration(
+    name="stratified-nmf", estimator=StratifiedNMF,
+    summary="Stratified-NMF: shared topics plus a shift per group (the groups are the strata)",
+    metrics=("relative_error", "loss"), arrays=_stratified_arrays, facts=_stratified_facts,
+    views="distfact.reports.stratified_nmf:views",
+    paper_report=PaperReport("stratified", "the Stratified-NMF paper's report (Figs. 1, 3-6): strata features, "
+                             "images (--image-shape), top features per stratum and topic",
+                             "distfact.reports.stratified_nmf:paper_report"))

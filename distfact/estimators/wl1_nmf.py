@@ -6,10 +6,12 @@ import numbers
 import os
 import time
 import warnings
+from numbers import Real
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
@@ -19,6 +21,7 @@ from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
+from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
 INITS = ("hals", "random", "custom")
 
@@ -92,6 +95,11 @@ class WeightedL1NMF(FactorEstimator):
         The fit stopped at ``time_limit``.
     scheduler_ : dict
     """
+
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "lam": [Interval(Real, 0, 1, closed="both")],
+                                    "init": [StrOptions(set(INITS))], "hals_iter": [COUNT],
+                                    "time_limit": [Interval(Real, 0, None, closed="neither"), None],
+                                    "column_blocks": [POSITIVE_INT, None]}
 
     def __init__(self, n_components, *, lam=1.0, init="hals", hals_iter=10, max_iter=30, tol=1e-6,
                  time_limit=None, random_state=None, block_rows=None, column_blocks=None, checkpoint_dir=None,
@@ -251,3 +259,13 @@ class WeightedL1NMF(FactorEstimator):
         finally:
             executor.close()
         return self._rows_in_caller_order(data, blocks)
+
+
+def _wl1_facts(model) -> dict:  # the L1 error ||X - WH||_1; the groups' relative_l1_error is its share
+    return {"lam": model.lam, "l1_error": model.reconstruction_err_, "timed_out": model.timed_out_}
+
+
+DECLARATION = MethodDeclaration(
+    name="wl1-nmf", estimator=WeightedL1NMF,
+    summary="weighted L1-NMF by sparse coordinate descent (robust to outliers and false zeros)",
+    metrics=("relative_l1_error", "objective"), facts=_wl1_facts)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
-import inspect
 import json
 import os
 import re
@@ -26,10 +25,12 @@ import uuid
 
 import numpy as np
 
+from ..registry import get_method
 from .._version import __version__
 from ..estimators.persistence import load as load_model
 from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
-from .spec import METRICS, Spec, estimator_class, load_spec
+from ..reports.fits import group_metric_rows, read_fit_facts
+from .spec import Spec, load_spec
 
 STAGES = ("ingest", "fit", "evaluate", "report", "publish")
 MARKER = "COMMITTED"
@@ -108,11 +109,11 @@ def _walk(path):
 
 
 def stage_hashes(spec: Spec, root: str) -> dict:
-    labels = [_file_digest(spec.resolve(f.labels)) for f in spec.fits if f.labels not in (None, "groups", "none")]
-    fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "labels": f.labels}
+    files = [_file_digest(path) for f in spec.fits for path in spec.input_files(f).values()]
+    fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "inputs": f.inputs}
             for f in spec.fits]
     out = {"ingest": _digest("ingest", data_digest(spec), {k: v for k, v in spec.input.items() if k != "path"})}
-    out["fit"] = _digest("fit", out["ingest"], fits, labels)
+    out["fit"] = _digest("fit", out["ingest"], fits, files)
     out["evaluate"] = _digest("evaluate", out["fit"], spec.metrics)
     out["report"] = _digest("report", out["evaluate"], spec.report, spec.description)
     out["publish"] = _digest("publish", out["report"], root)
@@ -365,13 +366,13 @@ def stage_ingest(out: str, context: dict) -> dict:
 
 
 def fit_runs(spec: Spec) -> list[tuple[str, object, int]]:
-    """``(directory name, fit spec, rank)`` of every fit: one per rank, except the multigroup SVD, whose
-    consistent components give every rank from one fit at the largest."""
+    """``(directory name, fit spec, rank)`` of every fit: one per rank, except for a method whose one fit gives
+    every rank (``nested_ranks``, as the multigroup SVD's consistent components), fitted once at the largest."""
     names = [f.method for f in spec.fits]
     out = []
     for i, fit in enumerate(spec.fits):
         suffix = f"-{i + 1}" if names.count(fit.method) > 1 else ""
-        ranks = [max(fit.ranks)] if fit.method == "multigroup-svd" else fit.ranks
+        ranks = [max(fit.ranks)] if get_method(fit.method).nested_ranks else fit.ranks
         out += [(f"{fit.method}{suffix}-r{rank}", fit, rank) for rank in ranks]
     return out
 
@@ -412,23 +413,12 @@ def stage_fit(out: str, context: dict) -> dict:
 
 
 def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool):
-    cls = estimator_class(fit.method)
-    accepted = inspect.signature(cls.__init__).parameters
-    options = dict(fit.params)
-    options["random_state"] = fit.seed
-    if "checkpoint_dir" in accepted and spec.checkpoint_every:
-        options.update(checkpoint_dir=directory, checkpoint_every=spec.checkpoint_every,  # -> directory/checkpoints/
-                       resume=resume)
-    model = cls(rank, **options)
-    fit_args = {"client": client}
-    if "W_out" in inspect.signature(model.fit).parameters:
-        fit_args["W_out"] = os.path.join(directory, "W")
-    if fit.method == "ssnmf":
-        from ..store.files import class_labels
-
-        labels = fit.labels if fit.labels in ("groups", "none") else spec.resolve(fit.labels)
-        fit_args["y"] = class_labels(labels, data)
-    return model.fit(data, **fit_args)
+    declaration = get_method(fit.method)
+    checkpoints = dict(checkpoint_dir=directory, checkpoint_every=spec.checkpoint_every,  # -> directory/checkpoints/
+                       resume=resume) if spec.checkpoint_every else {}
+    model = declaration.make(rank, fit.params, random_state=fit.seed, **checkpoints)
+    inputs = {**fit.inputs, **spec.input_files(fit)}
+    return model.fit(data, **declaration.fit_arguments(model, inputs, data, client, W_out=os.path.join(directory, "W")))
 
 
 def load_fits(run_dir: str, spec: Spec) -> list[dict]:
@@ -438,36 +428,10 @@ def load_fits(run_dir: str, spec: Spec) -> list[dict]:
     for name, fit, rank in fit_runs(spec):
         directory = os.path.join(run_dir, "fit", name)
         model = load_model(os.path.join(directory, "model.npz"))
-        path = os.path.join(directory, "fit.json")
-        try:
-            with open(path) as f:
-                facts = json.load(f)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not readable JSON ({exc})") from None
-        kinds = {"seconds": (int, float), "n_passes": int, "n_iter": (int, list)}
-        wrong = [key for key, kind in kinds.items() if not isinstance(facts, dict) or isinstance(facts.get(key), bool)
-                 or not isinstance(facts.get(key), kind)]
-        if wrong:
-            raise ValueError(f"{path}: field {wrong[0]!r} is missing or not a number")
-        out.append({"name": name, "fit": fit, "rank": rank, "model": model, "facts": facts})
+        facts = read_fit_facts(os.path.join(directory, "fit.json"), ("seconds", "n_passes", "n_iter"))
+        out.append({"name": name, "fit": fit, "method": get_method(fit.method), "rank": rank, "model": model,
+                    "facts": facts})
     return out
-
-
-def group_metric_rows(entry: dict, metrics: list[str]) -> list[dict]:
-    """Long rows (fit, method, rank, group, metric, value) of one fit's per-group metrics."""
-    model, fit = entry["model"], entry["fit"]
-    rows = []
-    if fit.method == "multigroup-svd":
-        table = model.group_losses_
-        for _, row in table[table["rank"].isin(fit.ranks)].iterrows():
-            rows += [{"fit": entry["name"], "method": fit.method, "rank": int(row["rank"]), "group": row["group"],
-                      "metric": metric, "value": float(row[metric])} for metric in metrics]
-        return rows
-    for metric in metrics:
-        values = np.atleast_1d(getattr(model, METRICS[fit.method][metric]))
-        rows += [{"fit": entry["name"], "method": fit.method, "rank": entry["rank"], "group": str(group),
-                  "metric": metric, "value": float(value)} for group, value in zip(model.group_names_, values)]
-    return rows
 
 
 def stage_evaluate(out: str, context: dict) -> dict:
@@ -475,7 +439,8 @@ def stage_evaluate(out: str, context: dict) -> dict:
 
     spec = context["spec"]
     fits = load_fits(context["run_dir"], spec)
-    rows = [row for entry in fits for row in group_metric_rows(entry, spec.metrics[entry["fit"].method])]
+    rows = [row for e in fits for row in group_metric_rows(e["name"], e["method"], e["rank"], e["model"],
+                                                            spec.metrics[e["fit"].method], e["fit"].ranks)]
     table = pd.DataFrame(rows)
     table.to_csv(os.path.join(out, "group_metrics.csv"), index=False)
     worst = table.loc[table.groupby(["fit", "rank", "metric"], sort=False)["value"].idxmax()]  # in fit order

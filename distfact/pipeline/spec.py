@@ -23,42 +23,22 @@ A spec (see ``pipelines/*.toml`` and docs/pipelines.md)::
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 import os
 import re
 import tomllib
 from dataclasses import dataclass
 
+from ..registry import get_method
+from ..estimators.contract import check_params
 from ..store.files import utf8_text
 from ..store.sources import SOURCE_SUFFIXES, source_kind
 
 DATASETS = ("digits", "heart", "heart-multigroup", "fairer-synthetic", "stratified-synthetic")
-# the type of each estimator parameter whose default is None (the others take their default's type)
-NONE_DEFAULT_TYPES = {"tol": float, "max_iter": int, "time_limit": float, "column_blocks": int, "sketch_size": int}
-# parameters the pipeline sets itself, refused in a [[fit]] table
-RESERVED = {"n_components", "random_state", "checkpoint_dir", "checkpoint_every", "resume", "callback", "n_threads",
-            "local_memory_budget", "block_rows"}
-# per method, its per-group metrics: name -> estimator attribute (multigroup-svd: columns of group_losses_)
-METRICS = {
-    "nmf": {"relative_error": "group_errors_", "loss": "group_losses_"},
-    "fairer-nmf": {"relative_error": "group_errors_", "relative_loss": "group_losses_"},
-    "stratified-nmf": {"relative_error": "group_errors_", "loss": "group_losses_"},
-    "wl1-nmf": {"relative_l1_error": "group_errors_", "objective": "group_losses_"},
-    "ssnmf": {"relative_error": "group_errors_", "loss": "group_losses_"},
-    "multigroup-svd": {"marginal": "marginal", "incremental": "incremental", "reconstruction": "reconstruction"},
-}
 
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names the file, the line and the key."""
-
-
-def estimator_class(method: str):
-    from ..estimators import NMF, SSNMF, FairerNMF, MultigroupSVD, StratifiedNMF, WeightedL1NMF
-
-    return {"nmf": NMF, "fairer-nmf": FairerNMF, "stratified-nmf": StratifiedNMF, "wl1-nmf": WeightedL1NMF,
-            "ssnmf": SSNMF, "multigroup-svd": MultigroupSVD}[method]
 
 
 @dataclass
@@ -67,7 +47,7 @@ class FitSpec:
     ranks: list[int]
     seed: int
     params: dict
-    labels: str | None = None  # ssnmf: "groups", "none" or a file
+    inputs: dict  # the method's fit inputs (its declaration's fit_inputs): name -> value as written
 
 
 @dataclass
@@ -86,6 +66,11 @@ class Spec:
     @property
     def directory(self) -> str:
         return os.path.dirname(os.path.abspath(self.path))
+
+    def input_files(self, fit: FitSpec) -> dict:
+        """``fit``'s inputs that name files, resolved against the spec's directory."""
+        declared = get_method(fit.method).fit_inputs
+        return {i.name: self.resolve(fit.inputs[i.name]) for i in declared if i.is_path(fit.inputs[i.name])}
 
     def resolve(self, path: str) -> str:
         """An input path of the spec, relative to the spec's directory (``~`` expanded)."""
@@ -265,33 +250,35 @@ def _fit(check: Checker, spec: Spec, table, index: int) -> FitSpec:
     method = check.typed(table, path, "method", str)
     if method is None:
         check.fail(path, "missing key 'method'")
-    if method not in METRICS:
-        close = difflib.get_close_matches(method, list(METRICS), n=1)
-        check.fail((*path, "method"), f"unknown method {method!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-                   + f" (methods: {', '.join(METRICS)})")
-    signature = inspect.signature(estimator_class(method).__init__)
-    params = {name: p.default for name, p in signature.parameters.items()
-              if name not in RESERVED and name != "self" and p.kind == p.KEYWORD_ONLY}
-    allowed = {"method", "ranks", "rank", "seed", *params} | ({"labels"} if method == "ssnmf" else set())
-    check.keys(table, path, allowed)
+    try:
+        declaration = get_method(method)
+    except ValueError as exc:
+        check.fail((*path, "method"), str(exc))
+    parameters = declaration.parameters()
+    inputs = {fit_input.name: fit_input for fit_input in declaration.fit_inputs}
+    check.keys(table, path, {"method", "ranks", "rank", "seed", *parameters, *inputs})
     if ("rank" in table) == ("ranks" in table):
         check.fail(path, "give exactly one of 'rank' or 'ranks'")
     ranks = [check.typed(table, path, "rank", int)] if "rank" in table else check.typed(table, path, "ranks", list)
     if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
         check.fail((*path, "ranks" if "ranks" in table else "rank"), f"ranks must be positive integers, got {ranks!r}")
-    values = {}
-    for key, default in params.items():
-        if key in table:  # the type of the parameter's default (bool before int: True is an int)
-            kind = (NONE_DEFAULT_TYPES.get(key, float) if default is None else
-                    next(t for t in (bool, str, int, float) if isinstance(default, t)))
-            values[key] = check.typed(table, path, key, kind)
-    labels = check.typed(table, path, "labels", str, "groups") if method == "ssnmf" else None
-    if labels not in (None, "groups", "none") and not os.path.exists(spec.resolve(labels)):
-        check.fail((*path, "labels"), f"{labels!r}: expected 'groups', 'none' or an existing file")
+    values = {name: check.typed(table, path, name, parameter.kind)
+              for name, parameter in parameters.items() if name in table}
+    for name, value in values.items():  # the estimator's own constraints, in its words
+        try:
+            check_params(declaration.estimator, {name: value})
+        except ValueError as exc:
+            check.fail((*path, name), str(exc))
+    given = {}
+    for name, fit_input in inputs.items():
+        given[name] = check.typed(table, path, name, str, fit_input.default)
+        if fit_input.is_path(given[name]) and not os.path.exists(spec.resolve(given[name])):
+            check.fail((*path, name), f"{given[name]!r}: no such file (paths are relative to the spec's directory; "
+                                      f"{fit_input.help})")
     seed = check.typed(table, path, "seed", int, 0)
     if seed < 0:
         check.fail((*path, "seed"), f"must be a non-negative integer, got {seed}")
-    return FitSpec(method, sorted(set(ranks)), seed, values, labels)
+    return FitSpec(method, sorted(set(ranks)), seed, values, given)
 
 
 def _evaluate(check: Checker, table, fits) -> dict:
@@ -300,18 +287,17 @@ def _evaluate(check: Checker, table, fits) -> dict:
         check.fail(path, "expected a table")
     check.keys(table, path, {"metrics"})
     wanted = check.typed(table, path, "metrics", list)
+    known = {fit.method: list(get_method(fit.method).metrics) for fit in fits}
     out = {}
-    for fit in fits:
-        known = list(METRICS[fit.method])
+    for method, names in known.items():
         if wanted is None:
-            out[fit.method] = known
+            out[method] = names
             continue
-        chosen = [m for m in wanted if m in known]
-        unknown = [m for m in wanted if not any(m in METRICS[f.method] for f in fits)]
+        unknown = [m for m in wanted if not any(m in metrics for metrics in known.values())]
         if unknown:
             check.fail((*path, "metrics"), f"unknown metric {unknown[0]!r} for the methods of this spec "
-                                           f"(known: {', '.join(sorted({m for f in fits for m in METRICS[f.method]}))})")
-        out[fit.method] = chosen or known
+                                           f"(known: {', '.join(sorted({m for ms in known.values() for m in ms}))})")
+        out[method] = [m for m in wanted if m in names] or names
     return out
 
 

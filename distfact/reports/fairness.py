@@ -24,22 +24,21 @@ COLUMNS = ("rank", "group", "rows", "r_error_standard_all", "r_error_standard_al
            "r_loss_fairer", "r_error_fairer")
 
 
-def fairness_table(X, groups=None, ranks=range(1, 11), *, solver="mu", n_estimates=5, max_iter=5000, tol=1e-6,
-                   estimate_max_iter=None, random_state=0, client=None, progress=None) -> list[dict]:
+def fairness_table(X, groups=None, ranks=range(1, 11), *, random_state=0, client=None, progress=None,
+                   **params) -> list[dict]:
     """One row per (rank, group) with the R-Error and R-Loss figures of standard NMF and Fairer-NMF.
 
-    X and groups as for the estimators (arrays with labels, a GroupedMatrix or a store path). Both
-    methods get the same budget (``max_iter``, ``tol``); E_l's runs are Fairer-NMF's defaults (the
-    paper's) unless ``estimate_max_iter`` is given.
+    X and groups as for the estimators (arrays with labels, a GroupedMatrix or a store path). ``params`` are
+    FairerNMF's (its defaults, the paper's, otherwise); standard NMF takes its own defaults but for ``tol``
+    and ``max_iter``, which, when given, both methods share.
     """
     data = as_grouped(X, groups)
     norms = np.sqrt(data.group_sq_norms)
     rows = []
     for r in ranks:
-        estimate = {} if estimate_max_iter is None else {"estimate_max_iter": estimate_max_iter}
-        fair = FairerNMF(r, solver=solver, n_estimates=n_estimates, max_iter=max_iter, tol=tol,
-                         random_state=random_state, **estimate).fit(data, client=client)
-        standard = NMF(r, max_iter=max_iter, tol=tol, random_state=random_state).fit(data, client=client)
+        fair = FairerNMF(r, random_state=random_state, **params).fit(data, client=client)
+        shared = {key: params[key] for key in ("tol", "max_iter") if params.get(key) is not None}
+        standard = NMF(r, random_state=random_state, **shared).fit(data, client=client)
         std_errors = standard.group_errors_ * norms
         for g, name in enumerate(data.group_names):
             rows.append({
@@ -116,3 +115,20 @@ def write_fairness_report(rows: list[dict], out_dir, title="Fairer-NMF fairness 
     with open(paths["html"], "w") as f:
         f.write(page)
     return paths
+
+
+def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
+    """``distfact report STORE --fairness``: the table and figures at each of ``options["ranks"]``, with the
+    estimator parameters the user gave (``options["params"]``) for Fairer-NMF and, those NMF takes too (tol,
+    max_iter), for standard NMF."""
+    import sys
+
+    ranks = options["ranks"]
+    small = [(g, int(n)) for g, n in zip(data.group_names, data.group_sizes) if n < ranks[-1]]
+    if small:
+        raise ValueError(f"ranks up to {ranks[-1]}: group {small[0][0]!r} has {small[0][1]} rows, fewer than the "
+                         "rank (Fairer-NMF's E_l needs a rank-r NMF of every group)")
+    params = options["params"]
+    rows = fairness_table(data, ranks=ranks, random_state=options["seed"], client=client,
+                          progress=lambda r: print(f"rank {r} done", file=sys.stderr), **params)
+    return write_fairness_report(rows, out_dir, title=title)

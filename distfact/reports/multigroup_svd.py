@@ -97,3 +97,19 @@ def write_multigroup_report(out_dir, model, title: str = "Multigroup SVD report"
             + html_table(["rank", "primal f", "dual g", "gap f - g", "mu"], gaps))
     images = [("fig2_losses.png", losses_figure(table)), ("fig3_duality.png", duality_figure(model))]
     return write_page(paths, out_dir, title, body, images)
+
+
+def views(model, name: str) -> list[tuple[str, bytes]]:
+    """The multigroup SVD's figures in every report of a fit: the paper's Figs. 2 and 3."""
+    return [(f"{name}-fig2_losses.png", losses_figure(comparison_table(model), f"{name}: multigroup (solid), SVD "
+                                                                              "(dashed)")),
+            (f"{name}-fig3_duality.png", duality_figure(model, name))]
+
+
+def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
+    """``distfact report STORE --multigroup``: fit the multigroup SVD of rank ``--rank`` and write its report."""
+    from ..estimators import MultigroupSVD
+
+    model = MultigroupSVD(options["rank"], random_state=options["seed"], **options["params"])
+    model.fit(data, client=client)
+    return write_multigroup_report(out_dir, model, title=title)

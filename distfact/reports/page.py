@@ -9,7 +9,6 @@ import io
 import os
 
 
-
 def figure_png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -50,3 +49,17 @@ def write_page(paths: dict, out_dir, title: str, body: str, images) -> dict:
     with open(paths["html"], "w") as f:
         f.write(html_page(title, f"{body}<h2>Figures</h2>{html_figures(images)}"))
     return paths
+
+
+def parse_image_shape(text, n_features: int):
+    """``HEIGHTxWIDTH`` (e.g. ``8x8``) as (height, width), checked against the data's ``n_features``; None
+    for None."""
+    if text is None:
+        return None
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError as exc:
+        raise ValueError(f"--image-shape must be HEIGHTxWIDTH, e.g. 8x8; got {text!r}") from exc
+    if height * width != n_features:
+        raise ValueError(f"--image-shape {text} has {height * width} pixels, the data have {n_features} features")
+    return height, width

@@ -93,3 +93,22 @@ def write_ssnmf_report(out_dir, model, *, feature_names=None, top=10, title="SSN
             f"{model.loss_history_[-1, 1]:.4g}, supervision {model.loss_history_[-1, 2]:.4g}).</p>"
             f"<h2>Top features of each topic</h2>{html_table(columns, rows)}")
     return write_page(paths, out_dir, title, body, [("fig2_B.png", b_heatmap(model)), ("loss.png", loss_plot(model))])
+
+
+def views(model, name: str) -> list[tuple[str, bytes]]:
+    """The SSNMF figure in every report of a fit: the normalised B (for a model fitted with labels)."""
+    return [] if model.B_ is None else [(f"{name}-B.png", b_heatmap(model, f"{name}: normalised B"))]
+
+
+def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
+    """``distfact report STORE --ssnmf``: fit SSNMF with the groups (or ``--labels``) as classes and write its
+    report."""
+    from ..estimators import SSNMF
+    from ..store.files import class_labels
+
+    labels = class_labels(options["inputs"]["labels"], data)
+    if labels is None:
+        raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
+    model = SSNMF(options["rank"], random_state=options["seed"], **options["params"])
+    model.fit(data, y=labels, client=client)
+    return write_ssnmf_report(out_dir, model, top=options["top"], title=title)

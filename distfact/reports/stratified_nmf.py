@@ -122,3 +122,19 @@ def write_stratified_report(out_dir, model, *, feature_names=None, image_shape=N
             f"<h2>Top features of each stratum's v(i)</h2>{html_table(columns, table)}"
             f"<h2>Top features of each topic</h2>{html_table(['topic', *range(1, len(topics[0]))], topics)}")
     return write_page(paths, out_dir, title, body, images)
+
+
+def views(model, name: str) -> list[tuple[str, bytes]]:
+    """The Stratified-NMF figure in every report of a fit: the strata features."""
+    return [(f"{name}-strata_features.png", strata_features_plot(model))]
+
+
+def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
+    """``distfact report STORE --stratified``: fit Stratified-NMF with the groups as strata and write its
+    report."""
+    from ..estimators import StratifiedNMF
+
+    model = StratifiedNMF(options["rank"], random_state=options["seed"], **options["params"])
+    model.fit(data, client=client)
+    return write_stratified_report(out_dir, model, image_shape=options["image_shape"], top=options["top"],
+                                   title=title)

@@ -1,0 +1,132 @@
+"""The method contract: every surface reads each method's declaration, so a method added in its own file (the
+test-only projected-gradient NMF of plugin_pgnmf.py) runs through `distfact fit`, a pipeline and `distfact
+report` with no other file touched; and the command line and pipeline specs take every default from the
+estimators."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from sklearn.utils._param_validation import validate_parameter_constraints
+
+from conftest import grouped_data
+
+TESTS = pathlib.Path(__file__).resolve().parent
+SOURCE = TESTS.parent / "distfact"
+
+
+def distfact(*args, cwd, plugin=True):
+    env = {**os.environ}
+    if plugin:
+        env.update(DISTFACT_METHODS="plugin_pgnmf", PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "distfact.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def store(tmp_path):
+    from distfact.store import from_arrays
+
+    X, groups = grouped_data(m=90, n=14)
+    from_arrays(X, groups, tmp_path / "x.zarr", block_rows=30)
+    return tmp_path / "x.zarr", X, groups
+
+
+def test_no_file_of_distfact_names_the_test_only_method():
+    named = [path for path in SOURCE.rglob("*.py") if "pg-nmf" in path.read_text() or "PGNMF" in path.read_text()]
+    assert named == []
+
+
+def test_a_method_in_its_own_file_runs_through_fit_report_and_a_pipeline(store, tmp_path):
+    path, X, groups = store
+    fit = distfact("fit", path, "--method", "pg-nmf", "--rank", "3", "--max-iter", "40", "--no-progress",
+                   "-o", tmp_path / "fit", cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr
+    assert "relative_error" in fit.stdout and "g1" in fit.stdout  # the per-group table
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["method"] == "pg-nmf" and metrics["params"] == {"max_iter": 40, "step": "lipschitz", "tol": 1e-6}
+    assert metrics["n_passes"] == metrics["n_iter"] + 1 and len(metrics["objective_history"]) == metrics["n_iter"] + 1
+
+    # its objective falls and its relative errors are the Frobenius ratio: checked against numpy, with W
+    # solved for the fitted H by nonnegative least squares row by row (the projected gradient's fixed point
+    # is close to it after 40 iterations, hence the loose tolerance)
+    history = np.asarray(metrics["objective_history"])
+    assert history[-1] < history[0] and np.all(np.diff(history) <= 1e-9 * history[0])
+    H = np.load(tmp_path / "fit" / "components.npy")
+    table = __import__("pandas").read_csv(tmp_path / "fit" / "group_metrics.csv")
+    from scipy.optimize import nnls
+
+    W = np.array([nnls(H.T, row)[0] for row in X])
+    for name in ("g0", "g1", "g2"):
+        rows = groups == name
+        best = np.linalg.norm(X[rows] - W[rows] @ H) / np.linalg.norm(X[rows])
+        reported = table[(table.group == name) & (table.metric == "relative_error")].value.item()
+        assert best <= reported <= best * 1.05
+
+    report = distfact("report", tmp_path / "fit", "-o", tmp_path / "report", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "pg-nmf" in page and "relative_error per group" in page and "stopped at max_iter" in page
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'name = "pg"\n[input]\nstore = "{path}"\n[[fit]]\nmethod = "pg-nmf"\nranks = [2, 3]\n'
+                    f'max_iter = 30\n[output]\ncheckpoint_every = 0\n')
+    run = distfact("run", spec, "--output", tmp_path / "runs", "--date", "2026-11-24", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    run_dir = tmp_path / "runs" / "pg" / "2026-11-24"
+    rows = __import__("pandas").read_csv(run_dir / "evaluate" / "group_metrics.csv")
+    assert set(rows.fit) == {"pg-nmf-r2", "pg-nmf-r3"} and set(rows.metric) == {"relative_error", "loss"}
+    assert "pg-nmf" in (run_dir / "report" / "report.html").read_text()
+
+
+def test_an_unknown_method_or_another_methods_option_is_refused(store, tmp_path):
+    path, _, _ = store
+    out = distfact("fit", path, "--method", "pg-nmf", "--rank", "2", "--lam", "0.5", cwd=tmp_path)
+    assert out.returncode == 2 and "--lam does not apply to pg-nmf" in out.stderr
+    out = distfact("fit", path, "--method", "pg-nmf", "--rank", "2", cwd=tmp_path, plugin=False)
+    assert out.returncode == 2 and "invalid choice: 'pg-nmf'" in out.stderr
+    out = distfact("fit", path, "--method", "nmf", "--rank", "2", "--solver", "am", cwd=tmp_path)
+    assert out.returncode == 2 and "The 'solver' parameter of NMF must be a str among" in out.stderr
+
+
+def _builtin_methods():
+    from distfact.estimators import DECLARATIONS
+
+    return DECLARATIONS
+
+
+@pytest.mark.parametrize("declaration", _builtin_methods(), ids=lambda d: d.name)
+def test_every_parameter_is_declared_with_its_constraints_and_help(declaration):
+    parameters = declaration.parameters()
+    assert parameters, declaration.name
+    defaults = declaration.estimator(2).get_params(deep=False)
+    validate_parameter_constraints(declaration.estimator._parameter_constraints, defaults,
+                                   caller_name=declaration.name)
+    assert all(p.help for p in parameters.values()), [p.name for p in parameters.values() if not p.help]
+
+
+@pytest.mark.parametrize("declaration", _builtin_methods(), ids=lambda d: d.name)
+def test_the_command_line_and_pipeline_defaults_are_the_estimators(declaration, store, tmp_path):
+    """`distfact fit` with nothing but the method and the rank fits with every parameter at the estimator's own
+    default (the parameters it records are ``Estimator(rank)``'s), and a [[fit]] table with nothing but the
+    method and the rank gives the pipeline no parameter to pass (``run.py`` builds ``Estimator(rank,
+    **params)``)."""
+    from distfact.pipeline.spec import load_spec
+
+    path, _, _ = store
+    out = distfact("fit", path, "--method", declaration.name, "--rank", "2", "--no-progress", "-o", tmp_path / "f",
+                   cwd=tmp_path, plugin=False)
+    assert out.returncode == 0, out.stderr
+    recorded = json.loads((tmp_path / "f" / "metrics.json").read_text())["params"]
+    own = declaration.estimator(2).get_params()
+    assert recorded == {name: own[name] for name in declaration.parameters()}
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'name = "d"\n[input]\nstore = "{path}"\n[[fit]]\nmethod = "{declaration.name}"\nrank = 2\n')
+    fit = load_spec(spec).fits[0]
+    assert fit.params == {} and fit.inputs == {i.name: i.default for i in declaration.fit_inputs}
+    assert declaration.make(2, fit.params, random_state=0).get_params() == declaration.estimator(
+        2, random_state=0).get_params()
