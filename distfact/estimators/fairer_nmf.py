@@ -10,6 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
+from ..metrics import group_metric_frame
 from .base import FactorEstimator, check_iteration_params, check_rank, data_fingerprint, survives_worker_loss
 
 SOLVERS = ("mu", "am")
@@ -90,18 +91,28 @@ class FairerNMF(FactorEstimator):
     E_converged_ : ndarray of bool (n_groups,)
         Whether every run of a group met its stopping rule within ``estimate_max_iter``.
     group_names_ : list of str
+    objective_history_ : ndarray (n_iter_ + 1,)
+        The objective minimised (eq. 7), max_l (||X_l - W_l H||_F - E_l) / ||X_l||_F, at the scheme's start
+        and after every iteration: the maximum over groups of ``loss_history_``'s rows.
+    group_metrics_ : pandas.DataFrame
+        Columns group, metric, value (``distfact.metrics.METRICS``, docs/metrics.md): ``relative_error``
+        ||X_l - W_l H||_F / ||X_l||_F, ``relative_loss`` (||X_l - W_l H||_F - E_l) / ||X_l||_F
+        (Definition 4.1), and ``objective``, group l's term of eq. 7, which is its ``relative_loss``.
     group_errors_ : ndarray (n_groups,)
-        ||X_l - W_l H||_F / ||X_l||_F.
+        The ``relative_error`` metric: ||X_l - W_l H||_F / ||X_l||_F, a fraction.
     group_losses_ : ndarray (n_groups,)
-        (||X_l - W_l H||_F - E_l) / ||X_l||_F (Definition 4.1).
+        The ``relative_loss`` metric: (||X_l - W_l H||_F - E_l) / ||X_l||_F (Definition 4.1), a fraction.
     loss_history_ : ndarray (n_iter_ + 1, n_groups)
-        Relative loss per group at initialisation and after every iteration.
+        The ``relative_loss`` of every group at the scheme's start and after every iteration.
     c_ : ndarray (n_groups,)
         The final group weights ('mu').
     conic_solver_ : str or None
         The conic solver that solved the last H step ('am').
     n_iter_, n_passes_, converged_, scheduler_
-        ``n_passes_`` counts the passes of Algorithm 1 too.
+        ``n_iter_`` counts the scheme's iterations; ``n_passes_`` counts the passes of Algorithm 1 too.
+    n_components_, n_features_in_
+    feature_names_in_ : ndarray of str
+        When the data carry feature names.
     """
 
     def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-5,
@@ -218,8 +229,8 @@ class FairerNMF(FactorEstimator):
         self.group_errors_ = relative[-1]
         self.group_losses_ = relative[-1] - relative_E
         self.loss_history_ = relative - relative_E
-        self.n_iter_ = state.iteration
-        self.n_passes_ = executor.n_passes
-        self.converged_ = state.converged
-        self.n_features_in_ = data.shape[1]
-        self.scheduler_ = executor.describe()
+        self.objective_history_ = np.asarray(state.objectives)
+        self.group_metrics_ = group_metric_frame(self.group_names_, {
+            "relative_error": self.group_errors_, "relative_loss": self.group_losses_,
+            "objective": self.group_losses_})
+        self._set_run_facts(method, data, state, executor)
