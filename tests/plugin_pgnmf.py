@@ -124,7 +124,7 @@ class PGNMF(FactorEstimator):
         errors = np.sqrt(2 * losses / data.group_sq_norms)
         self.group_metrics_ = pd.DataFrame({
             "group": [*data.group_names, *data.group_names],
-            "metric": ["relative_error"] * len(losses) + ["loss"] * len(losses),
+            "metric": ["relative_error"] * len(losses) + ["objective"] * len(losses),
             "value": np.concatenate([errors, losses])})
         return self
 
@@ -133,4 +133,4 @@ register_estimators(PGNMF)  # so that distfact.load reads its saved models back
 
 # -- declaration -----------------------------------------------------------------------------------
 DECLARATION = register(MethodDeclaration(name="pg-nmf", estimator=PGNMF, summary="projected-gradient NMF (tests)",
-                                         metrics=("relative_error", "loss")))
+                                         metrics=("relative_error", "objective")))

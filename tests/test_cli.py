@@ -157,7 +157,7 @@ def test_fit_wl1_nmf(tmp_path):
     bad = run("fit", tmp_path / "x.zarr", "--method", "nmf", "--lam", "0.5", "--rank", "3", cwd=tmp_path)
     assert bad.returncode == 2 and "--lam does not apply to nmf" in bad.stderr
     bad = run("fit", tmp_path / "x.zarr", "--method", "wl1-nmf", "--lam", "2", "--rank", "3", cwd=tmp_path)
-    assert bad.returncode == 2 and "The 'lam' parameter of WeightedL1NMF must be a float in the range [0, 1]" \
+    assert bad.returncode == 2 and "The 'lam' parameter of WeightedL1NMF must be a float in the range [0.0, 1.0]" \
         in bad.stderr
 
 

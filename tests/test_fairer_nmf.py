@@ -285,9 +285,10 @@ def test_fairness_report_table_files_and_cli(tmp_path):
     for g, row in enumerate(rows[2:]):
         norm = np.linalg.norm(X[groups == row["group"]])
         assert row["r_loss_fairer"] == pytest.approx(fair.group_losses_[g])
-        assert row["r_error_standard_all"] == pytest.approx(100 * standard.group_errors_[g])
-        assert row["r_error_standard_alone"] == pytest.approx(100 * fair.E_[g] / norm)
+        assert row["r_error_standard_all"] == pytest.approx(standard.group_errors_[g])
+        assert row["r_error_standard_alone"] == pytest.approx(fair.E_[g] / norm)
         assert row["r_loss_standard"] == pytest.approx(standard.group_errors_[g] - fair.E_[g] / norm)
+        assert row["r_error_fairer"] == pytest.approx(fair.group_errors_[g])  # fractions, as the R-Losses
     paths = write_fairness_report(rows, tmp_path / "report")
     assert json.loads(open(paths["json"]).read()) == rows
     assert open(paths["html"]).read().count("data:image/png;base64,") == 3

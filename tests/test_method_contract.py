@@ -79,7 +79,7 @@ def test_a_method_in_its_own_file_runs_through_fit_report_and_a_pipeline(store, 
     assert run.returncode == 0, run.stderr
     run_dir = tmp_path / "runs" / "pg" / "2026-11-24"
     rows = __import__("pandas").read_csv(run_dir / "evaluate" / "group_metrics.csv")
-    assert set(rows.fit) == {"pg-nmf-r2", "pg-nmf-r3"} and set(rows.metric) == {"relative_error", "loss"}
+    assert set(rows.fit) == {"pg-nmf-r2", "pg-nmf-r3"} and set(rows.metric) == {"relative_error", "objective"}
     assert "pg-nmf" in (run_dir / "report" / "report.html").read_text()
 
 
@@ -130,3 +130,19 @@ def test_the_command_line_and_pipeline_defaults_are_the_estimators(declaration, 
     assert fit.params == {} and fit.inputs == {i.name: i.default for i in declaration.fit_inputs}
     assert declaration.make(2, fit.params, random_state=0).get_params() == declaration.estimator(
         2, random_state=0).get_params()
+
+
+@pytest.mark.parametrize("declaration", _builtin_methods(), ids=lambda d: d.name)
+def test_declared_metrics_are_the_glossarys_and_the_fits(declaration, store):
+    """Each declared metric is defined in the glossary (one meaning for every method), and a fit's
+    group_metrics_ holds relative_error and only declared metrics."""
+    from distfact.metrics import METRICS
+
+    assert set(declaration.metrics) <= set(METRICS) and "relative_error" in declaration.metrics
+    path, _, groups = store
+    model = declaration.make(2, {}, random_state=0)
+    model.set_params(**{k: 5 for k in ("max_iter",) if k in declaration.parameters()})
+    model.fit(str(path), **declaration.fit_arguments(model, {}, model._grouped(str(path), None), None))
+    reported = set(model.group_metrics_["metric"])
+    assert "relative_error" in reported and reported <= set(declaration.metrics)
+    assert set(model.group_metrics_["group"]) == set(groups)

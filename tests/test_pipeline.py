@@ -204,6 +204,9 @@ def test_groups_named_like_missing_values_stay_in_the_report(tmp_path):
     (('method = "nmf"', 'method = "nfm"'), 7, ["unknown method 'nfm'", "did you mean 'nmf'"]),
     (("[report]", "[reprot]"), 18, ["[reprot]: unknown key", "did you mean 'report'"]),
     (("n_estimates = 1", "n_estimates = 1.5"), 15, ["[fit] #2 key 'n_estimates'", "expected an integer"]),
+    (('solver = "hals"', 'solver = "halss"'), 9, ["[fit] #1 key 'solver'", "The 'solver' parameter of NMF must be a "
+                                                                           "str among", "'halss'"]),
+    (("max_iter = 20", "max_iter = -1"), 10, ["[fit] #1 key 'max_iter'", "in the range [0, inf)"]),
 ])
 def test_spec_errors_name_the_key_and_line_before_any_work(tmp_path, change, line, words):
     spec = write_spec(tmp_path, SMALL.replace(*change))
@@ -274,7 +277,7 @@ def test_multigroup_pipeline_gives_every_rank_from_one_fit(tmp_path):
 
     table = pd.read_csv(os.path.join(result["run_dir"], "evaluate", "group_metrics.csv"))
     assert sorted(table["rank"].unique()) == list(range(1, 9)) and table["fit"].unique().tolist() == ["multigroup-svd-r8"]
-    incremental = table[table.metric == "incremental"].pivot(index="rank", columns="group", values="value")
+    incremental = table[table.metric == "incremental_loss"].pivot(index="rank", columns="group", values="value")
     np.testing.assert_allclose(incremental["Female"], incremental["Male"], rtol=1e-9)  # Lemma 7.3, two groups
     page = open(os.path.join(result["run_dir"], "report", "report.html")).read()
     assert "multigroup-svd-r8-fig2_losses.png" in page and "multigroup-svd-r8-fig3_duality.png" in page

@@ -12,6 +12,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
+from ..metrics import group_metric_frame
 from .base import (FactorEstimator, check_iteration_params, check_new_directory, check_rank, data_fingerprint,
                    survives_worker_loss)
 from .contract import COUNT, NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
@@ -94,21 +95,32 @@ class FairerNMF(FactorEstimator):
     E_converged_ : ndarray of bool (n_groups,)
         Whether every run of a group met its stopping rule within ``estimate_max_iter``.
     group_names_ : list of str
+    objective_history_ : ndarray (n_iter_ + 1,)
+        The objective minimised (eq. 7), max_l (||X_l - W_l H||_F - E_l) / ||X_l||_F, at the scheme's start
+        and after every iteration: the maximum over groups of ``loss_history_``'s rows.
+    group_metrics_ : pandas.DataFrame
+        Columns group, metric, value (``distfact.metrics.METRICS``, docs/metrics.md): ``relative_error``
+        ||X_l - W_l H||_F / ||X_l||_F, ``relative_loss`` (||X_l - W_l H||_F - E_l) / ||X_l||_F
+        (Definition 4.1), and ``objective``, group l's term of eq. 7, which is its ``relative_loss``.
     group_errors_ : ndarray (n_groups,)
-        ||X_l - W_l H||_F / ||X_l||_F.
+        The ``relative_error`` metric: ||X_l - W_l H||_F / ||X_l||_F, a fraction.
     group_losses_ : ndarray (n_groups,)
-        (||X_l - W_l H||_F - E_l) / ||X_l||_F (Definition 4.1).
+        The ``relative_loss`` metric: (||X_l - W_l H||_F - E_l) / ||X_l||_F (Definition 4.1), a fraction.
     loss_history_ : ndarray (n_iter_ + 1, n_groups)
-        Relative loss per group at initialisation and after every iteration.
+        The ``relative_loss`` of every group at the scheme's start and after every iteration.
     c_ : ndarray (n_groups,)
         The final group weights ('mu').
     conic_solver_ : str or None
         The conic solver that solved the last H step ('am').
     n_iter_, n_passes_, converged_, scheduler_
-        ``n_passes_`` counts the passes of Algorithm 1 too.
+        ``n_iter_`` counts the scheme's iterations; ``n_passes_`` counts the passes of Algorithm 1 too.
+    n_components_, n_features_in_
+    feature_names_in_ : ndarray of str
+        When the data carry feature names.
     """
 
-    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "solver": [StrOptions(set(SOLVERS))], "n_estimates": [POSITIVE_INT],
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "solver": [StrOptions(set(SOLVERS))],
+                                    "n_estimates": [POSITIVE_INT],
                                     "c_update": [StrOptions({"decaying", "fixed", "largest"})],
                                     "c_step": [Interval(Real, 0, 1, closed="right")], "max_iter": [COUNT, None],
                                     "estimate_max_iter": [COUNT], "estimate_tol": [NON_NEGATIVE]}
@@ -229,11 +241,11 @@ class FairerNMF(FactorEstimator):
         self.group_errors_ = relative[-1]
         self.group_losses_ = relative[-1] - relative_E
         self.loss_history_ = relative - relative_E
-        self.n_iter_ = state.iteration
-        self.n_passes_ = executor.n_passes
-        self.converged_ = state.converged
-        self.n_features_in_ = data.shape[1]
-        self.scheduler_ = executor.describe()
+        self.objective_history_ = np.asarray(state.objectives)
+        self.group_metrics_ = group_metric_frame(self.group_names_, {
+            "relative_error": self.group_errors_, "relative_loss": self.group_losses_,
+            "objective": self.group_losses_})
+        self._set_run_facts(method, data, state, executor)
 
 
 def _fairer_facts(model) -> dict:
@@ -243,6 +255,6 @@ def _fairer_facts(model) -> dict:
 
 DECLARATION = MethodDeclaration(
     name="fairer-nmf", estimator=FairerNMF, summary="Fairer-NMF: NMF minimising the worst group's relative loss",
-    metrics=("relative_error", "relative_loss"), facts=_fairer_facts,
+    metrics=("relative_error", "relative_loss", "objective"), facts=_fairer_facts,
     paper_report=PaperReport("fairness", "the Fairer-NMF paper's fairness report (Figs. 2, 3, 5): standard NMF "
                              "and Fairer-NMF at each of --ranks", "distfact.reports.fairness:paper_report"))

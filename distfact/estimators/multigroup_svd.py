@@ -12,6 +12,7 @@ from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.validation import check_array
 
 from ..methods.multigroup_svd import passes, solvers
+from ..metrics import group_metric_frame, relative_error
 from ..store.coerce import as_grouped
 from ..store.grouped import GroupedMatrix
 from .base import FactorEstimator, check_iteration_params, survives_worker_loss
@@ -84,9 +85,22 @@ class MultigroupSVD(FactorEstimator):
     duality_gap_ : ndarray (d,)
         Empirical duality gap f - g of each component (Section 8.3); f is ``primal_objective_``
         (max_l h_l(v_r)) and g is ``dual_objective_`` (g(mu_r)).
+    objective_history_ : ndarray (d,)
+        Not a history over iterations (the fit is one pass, then a rank-1 problem per component): the
+        min-max objective of each component's problem, f_r = max_l h_l(v_r), h_l(v_r) = sigma_1^2(A^l_r) -
+        ||A^l_r v_r||^2 on the data deflated by v_1..v_{r-1} (eq. 1), r = 1..d; the same values as
+        ``primal_objective_``.
+    group_metrics_ : pandas.DataFrame
+        Columns group, rank, metric, value, one row per group, rank r = 1..d and metric
+        (``distfact.metrics.METRICS``, docs/metrics.md), all of the centred/scaled data A_l:
+        ``relative_error`` ||A_l - A_l V_r^T V_r||_F / ||A_l||_F (V_r: the first r rows of ``components_``),
+        ``objective`` h_l(v_r) (the group's term of rank r's min-max problem, whose maximum over groups is
+        ``objective_history_[r - 1]``), ``marginal_loss``, ``incremental_loss`` and ``reconstruction_loss``
+        (the columns of ``group_losses_``).
     group_losses_ : pandas.DataFrame
         One row per group and rank r = 1..d: the marginal loss (Appendix A), the incremental loss
-        (Section 4) and the reconstruction loss ||A_l - A_l V_r V_r^T||_F^2, of the centred/scaled data.
+        (Section 4) and the reconstruction loss ||A_l - A_l V_r^T V_r||_F^2, of the centred/scaled data (the
+        ``marginal_loss``, ``incremental_loss`` and ``reconstruction_loss`` metrics, squared, not relative).
     explained_variance_ : ndarray (n_groups, d)
         ||A_l v_r||^2 / n_l: the mean square of group l's projections on v_r.
     singular_values_ : ndarray (n_groups, d)
@@ -98,6 +112,10 @@ class MultigroupSVD(FactorEstimator):
         The solver used ('auto' resolved).
     n_iter_ : ndarray (d,)
         Solver iterations per component.
+    converged_ : bool
+        Every component's duality gap f - g is at most ``tol`` * max_l sigma_1^2(A^l_r): each rank-1 problem
+        is solved to within ``tol`` (relative), as certified by its dual. False says that some component's
+        optimality is not certified (see ``duality_gap_``), not that the components are wrong.
     n_passes_ : int
         Passes over X: 1 on the Gram path.
     sketched_ : bool
@@ -249,6 +267,12 @@ class MultigroupSVD(FactorEstimator):
         self.scale_ = col_scale
         self.solver_ = solver
         self.n_iter_ = result.n_iter
+        self.objective_history_ = np.asarray(result.primal, dtype=np.float64)
+        self.converged_ = bool(np.all(self.duality_gap_ <= self.tol * result.s.max(axis=1)))
+        self.group_metrics_ = group_metric_frame(self.group_names_, {
+            "relative_error": relative_error(losses["reconstruction"], losses["sq_norms"][:, None]),
+            "objective": result.s.T - losses["captured"],
+            **{f"{kind}_loss": losses[kind] for kind in ("marginal", "incremental", "reconstruction")}}, ranked=True)
         self.n_passes_ = executor.n_passes
         self.sketched_ = basis is not None
         self.scheduler_ = executor.describe()
@@ -330,7 +354,9 @@ def _multigroup_facts(model) -> dict:
 DECLARATION = MethodDeclaration(
     name="multigroup-svd", estimator=MultigroupSVD,
     summary="consistent multigroup singular vectors: min-max group loss, signed data, one pass",
-    metrics=("marginal", "incremental", "reconstruction"), nested_ranks=True, facts=_multigroup_facts,
+    metrics=("relative_error", "marginal_loss", "incremental_loss", "reconstruction_loss", "objective"),
+    nested_ranks=True,
+    facts=_multigroup_facts,
     views="distfact.reports.multigroup_svd:views",
     paper_report=PaperReport("multigroup", "the multigroup low-rank paper's report (Figs. 2, 3): losses by rank "
                              "per group against the SVD, duality gaps", "distfact.reports.multigroup_svd:paper_report"))

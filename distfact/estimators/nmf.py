@@ -12,7 +12,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
-from ..metrics import relative_to
+from ..metrics import group_metric_frame, relative_error
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
 from .contract import POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
@@ -71,17 +71,29 @@ class NMF(FactorEstimator):
     n_iter_ : int
     n_passes_ : int
         Passes over X: ``n_iter_ + 1`` with random or custom init.
+    objective_history_ : ndarray (n_iter_ + 1,)
+        The objective minimised (the loss above, summed over all rows) at initialisation and after every
+        iteration.
+    group_metrics_ : pandas.DataFrame
+        Columns group, metric, value (names and units: ``distfact.metrics.METRICS``, docs/metrics.md):
+        ``relative_error`` ||X_l - W_l H||_F / ||X_l||_F (whatever ``beta_loss``) and ``objective``, the
+        loss restricted to group l's rows (1/2 ||X_l - W_l H||_F^2, or the generalised KL divergence).
     loss_history_ : ndarray (n_iter_ + 1,)
-        The loss at initialisation and after every iteration.
+        The same values as ``objective_history_`` (kept for existing callers).
     group_loss_history_ : ndarray (n_iter_ + 1, n_groups)
+        The ``objective`` metric of every group at initialisation and after every iteration.
     reconstruction_err_ : float
         sqrt(2 * loss): ||X - WH||_F for the Frobenius loss (as scikit-learn).
     group_names_ : list of str
     group_losses_ : ndarray (n_groups,)
-        The loss restricted to each group's rows.
+        The ``objective`` metric per group (the loss restricted to each group's rows).
     group_errors_ : ndarray (n_groups,)
-        Relative error ||X_l - W_l H||_F / ||X_l||_F per group (for a group of zeros, the error itself).
+        The ``relative_error`` metric per group: ||X_l - W_l H||_F / ||X_l||_F (for a group of zeros, the
+        error itself).
     converged_ : bool
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        When the data carry feature names.
     scheduler_ : dict
         Where the fit ran.
     """
@@ -166,13 +178,16 @@ class NMF(FactorEstimator):
     def _set_results(self, method, data, state, executor):
         self.components_ = state.global_state["H"]
         self._set_run_facts(method, data, state, executor)
-        self.loss_history_ = np.asarray(state.objectives)
+        self.objective_history_ = np.asarray(state.objectives)
+        self.loss_history_ = self.objective_history_.copy()
         self.group_loss_history_ = np.vstack(state.group_objectives)
         self.group_names_ = data.group_names
         self.group_losses_ = state.group_objectives[-1]
         self.reconstruction_err_ = float(np.sqrt(2.0 * max(state.objectives[-1], 0.0)))
-        sq = method.squared_errors(state.global_state, state.stats, data)
-        self.group_errors_ = np.sqrt(relative_to(sq, data.group_sq_norms))
+        self.group_errors_ = relative_error(method.squared_errors(state.global_state, state.stats, data),
+                                            data.group_sq_norms)
+        self.group_metrics_ = group_metric_frame(self.group_names_, {"relative_error": self.group_errors_,
+                                                                     "objective": self.group_losses_})
 
     # ------------------------------------------------------------ transform
     def transform(self, X, *, groups=None, client=None, max_iter=None):
@@ -196,4 +211,4 @@ def _nmf_facts(model) -> dict:
 
 DECLARATION = MethodDeclaration(
     name="nmf", estimator=NMF, summary="non-negative matrix factorisation, with per-group errors",
-    metrics=("relative_error", "loss"), facts=_nmf_facts)
+    metrics=("relative_error", "objective"), facts=_nmf_facts)

@@ -18,7 +18,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
-from ..metrics import relative_to
+from ..metrics import group_metric_frame, relative_error, relative_to
 from ..store.validate import check_label_spellings
 from .base import (FactorEstimator, SavedEstimator, check_factor, check_iteration_params, check_new_directory,
                    check_rank, data_fingerprint, given_local, survives_worker_loss, with_input_tags)
@@ -99,16 +99,26 @@ class SSNMF(FactorEstimator):
         The supervision model (the paper's B^T); Y ~ W B.
     classes_ : ndarray or None
         The classes, in the order of B's columns, when fitted with y.
+    objective_history_ : ndarray (n_iter_ + 1,)
+        The objective minimised, R + lam S, at the start and after every iteration (``loss_history_[:, 0]``).
+    group_metrics_ : pandas.DataFrame
+        Columns group, metric, value (``distfact.metrics.METRICS``, docs/metrics.md): ``relative_error``
+        ||X_l - W_l H||_F / ||X_l||_F (unmasked, for every model, I-divergence ones included);
+        ``objective`` R_l + lam S_l; ``reconstruction_term`` R_l; ``supervision_term`` S_l (with targets);
+        ``relative_i_divergence`` R_l / sum(X_l) (models whose R is the I-divergence).
     loss_history_ : ndarray (n_iter_ + 1, 3)
         Per iteration (the first row at the start): the objective, its reconstruction part R and its
-        supervision part S (Frobenius terms squared, I-divergence unsquared).
+        supervision part S (Frobenius terms squared, I-divergence unsquared; S unweighted by lam).
     group_names_ : list of str
     group_losses_ : ndarray (n_groups,)
-        The objective restricted to each group's rows; ``group_loss_parts_`` (n_groups, 2) its R and S.
+        The ``objective`` metric, R_l + lam S_l; ``group_loss_parts_`` (n_groups, 2) its R_l and S_l.
     group_errors_ : ndarray (n_groups,)
-        The reconstruction per group, relative to the group's data: sqrt(R_l) / ||X_l||_F (F), or
-        R_l / sum(X_l) (D); for a group of zeros, the reconstruction itself.
+        The reconstruction per group, relative to the group's data: for R = F, sqrt(R_l) / ||X_l||_F (the
+        ``relative_error`` metric when there is no data mask); for R = D, R_l / sum(X_l) (the
+        ``relative_i_divergence`` metric, not a Frobenius ratio); for a group of zeros, the numerator.
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, n_features_in_.
+    feature_names_in_ : ndarray of str
+        When the data carry feature names.
     """
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "model": [StrOptions(set(MODELS))],
@@ -247,10 +257,17 @@ class SSNMF(FactorEstimator):
         self.group_names_ = data.group_names
         self.group_loss_parts_ = parts[-1]
         self.group_losses_ = parts[-1, :, 0] + method.lam * parts[-1, :, 1]
+        metrics = {"relative_error": relative_error(method.squared_errors(state.global_state, state.stats, data),
+                                                    data.group_sq_norms),
+                   "objective": self.group_losses_, "reconstruction_term": parts[-1, :, 0]}
+        if method.supervised:
+            metrics["supervision_term"] = parts[-1, :, 1]
         if method.losses[0] == "F":  # relative to the whole of X_l, whatever the data mask
             self.group_errors_ = np.sqrt(relative_to(parts[-1, :, 0], data.group_sq_norms))
         else:
-            self.group_errors_ = relative_to(parts[-1, :, 0], data.group_totals)
+            self.group_errors_ = metrics["relative_i_divergence"] = relative_to(parts[-1, :, 0], data.group_totals)
+        self.objective_history_ = np.asarray(state.objectives)
+        self.group_metrics_ = group_metric_frame(self.group_names_, metrics)
         self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform
@@ -287,13 +304,34 @@ def _represent_block(X_b, inputs, block, method, H, max_iter, tol):
     return method.represent(X_b, H, inputs.get("M"), max_iter, tol, W0)
 
 
+def _forwarded(name: str):
+    """A fitted attribute of ``SSNMFClassifier`` read from its ``ssnmf_`` (saved once, with ``ssnmf_``)."""
+    return property(lambda self: getattr(self.ssnmf_, name), doc=f"``ssnmf_.{name}``.")
+
+
 class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
     """A classifier from SSNMF (ssnmf.txt, Section 2.3): fit SSNMF with the training labels, represent
     new rows with the dictionary H fixed, predict argmax(W_new B).
 
     Parameters are those of :class:`SSNMF`; ``transform_max_iter`` and ``transform_tol`` bound the
     representation of new rows (for I-divergence models). ``predict_proba`` normalises W_new B's rows.
+
+    Attributes
+    ----------
+    ssnmf_ : SSNMF
+        The fitted SSNMF.
+    classes_ : ndarray
+    objective_history_, group_metrics_, group_names_, n_iter_, n_passes_, converged_, n_features_in_,
+    feature_names_in_ :
+        Those of ``ssnmf_`` (see :class:`SSNMF`; ``feature_names_in_`` when the data carry feature names).
     """
+
+    objective_history_ = _forwarded("objective_history_")
+    group_metrics_ = _forwarded("group_metrics_")
+    group_names_ = _forwarded("group_names_")
+    n_passes_ = _forwarded("n_passes_")
+    converged_ = _forwarded("converged_")
+    feature_names_in_ = _forwarded("feature_names_in_")
 
     def __init__(self, n_components=10, *, model="FF", lam=1.0, max_iter=100, tol=1e-4, eps=1e-10,
                  random_state=None, transform_max_iter=500, transform_tol=1e-6, n_threads=None):
@@ -388,7 +426,8 @@ def _ssnmf_facts(model) -> dict:
 DECLARATION = MethodDeclaration(
     name="ssnmf", estimator=SSNMF,
     summary="semi-supervised NMF: X ~ W H and the class labels ~ W B jointly",
-    metrics=("relative_error", "loss"), arrays=_ssnmf_arrays, facts=_ssnmf_facts,
+    metrics=("relative_error", "relative_i_divergence", "reconstruction_term", "supervision_term", "objective"),
+    arrays=_ssnmf_arrays, facts=_ssnmf_facts,
     fit_inputs=(FitInput("labels", "'groups' (the groups are the classes), 'none' (NMF), or a .npy/text file "
                          "with one class label per input row (-1: unlabelled)", "groups", _labels_to_fit,
                          is_path=lambda value: value not in ("groups", "none")),),

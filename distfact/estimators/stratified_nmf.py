@@ -13,7 +13,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..features import feature_names_of, top_feature_names
 from ..methods.stratified_nmf import StratifiedMU
-from ..metrics import relative_to
+from ..metrics import group_metric_frame, relative_error
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
                    data_fingerprint, survives_worker_loss)
 from .contract import NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
@@ -57,16 +57,26 @@ class StratifiedNMF(FactorEstimator):
     strata_features_ : ndarray (n_strata, n_features)
         v(i), one row per stratum, in the order of ``strata_names_``.
     strata_names_ : list of str
+    objective_history_ : ndarray (n_iter_ + 1,)
+        The objective minimised, F = sum_i ||A(i) - 1 v(i)^T - W(i) H||_F^2 (eq. 2), at initialisation and
+        after every iteration.
+    group_metrics_ : pandas.DataFrame
+        Columns group, metric, value (``distfact.metrics.METRICS``, docs/metrics.md): ``relative_error``
+        ||A(i) - 1 v(i)^T - W(i) H||_F / ||A(i)||_F, the error of the model's reconstruction
+        W(i) H + 1 v(i)^T, and ``objective`` ||A(i) - 1 v(i)^T - W(i) H||_F^2, eq. (2)'s term.
     loss_history_ : ndarray (n_iter_ + 1, 2)
         Per iteration (the first row at initialisation), the paper's loss sqrt(F) and normalised
-        loss sqrt(F / sum_i ||A(i)||_F^2) (Section IV).
+        loss sqrt(F / sum_i ||A(i)||_F^2) (Section IV): the square roots of ``objective_history_`` and of
+        it over sum_i ||A(i)||_F^2.
     group_names_ : list of str
         The strata (the same as ``strata_names_``; for the per-group tables shared by the estimators).
     group_losses_ : ndarray (n_strata,)
-        ||A(i) - 1 v(i)^T - W(i) H||_F^2, eq. (2)'s terms.
+        The ``objective`` metric: ||A(i) - 1 v(i)^T - W(i) H||_F^2, eq. (2)'s terms (squared, not halved).
     group_loss_history_ : ndarray (n_iter_ + 1, n_strata)
+        ``group_losses_`` at initialisation and after every iteration.
     group_errors_ : ndarray (n_strata,)
-        ||A(i) - 1 v(i)^T - W(i) H||_F / ||A(i)||_F (for a stratum of zeros, the numerator).
+        The ``relative_error`` metric: ||A(i) - 1 v(i)^T - W(i) H||_F / ||A(i)||_F (for a stratum of zeros,
+        the numerator).
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, feature_names_in_ (when the data
     carry feature names), n_features_in_.
     """
@@ -162,7 +172,10 @@ class StratifiedNMF(FactorEstimator):
         self.group_names_ = data.group_names
         self.group_loss_history_ = np.vstack(state.group_objectives)
         self.group_losses_ = self.group_loss_history_[-1]
-        self.group_errors_ = np.sqrt(relative_to(self.group_losses_, data.group_sq_norms))
+        self.group_errors_ = relative_error(self.group_losses_, data.group_sq_norms)
+        self.objective_history_ = F
+        self.group_metrics_ = group_metric_frame(self.group_names_, {"relative_error": self.group_errors_,
+                                                                     "objective": self.group_losses_})
         self._set_run_facts(method, data, state, executor)
 
     # ------------------------------------------------------------ transform
@@ -238,7 +251,7 @@ def _stratified_facts(model) -> dict:
 DECLARATION = MethodDeclaration(
     name="stratified-nmf", estimator=StratifiedNMF,
     summary="Stratified-NMF: shared topics plus a shift per group (the groups are the strata)",
-    metrics=("relative_error", "loss"), arrays=_stratified_arrays, facts=_stratified_facts,
+    metrics=("relative_error", "objective"), arrays=_stratified_arrays, facts=_stratified_facts,
     views="distfact.reports.stratified_nmf:views",
     paper_report=PaperReport("stratified", "the Stratified-NMF paper's report (Figs. 1, 3-6): strata features, "
                              "images (--image-shape), top features per stratum and topic",

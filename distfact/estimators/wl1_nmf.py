@@ -16,7 +16,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
-from ..metrics import relative_to
+from ..metrics import group_metric_frame, relative_error, relative_to
 from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
 from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
@@ -74,15 +74,23 @@ class WeightedL1NMF(FactorEstimator):
     ----------
     components_ : ndarray (r, n_features)
         H.
+    objective_history_ : ndarray (n_iter_ + 1,)
+        The objective minimised, F (eq. 5.1), at the start of sCD and after every iteration.
+    group_metrics_ : pandas.DataFrame
+        Columns group, metric, value (``distfact.metrics.METRICS``, docs/metrics.md): ``relative_error``
+        ||X_l - W_l H||_F / ||X_l||_F, ``relative_l1_error`` ||X_l - W_l H||_1 / ||X_l||_1, and ``objective``
+        F_l, eq. (5.1) on group l's rows (in X's units, not divided by anything).
     loss_history_ : ndarray (n_iter_ + 1,)
-        The objective (eq. 5.1) divided by sum(X), at the start of sCD and after every iteration.
+        The objective (eq. 5.1) divided by sum(X), at the start of sCD and after every iteration (the
+        quantity of the stopping rule): ``objective_history_ / sum(X)``.
     group_names_ : list of str
     group_losses_ : ndarray (n_groups,)
-        The objective restricted to each group's rows, divided by the group's sum (NaN for a group
-        whose rows are all zero).
+        The ``objective`` metric divided by the group's sum, F_l / sum(X_l) (for a group of zeros, F_l).
     group_loss_history_ : ndarray (n_iter_ + 1, n_groups)
+        ``group_losses_`` at the start of sCD and after every iteration.
     group_errors_ : ndarray (n_groups,)
-        Relative L1 error per group, ||X_l - W_l H||_1 / ||X_l||_1 (for a group of zeros, the error itself).
+        The ``relative_l1_error`` metric (not ``relative_error``): ||X_l - W_l H||_1 / ||X_l||_1 (for a group
+        of zeros, the error itself).
     reconstruction_err_ : float
         ||X - W H||_1.
     n_iter_ : int
@@ -240,6 +248,10 @@ class WeightedL1NMF(FactorEstimator):
         self.group_losses_ = self.group_loss_history_[-1]
         self.group_errors_ = per_group_sum(l1_errors)
         self.reconstruction_err_ = float(l1_errors.sum())
+        self.objective_history_ = np.vstack(state.group_objectives).sum(axis=1)
+        self.group_metrics_ = group_metric_frame(self.group_names_, {
+            "relative_error": relative_error(method.squared_errors(G, state.stats, data), data.group_sq_norms),
+            "relative_l1_error": self.group_errors_, "objective": state.group_objectives[-1]})
         self.timed_out_ = state.timed_out
         self._set_run_facts(method, data, state, executor)
 
@@ -268,4 +280,4 @@ def _wl1_facts(model) -> dict:  # the L1 error ||X - WH||_1; the groups' relativ
 DECLARATION = MethodDeclaration(
     name="wl1-nmf", estimator=WeightedL1NMF,
     summary="weighted L1-NMF by sparse coordinate descent (robust to outliers and false zeros)",
-    metrics=("relative_l1_error", "objective"), facts=_wl1_facts)
+    metrics=("relative_error", "relative_l1_error", "objective"), facts=_wl1_facts)

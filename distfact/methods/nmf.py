@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels import nmf as k
+from ..metrics import frobenius_sq_errors
 from .stopping import groups_relative_change_below
 
 SOLVERS = ("mu", "hals")
@@ -118,9 +119,7 @@ class NMFMethod:
         for float32 data, from the residuals accumulated in float64."""
         if "sq_err" in stats[0]:
             return np.array([float(s["sq_err"]) for s in stats])
-        H, HHt = G["H"].astype(np.float64), G["HHt"].astype(np.float64)
-        errs = np.array([np.vdot(s["WtW"], HHt) - 2.0 * np.vdot(s["WtX"], H) for s in stats], dtype=np.float64)
-        return np.maximum(errs + data.group_sq_norms, 0.0)
+        return frobenius_sq_errors(data.group_sq_norms, [(s["WtX"], s["WtW"]) for s in stats], G["H"], G["HHt"])
 
     def objective(self, G, stats, data):
         if self.kl:

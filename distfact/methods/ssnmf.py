@@ -17,7 +17,9 @@ One iteration, in the paper's order (lines 3, 4, 5 of Algorithms 1-3):
                   with (c_R, c_S) = (1, 1) for FF and DD, (2, 1) for FD (Algorithm 1), (1, 2) for DF
                   (Algorithm 2): the factor 2 of a squared Frobenius term's gradient
     statistics    per group, at the new W and the current H, B: each term's numerator and denominator
-                  for its global update, and its loss (``kernels/ssnmf.py``)
+                  for its global update, and its loss (``kernels/ssnmf.py``); and W^T X, W^T W, from
+                  which ||X_l - W_l H||_F (the metric ``relative_error``, unmasked) follows without
+                  another read of X (``squared_errors``; an unmasked Frobenius data term has them already)
 
 ``eps`` (default 1e-10) is added to every denominator as in the reference package. A block's local
 state is a dict: W, and the rows of Y, of L and of M that belong to the block (row-aligned inputs
@@ -34,6 +36,8 @@ import numpy as np
 
 from ..kernels import ssnmf as k
 from ..kernels.nnls import nnls_gram
+from ..kernels.products import gram, wt_times_block
+from ..metrics import frobenius_sq_errors
 
 MODELS = ("FF", "FD", "DF", "DD")
 PLAIN = ("F", "D")
@@ -84,6 +88,8 @@ class SSNMFMethod:
         for loss, Z, F, mask, prefix, _ in self._terms(X_b, local, G):
             stats.update(k.term_stats(Z, W, F, mask, loss, self.eps, prefix))
             stats[f"{prefix}_loss"] = np.float64(k.term_loss(Z, W, F, mask, loss, self.eps, stats, prefix))
+        if "R_WtW" not in stats:  # the data term's statistics are not W^T X, W^T W: add them
+            stats.update(WtX=wt_times_block(W, X_b), WtW=gram(W))
         return stats
 
     def local_step(self, X_b, local, block, G):
@@ -108,6 +114,12 @@ class SSNMFMethod:
         """R + lam S, and per group its two parts (reconstruction, supervision)."""
         parts = np.array([[float(s["R_loss"]), float(s.get("S_loss", 0.0))] for s in stats])
         return float(parts[:, 0].sum() + self.lam * parts[:, 1].sum()), parts
+
+    @staticmethod
+    def squared_errors(G, stats, data) -> np.ndarray:
+        """||X_l - W_l H||_F^2 per group (unmasked, whatever the model) at the (W, H) of ``stats``."""
+        grams = [(s["R_num"], s["R_WtW"]) if "R_WtW" in s else (s["WtX"], s["WtW"]) for s in stats]
+        return frobenius_sq_errors(data.group_sq_norms, grams, G["H"])
 
     def converged(self, objectives, group_objectives):
         if self.tol <= 0 or len(objectives) < 3:

@@ -1,9 +1,10 @@
 """The fairness report of Fairer-NMF's paper (fairer-nmf.txt, Section 6): for each rank, standard NMF
 against Fairer-NMF, group by group.
 
-Views (as the paper's figures):
-  Fig. 2  R-Error (%) per group, 100 ||X_l - W_l H||_F / ||X_l||_F, of standard NMF fitted on all the
-          data, and of standard NMF fitted on each group alone (the mean of Algorithm 1's runs, E_l / ||X_l||).
+Views (as the paper's figures; both measures are fractions, as the metrics ``relative_error`` and
+``relative_loss`` of docs/metrics.md, where the paper plots R-Error in percent):
+  Fig. 2  R-Error per group, ||X_l - W_l H||_F / ||X_l||_F, of standard NMF fitted on all the data, and of
+          standard NMF fitted on each group alone (the mean of Algorithm 1's runs, E_l / ||X_l||).
   Fig. 3  R-Loss per group of standard NMF: (||X_l - W_l H||_F - E_l) / ||X_l||_F (Definition 4.1).
   Fig. 5  R-Loss per group of Fairer-NMF.
 """
@@ -26,7 +27,8 @@ COLUMNS = ("rank", "group", "rows", "r_error_standard_all", "r_error_standard_al
 
 def fairness_table(X, groups=None, ranks=range(1, 11), *, random_state=0, client=None, progress=None,
                    **params) -> list[dict]:
-    """One row per (rank, group) with the R-Error and R-Loss figures of standard NMF and Fairer-NMF.
+    """One row per (rank, group) with the R-Error and R-Loss figures of standard NMF and Fairer-NMF, all
+    fractions (``r_error_*``: ||X_l - W_l H||_F / ||X_l||_F; ``r_loss_*``: Definition 4.1's relative loss).
 
     X and groups as for the estimators (arrays with labels, a GroupedMatrix or a store path). ``params`` are
     FairerNMF's (its defaults, the paper's, otherwise); standard NMF takes its own defaults but for ``tol``
@@ -43,11 +45,11 @@ def fairness_table(X, groups=None, ranks=range(1, 11), *, random_state=0, client
         for g, name in enumerate(data.group_names):
             rows.append({
                 "rank": int(r), "group": name, "rows": int(data.group_sizes[g]),
-                "r_error_standard_all": 100 * float(standard.group_errors_[g]),
-                "r_error_standard_alone": 100 * float(fair.E_[g] / norms[g]),
+                "r_error_standard_all": float(standard.group_errors_[g]),
+                "r_error_standard_alone": float(fair.E_[g] / norms[g]),
                 "r_loss_standard": float((std_errors[g] - fair.E_[g]) / norms[g]),
                 "r_loss_fairer": float(fair.group_losses_[g]),
-                "r_error_fairer": 100 * float(fair.group_errors_[g]),
+                "r_error_fairer": float(fair.group_errors_[g]),
             })
         if progress is not None:
             progress(r)
@@ -77,7 +79,7 @@ def _plot(rows, panels, title):
 
 FIGURES = {
     "fig2_r_error_standard.png": ([("r_error_standard_all", "Standard NMF on all data"),
-                                   ("r_error_standard_alone", "Standard NMF on each group alone")], "R-Error (%)"),
+                                   ("r_error_standard_alone", "Standard NMF on each group alone")], "R-Error (fraction)"),
     "fig3_r_loss_standard.png": ([("r_loss_standard", "Standard NMF")], "R-Loss"),
     "fig5_r_loss_fairer.png": ([("r_loss_fairer", "Fairer-NMF")], "R-Loss"),
 }

@@ -473,7 +473,8 @@ def group_losses(grams: np.ndarray, components: np.ndarray, s_by_rank: np.ndarra
     - reconstruction (Section 8.1): ||A^l - A^l V_r V_r^T||_F^2 = ||A^l||_F^2 - ||A^l V_r V_r^T||_F^2
 
     Uses ||A V V^T||_F^2 = sum_i v_i^T G v_i (Property 1) and A^l_i v_i = A^l v_i (v_i is orthogonal to v_<i).
-    ``traces``: ||A^l||_F^2 when ``grams`` are restricted to a subspace (the wide-data sketch).
+    ``traces``: ||A^l||_F^2 when ``grams`` are restricted to a subspace (the wide-data sketch); returned as
+    "sq_norms" (k), with "captured" (k x d): ||A^l v_r||^2.
     """
     d = components.shape[0]
     captured = ((grams @ components.T) * components.T).sum(axis=1)  # k x d: v_r^T G_l v_r
@@ -483,4 +484,4 @@ def group_losses(grams: np.ndarray, components: np.ndarray, s_by_rank: np.ndarra
     return {"marginal": np.cumsum(sigma2, axis=1) - cumulative,
             "incremental": np.cumsum(s_by_rank.T - captured, axis=1),
             "reconstruction": traces[:, None] - cumulative,
-            "captured": captured}
+            "captured": captured, "sq_norms": traces}
