@@ -218,9 +218,10 @@ class FairerNMF(FactorEstimator):
     def transform(self, X, *, groups=None, client=None, max_iter=500, tol=1e-6):
         """W for new rows with H = components_ fixed: per row, min over w >= 0 of ||x - w H||.
 
-        With H fixed the Fairer-NMF objective separates over rows, and a row's group weight (c_l / ||X_l||,
-        line 9 of Algorithm 3) only scales its term, so each row's W is the non-negative least squares
-        solution whatever its group, the minimiser that the W steps of both schemes move towards. It is
+        With H fixed, the weighted objective of Algorithm 3, sum_l (c_l / ||X_l||)^2 ||X_l - W_l H||^2, separates
+        over rows and a row's group weight only scales its term; and the rows' non-negative least squares
+        solutions minimise every group's error at once, so the worst group's loss (eq. 7) too. Each row's W is
+        that solution whatever its group: the minimiser the W steps of both schemes move towards. It is
         computed as :meth:`distfact.NMF.transform` computes W, by HALS sweeps (exact per coordinate, faster
         to converge than MU) from a constant start, at most ``max_iter`` until W changes by less than
         ``tol`` relative; one read of X. ``groups`` only lays out the rows (it does not change W)."""

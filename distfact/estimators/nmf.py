@@ -180,7 +180,7 @@ class NMF(FactorEstimator):
     def transform(self, X, *, groups=None, client=None, max_iter=None):
         """W for new X with H = components_ fixed (one read of X; rows solved independently, by the fit's
         solver and loss, at most ``max_iter`` iterations (default: the estimator's) until W changes by less
-        than ``tol`` relative)."""
+        than the estimator's ``tol`` relative)."""
         self._check_fitted()
         return self._rows_for_fixed_H(X, groups, client, self._method, self.max_iter if max_iter is None else max_iter,
                                       self.tol)
