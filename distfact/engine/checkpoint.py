@@ -31,6 +31,7 @@ import shutil
 import uuid
 import warnings
 
+from .._warnings import user_stacklevel
 from .arraytree import TreeFile, save as save_tree
 
 logger = logging.getLogger("distfact")
@@ -144,7 +145,7 @@ class Checkpointer:
                 damaged.append(f"{path}: {exc}")
                 message = f"checkpoint {path} is damaged and not resumed from: {exc}"
                 logger.warning(message)
-                warnings.warn(message, DamagedCheckpointWarning, stacklevel=3)
+                warnings.warn(message, DamagedCheckpointWarning, stacklevel=user_stacklevel())
         if damaged:
             raise ValueError(f"every committed checkpoint in {self.root!r} is damaged; not resuming:\n  "
                              + "\n  ".join(damaged))

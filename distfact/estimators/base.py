@@ -12,9 +12,10 @@ import uuid
 import warnings
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.exceptions import NotFittedError
 
+from .._warnings import user_stacklevel
 from ..engine import Checkpointer, WorkerLost, make_executor
 from ..store.coerce import as_grouped
 from .persistence import save_model
@@ -141,8 +142,16 @@ class SavedEstimator:
         save_model(self, path)
 
 
-class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
-    """Base of distfact's estimators (fit on grouped data, run by the engine)."""
+class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Base of distfact's estimators (fit on grouped data, run by the engine).
+
+    ``get_feature_names_out()`` names transform's columns as scikit-learn's decompositions do (``nmf0``,
+    ``nmf1``, ...: the lowercased class name and the component), so ``set_output(transform="pandas")`` gives
+    DataFrames from ``transform`` and ``fit_transform`` (with X's index when X is a DataFrame).
+
+    There is no ``score``, as scikit-learn's ``NMF`` has none: give ``GridSearchCV`` or ``cross_validate`` a
+    ``scoring`` (the README's scikit-learn paragraph shows one). With metadata routing enabled,
+    ``set_fit_request(groups=True)`` passes the rows' groups through ``Pipeline`` and the model-selection tools."""
 
     _fitted_private = ("_method",)
     #: whether X may hold negative values (scikit-learn's ``positive_only`` tag is its negation)
@@ -154,7 +163,7 @@ class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
         dropped without a word. Called first thing by ``fit`` and ``fit_transform``."""
         if y is not None and groups is None:
             warnings.warn(f"{type(self).__name__} ignores y (targets); the rows' groups are passed as groups=",
-                          UserWarning, stacklevel=3)
+                          UserWarning, stacklevel=user_stacklevel())
 
     def _grouped(self, X, groups):
         return as_grouped(X, groups, block_rows=getattr(self, "block_rows", None),
@@ -203,6 +212,25 @@ class FactorEstimator(SavedEstimator, TransformerMixin, BaseEstimator):
         if n_features != self.n_features_in_:
             raise ValueError(f"X has {n_features} features, but {type(self).__name__} is expecting "
                              f"{self.n_features_in_} features as input")
+
+    @property
+    def _n_features_out(self) -> int:
+        """The width of transform's output, which get_feature_names_out names (AttributeError until fitted)."""
+        return self.components_.shape[0]
+
+    def _rows_for_fixed_H(self, X, groups, client, method, max_iter, tol):
+        """W for new rows with H = components_ fixed, by NMF's W solve (``method.solve_local`` of an
+        :class:`~distfact.methods.nmf.NMFMethod`, from the constant start of its scale): one read of X,
+        rows in X's order. The caller checks that the estimator is fitted."""
+        data = self._grouped(X, groups)
+        self._check_width(data.shape[1])
+        executor = self._executor(data, client)
+        try:
+            blocks = executor.map_blocks(method.solve_local, self.components_.astype(data.dtype, copy=False),
+                                         method.init_scale(data), max_iter, tol)
+        finally:
+            executor.close()
+        return self._rows_in_caller_order(data, blocks)
 
     def inverse_transform(self, W):
         """W H."""

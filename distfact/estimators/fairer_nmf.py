@@ -9,9 +9,11 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from .._warnings import user_stacklevel
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
+from ..methods.nmf import NMFMethod
 from ..metrics import group_metric_frame
 from .base import (FactorEstimator, check_iteration_params, check_new_directory, check_rank, data_fingerprint,
                    survives_worker_loss)
@@ -112,11 +114,15 @@ class FairerNMF(FactorEstimator):
         The final group weights ('mu').
     conic_solver_ : str or None
         The conic solver that solved the last H step ('am').
-    n_iter_, n_passes_, converged_, scheduler_
+    n_iter_, n_passes_, converged_, scheduler_, n_components_, n_features_in_
         ``n_iter_`` counts the scheme's iterations; ``n_passes_`` counts the passes of Algorithm 1 too.
-    n_components_, n_features_in_
     feature_names_in_ : ndarray of str
-        When the data carry feature names.
+        X's column names, when it has them (a DataFrame or a store with feature names).
+
+    Notes
+    -----
+    ``transform`` solves new rows' W with H fixed (see :meth:`transform`); scikit-learn's conventions
+    (feature names out, ``set_output``, no ``score``, metadata routing) as for :class:`distfact.NMF`.
     """
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "solver": [StrOptions(set(SOLVERS))],
@@ -205,7 +211,9 @@ class FairerNMF(FactorEstimator):
                 late = [n for n, ok in zip(data.group_names, self.E_converged_) if not ok]
                 warnings.warn(f"the NMF runs estimating E_l (Algorithm 1) of groups {late} did not converge "
                               f"within estimate_max_iter={self.estimate_max_iter} (estimate_tol="
-                              f"{self.estimate_tol}); their E_ may be too large", ConvergenceWarning, stacklevel=3)
+                              f"{self.estimate_tol}); their E_ may be too large: raise "
+                              "FairerNMF(estimate_max_iter=...)",
+                              ConvergenceWarning, stacklevel=user_stacklevel())
             common = dict(n_components=r, E=tuple(self.E_), tol=float(self.tol), dtype=dtype)
             if self.solver == "am":
                 method = FairerAM(**common, solvers=tuple(available_conic_solvers()))
@@ -220,12 +228,25 @@ class FairerNMF(FactorEstimator):
                              checkpointer=self._checkpointer(config, "scheme"), resume=self.resume)
             self._set_results(method, data, state, executor)
             if not state.converged and self.tol > 0 and cap > 0:
-                warnings.warn(f"Fairer-NMF stopped at {cap} iterations (max_iter={self.max_iter}) before every "
-                              f"group's error changed by less than tol={self.tol} (eq. 10)", ConvergenceWarning,
-                              stacklevel=3)
+                warnings.warn(f"FairerNMF stopped at {cap} iterations (max_iter={self.max_iter}) before every "
+                              f"group's error changed by less than tol={self.tol} (eq. 10); raise "
+                              "FairerNMF(max_iter=...)", ConvergenceWarning, stacklevel=user_stacklevel())
             return self._outputs(data, executor, W_out, want_W)
         finally:
             executor.close()
+
+    def transform(self, X, *, groups=None, client=None, max_iter=500, tol=1e-6):
+        """W for new rows with H = components_ fixed: per row, min over w >= 0 of ||x - w H||.
+
+        With H fixed, the weighted objective of Algorithm 3, sum_l (c_l / ||X_l||)^2 ||X_l - W_l H||^2, separates
+        over rows and a row's group weight only scales its term; and the rows' non-negative least squares
+        solutions minimise every group's error at once, so the worst group's loss (eq. 7) too. Each row's W is
+        that solution whatever its group: the minimiser the W steps of both schemes move towards. It is
+        computed as :meth:`distfact.NMF.transform` computes W, by HALS sweeps (exact per coordinate, faster
+        to converge than MU) from a constant start, at most ``max_iter`` until W changes by less than
+        ``tol`` relative; one read of X. ``groups`` only lays out the rows (it does not change W)."""
+        self._check_fitted()
+        return self._rows_for_fixed_H(X, groups, client, NMFMethod(self.n_components_, solver="hals"), max_iter, tol)
 
     def _iteration_cap(self):
         """max_iter, or the safety cap when it is None (until eq. (10) holds)."""

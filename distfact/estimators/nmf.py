@@ -8,6 +8,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import StrOptions
 
+from .._warnings import user_stacklevel
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
@@ -96,6 +97,13 @@ class NMF(FactorEstimator):
         When the data carry feature names.
     scheduler_ : dict
         Where the fit ran.
+
+    Notes
+    -----
+    scikit-learn's conventions (all of distfact's estimators): ``get_feature_names_out()`` gives ``nmf0``,
+    ``nmf1``, ... and ``set_output(transform="pandas")`` applies to ``transform`` and ``fit_transform``; no
+    ``score`` (as scikit-learn's NMF): ``GridSearchCV`` needs a ``scoring``; with metadata routing enabled,
+    ``NMF(...).set_fit_request(groups=True)`` receives the groups given to ``Pipeline.fit`` or ``GridSearchCV.fit``.
     """
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "n_components": [POSITIVE_INT, None],
@@ -156,7 +164,8 @@ class NMF(FactorEstimator):
             self._set_results(method, data, state, executor)
             if not state.converged and self.tol > 0 and self.max_iter > 0 and state.iteration >= self.max_iter:
                 warnings.warn(f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by "
-                              f"less than tol={self.tol}; increase max_iter", ConvergenceWarning, stacklevel=3)
+                              f"less than tol={self.tol}; raise NMF(max_iter=...)", ConvergenceWarning,
+                              stacklevel=user_stacklevel())
             return self._outputs(data, executor, W_out, want_W)
         finally:
             executor.close()
@@ -191,18 +200,12 @@ class NMF(FactorEstimator):
 
     # ------------------------------------------------------------ transform
     def transform(self, X, *, groups=None, client=None, max_iter=None):
-        """W for new X with H = components_ fixed (one read of X; rows solved independently)."""
+        """W for new X with H = components_ fixed (one read of X; rows solved independently, by the fit's
+        solver and loss, at most ``max_iter`` iterations (default: the estimator's) until W changes by less
+        than the estimator's ``tol`` relative)."""
         self._check_fitted()
-        data = self._grouped(X, groups)
-        self._check_width(data.shape[1])
-        executor = self._executor(data, client)
-        try:
-            scale = self._method.init_scale(data)
-            blocks = executor.map_blocks(self._method.solve_local, self.components_.astype(data.dtype, copy=False),
-                                         scale, self.max_iter if max_iter is None else max_iter, self.tol)
-        finally:
-            executor.close()
-        return self._rows_in_caller_order(data, blocks)
+        return self._rows_for_fixed_H(X, groups, client, self._method, self.max_iter if max_iter is None else max_iter,
+                                      self.tol)
 
 
 def _nmf_facts(model) -> dict:

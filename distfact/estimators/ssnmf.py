@@ -9,9 +9,9 @@ from numbers import Real
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.exceptions import NotFittedError
-from sklearn.utils import TransformerTags, column_or_1d
+from sklearn.utils import column_or_1d
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 
@@ -292,7 +292,7 @@ class SSNMF(FactorEstimator):
         self._check_fitted()
         if self.B_ is None:
             raise ValueError("this SSNMF was fitted without targets (Y or y); there is nothing to predict")
-        return self.transform(X, **kwargs) @ self.B_
+        return np.asarray(self.transform(X, **kwargs)) @ self.B_  # transform's output may be a DataFrame (set_output)
 
 
 def _representation(local, block):
@@ -309,12 +309,15 @@ def _forwarded(name: str):
     return property(lambda self: getattr(self.ssnmf_, name), doc=f"``ssnmf_.{name}``.")
 
 
-class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
+class SSNMFClassifier(SavedEstimator, ClassNamePrefixFeaturesOutMixin, ClassifierMixin, TransformerMixin,
+                      BaseEstimator):
     """A classifier from SSNMF (ssnmf.txt, Section 2.3): fit SSNMF with the training labels, represent
     new rows with the dictionary H fixed, predict argmax(W_new B).
 
     Parameters are those of :class:`SSNMF`; ``transform_max_iter`` and ``transform_tol`` bound the
     representation of new rows (for I-divergence models). ``predict_proba`` normalises W_new B's rows.
+    ``transform`` gives W_new, whose columns ``get_feature_names_out()`` names ``ssnmfclassifier0``, ... (so
+    ``set_output(transform="pandas")`` applies to it).
 
     Attributes
     ----------
@@ -363,7 +366,13 @@ class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
         """Fit, then W for X's rows as :meth:`transform` gives it (with H fixed, as for new rows)."""
         return self.fit(X, y, client=client).transform(X, client=client)
 
+    @property
+    def _n_features_out(self) -> int:
+        """The width of transform's output, which get_feature_names_out names (AttributeError until fitted)."""
+        return self.ssnmf_.components_.shape[0]
+
     def transform(self, X, client=None):
+        """W for new rows with H fixed (:meth:`SSNMF.transform`)."""
         self._check_fitted()
         return self.ssnmf_.transform(X, client=client, max_iter=self.transform_max_iter, tol=self.transform_tol)
 
@@ -375,7 +384,7 @@ class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
 
     def _scores(self, X, client):
         """W_new B (n_samples x n_classes)."""
-        return self.transform(X, client=client) @ self.ssnmf_.B_
+        return np.asarray(self.transform(X, client=client)) @ self.ssnmf_.B_  # a DataFrame under set_output
 
     def predict_proba(self, X, client=None):
         scores = self._scores(X, client)
@@ -396,9 +405,7 @@ class SSNMFClassifier(SavedEstimator, ClassifierMixin, BaseEstimator):
         return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
-        tags = with_input_tags(super().__sklearn_tags__())
-        tags.transformer_tags = TransformerTags()  # it has transform (W for new rows) without being a TransformerMixin
-        return tags
+        return with_input_tags(super().__sklearn_tags__())
 
     def _check_fitted(self):
         if not hasattr(self, "ssnmf_"):

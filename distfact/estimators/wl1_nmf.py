@@ -13,6 +13,7 @@ import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from .._warnings import user_stacklevel
 from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
@@ -176,7 +177,7 @@ class WeightedL1NMF(FactorEstimator):
                                                         data.shape[1])), r
         if data.has_column_blocks and self.column_blocks is not None:
             warnings.warn(f"the store already has {len(data.column_blocks)} column blocks; column_blocks="
-                          f"{self.column_blocks} is not used", UserWarning, stacklevel=4)
+                          f"{self.column_blocks} is not used", UserWarning, stacklevel=user_stacklevel())
         try:
             return data.with_column_blocks(n_blocks=self.column_blocks), r
         except OSError as exc:
@@ -203,8 +204,8 @@ class WeightedL1NMF(FactorEstimator):
             self._set_results(method, data, state, executor)
             if not (state.converged or state.timed_out) and self.tol > 0 and self.max_iter > 0:
                 warnings.warn(f"WeightedL1NMF stopped at max_iter={self.max_iter} before the normalised objective "
-                              f"changed by less than tol={self.tol}; increase max_iter", ConvergenceWarning,
-                              stacklevel=3)
+                              f"changed by less than tol={self.tol}; raise WeightedL1NMF(max_iter=...)",
+                              ConvergenceWarning, stacklevel=user_stacklevel())
             return self._outputs(data, executor, W_out, want_W)
         finally:
             executor.close()
