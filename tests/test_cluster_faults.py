@@ -267,7 +267,7 @@ def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_c
                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     here = distfact.NMF(2, max_iter=5, random_state=0).fit(store)
-    assert np.array_equal(np.load(tmp_path / "out" / "H.npy"), here.components_)
+    assert np.array_equal(np.load(tmp_path / "out" / "components.npy"), here.components_)
 
     # a TLS client presenting no certificate: the scheduler ends the handshake
     host, port = address.removeprefix("tls://").rsplit(":", 1)

@@ -17,9 +17,10 @@ import os
 import numpy as np
 
 from ..estimators import FairerNMF, NMF
+from ..estimators.base import check_rank
 from ..outputs import write_json
 from ..store.coerce import as_grouped
-from .page import html_figures, html_page, html_table
+from .page import html_figures, html_page, html_table, integer_ranks
 
 COLUMNS = ("rank", "group", "rows", "r_error_standard_all", "r_error_standard_alone", "r_loss_standard",
            "r_loss_fairer", "r_error_fairer")
@@ -70,6 +71,7 @@ def _plot(rows, panels, title):
             ax.plot([row["rank"] for row in mine], [row[column] for row in mine], marker="o", label=name)
         ax.axhline(0, color="0.8", lw=0.8)
         ax.set_xlabel("rank")
+        integer_ranks(ax)
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel(title)
@@ -126,6 +128,7 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
     import sys
 
     ranks = options["ranks"]
+    check_rank(ranks[-1], data.shape)  # before any fit, not after the smaller ranks' fits
     small = [(g, int(n)) for g, n in zip(data.group_names, data.group_sizes) if n < ranks[-1]]
     if small:
         raise ValueError(f"ranks up to {ranks[-1]}: group {small[0][0]!r} has {small[0][1]} rows, fewer than the "

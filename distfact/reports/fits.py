@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..estimators.contract import resolve
 from ..features import feature_names_of, top_feature_names
-from .page import figure_png, html_table
+from .page import figure_png, html_table, integer_ranks
 
 
 def read_fit_facts(path: str, required) -> dict:
@@ -52,12 +52,6 @@ def group_metric_rows(name: str, declaration, rank: int, model, metrics, ranks=N
             for r, group, metric, value in zip(fit_ranks, table["group"], table["metric"], table["value"])]
 
 
-def _integer_ranks(ax) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
 def _metric_plot(table: pd.DataFrame, title: str, metric: str) -> bytes:
     import matplotlib
 
@@ -68,7 +62,7 @@ def _metric_plot(table: pd.DataFrame, title: str, metric: str) -> bytes:
     for group, rows in table.groupby("group", sort=False):
         ax.plot(rows["rank"], rows["value"], marker="o", label=str(group))
     ax.set_xlabel("rank")
-    _integer_ranks(ax)
+    integer_ranks(ax)
     ax.set_ylabel(metric)
     ax.set_title(f"{title}: {metric} per group")
     if table["group"].nunique() <= 12:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..outputs import write_json
-from .page import figure_png, html_table, write_page
+from .page import figure_png, html_table, integer_ranks, write_page
 
 LOSSES = ("marginal", "incremental", "reconstruction")
 MARKERS = "osD^v<>p*h"
@@ -40,6 +40,7 @@ def losses_figure(table: pd.DataFrame, title: str = "") -> bytes:
                         color=line.get_color(), label=f"{group}: SVD")
         ax.set_title(f"{kind} loss")
         ax.set_xlabel("rank")
+        integer_ranks(ax)
     axes[0].legend(fontsize="small")
     if title:
         fig.suptitle(title)
@@ -57,9 +58,11 @@ def duality_figure(model, title: str = "") -> bytes:
     left.plot(ranks, model.primal_objective_, marker="o", label="primal f = max_l h_l(v)")
     left.plot(ranks, model.dual_objective_, marker="x", linestyle="--", label="dual g(mu)")
     left.set_xlabel("rank")
+    integer_ranks(left)
     left.legend(fontsize="small")
     right.semilogy(ranks, np.maximum(np.abs(model.duality_gap_), np.finfo(np.float64).tiny), marker="o")
     right.set_xlabel("rank")
+    integer_ranks(right)
     right.set_title("|f - g| (empirical duality gap)")
     if title:
         fig.suptitle(title)

@@ -63,3 +63,10 @@ def parse_image_shape(text, n_features: int):
     if height * width != n_features:
         raise ValueError(f"--image-shape {text} has {height * width} pixels, the data have {n_features} features")
     return height, width
+
+
+def integer_ranks(ax) -> None:
+    """Rank axes show whole ranks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -99,7 +99,7 @@ def write_stratified_report(out_dir, model, *, feature_names=None, image_shape=N
               ("html", "stratified.html"))}
     table = [[str(s), *words] for s, words in tops["strata"].items()]
     columns = ["stratum", *range(1, len(table[0]))]
-    topics = [[k, *words] for k, words in enumerate(tops["topics"])]
+    topics = [[k + 1, *words] for k, words in enumerate(tops["topics"])]  # numbered from 1, as everywhere
     for key, rows, first in (("csv", table, "stratum"), ("topics_csv", topics, "topic")):
         with open(paths[key], "w", newline="") as f:
             csv.writer(f).writerows([[first, *range(1, len(rows[0]))], *rows])
@@ -115,7 +115,7 @@ def write_stratified_report(out_dir, model, *, feature_names=None, image_shape=N
         images += [("fig4_strata_features_images.png",
                     image_grid(model.strata_features_, model.strata_names_, image_shape, "strata features v(i)")),
                    ("fig5_topics_images.png",
-                    image_grid(model.components_, [f"topic {k}" for k in range(model.n_components_)],
+                    image_grid(model.components_, [f"topic {k + 1}" for k in range(model.n_components_)],
                                image_shape, "topics (rows of H)"))]
     body = (f"<p>{len(model.strata_names_)} strata, rank {model.n_components_}, {model.n_iter_} iterations "
             f"({model.n_passes_} passes over X); normalised loss {model.loss_history_[-1, 1]:.4g}.</p>"

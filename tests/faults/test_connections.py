@@ -88,7 +88,7 @@ def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named
                    "--output", tmp_path / "fit", cwd=tmp_path, timeout=180)
         assert slow.returncode == 0, slow.stderr  # 12 s to import: more than CHECK_TIMEOUT, yet not "frozen"
         here = distfact.NMF(2, max_iter=3, random_state=0).fit(store)
-        assert np.array_equal(np.load(tmp_path / "fit" / "H.npy"), here.components_)
+        assert np.array_equal(np.load(tmp_path / "fit" / "components.npy"), here.components_)
         worker = next(child for child in psutil.Process(pids[1]).children()  # the worker process under its nanny
                       if "spawn_main" in " ".join(child.cmdline()))
         worker.send_signal(signal.SIGSTOP)

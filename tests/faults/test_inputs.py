@@ -102,7 +102,7 @@ def test_a_text_labels_file_works_as_documented(store, tmp_path):
     y = labels.astype(object)
     y[y == "-1"] = -1
     here = distfact.SSNMF(2, max_iter=3, random_state=0).fit(store, y=y)
-    assert np.array_equal(np.load(tmp_path / "fit" / "H.npy"), here.components_) and order.size == 60
+    assert np.array_equal(np.load(tmp_path / "fit" / "components.npy"), here.components_) and order.size == 60
 
 
 @pytest.mark.parametrize("content, words", [

@@ -155,7 +155,7 @@ def test_a_payload_in_a_checkpoint_never_runs_on_distfact_fit_resume(tmp_path):
         resumed = cli(*fit, "--max-iter", 8, "-o", out, "--resume", cwd=tmp_path)
         assert not (tmp_path / "MARKER").exists(), name
         assert resumed.returncode == 0 and f"{newest} is damaged" in resumed.stderr, resumed.stderr
-        assert np.array_equal(np.load(out / "H.npy"), H)
+        assert np.array_equal(np.load(out / "components.npy"), H)
 
 
 def test_a_zarr_v2_pickle_array_in_place_of_a_local_factor_never_runs(checkpointed, tmp_path):

@@ -62,14 +62,14 @@ def test_an_earlier_output_is_replaced_only_when_asked_and_then_completely(store
     first = fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=2)
     assert first.returncode == 0, first.stderr
     manifest = json.loads((tmp_path / "fit" / "distfact-output.json").read_text())
-    assert manifest["kind"] == "fit" and "metrics.json" in manifest["files"] and "H.npy" in manifest["files"]
+    assert manifest["kind"] == "fit" and "metrics.json" in manifest["files"] and "components.npy" in manifest["files"]
     before = snapshot(tmp_path)
     again = fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=3)
     assert_refused(again, "holds an earlier fit output", "--overwrite")
     assert snapshot(tmp_path) == before
     replaced = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path, rank=3)
     assert replaced.returncode == 0, replaced.stderr
-    assert np.load(tmp_path / "fit" / "H.npy").shape == (3, 12)
+    assert np.load(tmp_path / "fit" / "components.npy").shape == (3, 12)
     assert json.loads((tmp_path / "fit" / "metrics.json").read_text())["rank"] == 3
     files = sorted(os.path.relpath(os.path.join(top, n), tmp_path / "fit")
                    for top, _, names in os.walk(tmp_path / "fit") for n in names)
@@ -107,7 +107,7 @@ def test_a_fit_killed_while_writing_leaves_the_previous_output(tmp_path):
     assert snapshot(tmp_path / "fit") == before  # the rank-2 output, whole
     rerun = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path, rank=3, iterations=1)
     assert rerun.returncode == 0 and "discarding" in rerun.stderr and not staging.exists(), rerun.stderr
-    assert np.load(tmp_path / "fit" / "H.npy").shape == (3, 40)
+    assert np.load(tmp_path / "fit" / "components.npy").shape == (3, 40)
 
 
 def test_a_full_disk_leaves_the_previous_output_and_nothing_else(store, tmp_path):
@@ -160,7 +160,7 @@ def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path):
     resumed = subprocess.run([sys.executable, "-m", "distfact.cli", "-v", *args[3:], "--resume"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr  # not started afresh
-    assert np.array_equal(np.load(tmp_path / "cut" / "H.npy"), np.load(tmp_path / "whole" / "H.npy"))
+    assert np.array_equal(np.load(tmp_path / "cut" / "components.npy"), np.load(tmp_path / "whole" / "components.npy"))
     assert not (tmp_path / ".cut.partial").exists() and "checkpoints" not in os.listdir(tmp_path / "cut")
 
 
@@ -308,9 +308,9 @@ def test_a_destination_that_changed_during_the_work_keeps_the_complete_output_as
     dest = tmp_path / "out"
     with pytest.raises(ValueError, match="output is complete in .*\\.out\\.partial.* but was not put at"):
         with OutputDir(dest, "fit") as out:
-            open(os.path.join(out.path, "H.npy"), "w").write("the result")
+            open(os.path.join(out.path, "components.npy"), "w").write("the result")
             dest.mkdir()
             (dest / "theirs.txt").write_text("another process's file")
             out.commit()
-    assert (tmp_path / ".out.partial" / "H.npy").read_text() == "the result"
+    assert (tmp_path / ".out.partial" / "components.npy").read_text() == "the result"
     assert os.listdir(dest) == ["theirs.txt"]
