@@ -227,3 +227,24 @@ def test_multigroup_svd_from_a_signed_table(tmp_path):
     bad = run("fit", tmp_path / "x.zarr", "--method", "multigroup-svd", "--rank", "2", "--solver", "hals",
               cwd=tmp_path)
     assert bad.returncode == 2 and "The 'solver' parameter of MultigroupSVD must be a str among" in bad.stderr
+
+
+def test_fit_on_text_prints_the_groups_metrics_and_each_components_top_words(tmp_path):
+    """For a corpus (feature names are words) `distfact fit` prints the per-group metrics and the top words of
+    each component, the same words the fitted H ranks highest."""
+    import distfact
+
+    topics = {"sport": "goal match team score league", "food": "bread cheese wine soup salad"}
+    rng = np.random.default_rng(0)
+    with open(tmp_path / "c.jsonl", "w") as f:
+        for i in range(60):
+            group = "sport" if i % 2 else "food"
+            f.write(json.dumps({"text": " ".join(rng.choice(topics[group].split(), 8)), "group": group}) + "\n")
+    ingest = run("ingest", tmp_path / "c.jsonl", tmp_path / "c.zarr", "--vectorizer", "count", cwd=tmp_path)
+    assert ingest.returncode == 0, ingest.stderr
+    out = run("fit", tmp_path / "c.zarr", "--rank", "2", "--no-progress", "-o", tmp_path / "fit", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "relative_error" in out.stdout and "sport" in out.stdout and "top features per component" in out.stdout
+    model = distfact.load(tmp_path / "fit" / "model.npz")
+    words = model.feature_names_in_[np.argsort(-model.components_[0], kind="stable")[:10]]
+    assert f"  1  {', '.join(words)}" in out.stdout

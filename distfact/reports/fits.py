@@ -33,7 +33,8 @@ def read_fit_facts(path: str, required) -> dict:
     wrong = [key for key in required if not isinstance(facts, dict) or isinstance(facts.get(key), bool)
              or not isinstance(facts.get(key), kinds.get(key, str))]
     if wrong:
-        raise ValueError(f"{path}: field {wrong[0]!r} is missing or not a {'string' if wrong[0] not in kinds else 'number'}")
+        kind = "a number" if wrong[0] in kinds else "a string"
+        raise ValueError(f"{path}: field {wrong[0]!r} is missing or not {kind}")
     return facts
 
 

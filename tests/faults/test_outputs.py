@@ -142,7 +142,7 @@ def test_a_read_only_disk_is_a_clear_error_before_any_work(store, tmp_path):
 def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path):
     """`fit --checkpoint-every K` keeps its checkpoints beside --output until the fit completes; --resume finds
     them; the completed output holds none."""
-    X, groups = grouped_data(m=100_000, n=40, n_groups=2, seed=1)
+    X, groups = grouped_data(m=30_000, n=40, n_groups=2, seed=1)
     store = distfact.from_arrays(X, groups, tmp_path / "x.zarr").path
     whole = fit_cli(store, tmp_path / "whole", cwd=tmp_path, iterations=300)
     assert whole.returncode == 0
