@@ -5,8 +5,8 @@
     python benchmarks/bench_multigroup.py --quick
     python benchmarks/bench_multigroup.py --table2-only   # (a) only, about a minute; prints, writes no file
 
-(a) Table 2 of multigroup-lowrank.txt: seconds for d = 8 on data of the shapes of Table 1 (columns n, group
-    rows, group ranks): heart and communities(-4) are the real data (``distfact.datasets``); the others are
+(a) Table 2 of Matakos, Ciaperoni and Mannila, 2025: seconds for d = 8 on data of the shapes of Table 1 (columns n,
+    group rows, group ranks): heart and communities(-4) are the real data (``distfact.datasets``); the others are
     synthetic with Table 1's shape and ranks (group l: a random n_l x r_l times r_l x n Gaussian product plus
     1e-3 Gaussian noise, so the data are numerically of rank r_l). Standardised as Section 8.1 (``center=True,
     scale=True``); 'auto' solver (Brent for two groups, Frank-Wolfe for more), defaults otherwise. Timed:

@@ -53,7 +53,7 @@ def kl_divergence(X, W, H):
 
 
 def fairer_mu(groups_X, groups_W, H, E, n_iter):
-    """Algorithm 3 of fairer-nmf.txt, line by line, on explicit per-group blocks (c_update='decaying')."""
+    """Algorithm 3 of Kassab et al., 2024, line by line, on explicit per-group blocks (c_update='decaying')."""
     eps = np.finfo(H.dtype).eps
     norms = [np.linalg.norm(X) for X in groups_X]
     W = [w.copy() for w in groups_W]
@@ -70,7 +70,7 @@ def fairer_mu(groups_X, groups_W, H, E, n_iter):
 
 
 def stratified_nmf(strata_A, strata_W, H, v, n_iter, M=2, eps=1e-9):
-    """Algorithm 1 of stratified-nmf.txt, line by line, on explicit per-stratum blocks (dense).
+    """Algorithm 1 of Chapman, Yaniv and Needell, 2023, line by line, on explicit per-stratum blocks (dense).
     Returns the iterates and the objective (eq. 2) after every iteration (the first at the start)."""
     W = [w.copy() for w in strata_W]
     H, v = H.copy(), [vi.copy() for vi in v]
@@ -94,7 +94,7 @@ def stratified_nmf(strata_A, strata_W, H, v, n_iter, M=2, eps=1e-9):
 
 def lad_brute_force(x, y):
     """argmin_{alpha >= 0} sum_s |x_s - y_s alpha| by evaluating every breakpoint x_s / y_s (and 0):
-    the smallest minimiser (the subproblems of wl1-nmf-scd.txt, eq. 2.1)."""
+    the smallest minimiser (the subproblems of Seraghiti et al., 2026, eq. 2.1)."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     keep = y != 0
     candidates = np.unique(np.concatenate([[0.0], np.maximum(0.0, x[keep] / y[keep])]))
@@ -103,7 +103,7 @@ def lad_brute_force(x, y):
 
 
 def wl1_dense_cd(X, W, H, lam, n_iter):
-    """Plain coordinate descent for sum_nz |X - WH| + lam sum_zeros (WH) (wl1-nmf-scd.txt, eq. 5.1):
+    """Plain coordinate descent for sum_nz |X - WH| + lam sum_zeros (WH) (Seraghiti et al., 2026, eq. 5.1):
     all of W (row by row, entry by entry), then all of H (column by column), every scalar subproblem
     written on the whole row / column of X (zeros with weight lam) and solved by brute force."""
     W, H = W.astype(np.float64).copy(), H.astype(np.float64).copy()
@@ -130,7 +130,7 @@ def wl1_dense_cd(X, W, H, lam, n_iter):
 
 
 def ssnmf_reference(X, A, S, lam=1.0, model="FF", Y=None, B=None, Wm=None, Lm=None, eps=1e-10, n_iter=1):
-    """The SSNMF multiplicative updates in the paper's orientation (ssnmf.txt: X ~ A S, Y ~ B S, samples
+    """The SSNMF multiplicative updates in the paper's orientation (Haddock et al., 2020: X ~ A S, Y ~ B S, samples
     are columns; data mask Wm, label mask Lm, all ones when None), transcribed from Algorithms 1-3 and the
     (F,F) updates of its reference [28] with eps where the reference package (ssnmf 1.0.3) puts it.
     Order per iteration: A, then B, then S. Without Y: plain (masked) NMF, Frobenius ("F?") or I-divergence

@@ -1,4 +1,4 @@
-"""MultigroupSVD (multigroup-lowrank.txt) against independent oracles: numpy's SVD, brute force over
+"""MultigroupSVD (Matakos, Ciaperoni and Mannila, 2025) against independent oracles: numpy's SVD, brute force over
 the unit circle and over the dual simplex, losses recomputed from the data, a second code path."""
 
 import numpy as np

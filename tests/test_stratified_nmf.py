@@ -1,4 +1,4 @@
-"""Stratified-NMF (stratified-nmf.txt): Algorithm 1 on the engine."""
+"""Stratified-NMF (Chapman, Yaniv and Needell, 2023): Algorithm 1 on the engine."""
 
 import numpy as np
 import pandas as pd

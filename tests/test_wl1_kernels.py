@@ -1,4 +1,4 @@
-"""Weighted L1-NMF kernels (wl1-nmf-scd.txt): the constrained weighted median (Algorithm 2.1) and the
+"""Weighted L1-NMF kernels (Seraghiti et al., 2026): the constrained weighted median (Algorithm 2.1) and the
 sparse coordinate-descent sweep (Algorithms 6.1-6.2) against brute force and a dense CD oracle."""
 
 import numpy as np

@@ -78,7 +78,7 @@ def load_digit_strata(per_digit=85, random_state=0):
 
 
 def make_false_zeros(zeros, false_share, m=100, n=50, rank=20, diversity=0.1, random_state=0):
-    """wL1-NMF's matrix completion with false zeros (wl1-nmf-scd.txt, Section 7.3).
+    """wL1-NMF's matrix completion with false zeros (Seraghiti et al., 2026, Section 7.3).
 
     W (m x rank) and H (rank x n) uniform on [0, 1), the dense ground truth W H, plus Laplace noise of
     scale ``diversity``; then a share ``zeros`` (q1) of the mn entries set to 0: a share
@@ -105,8 +105,8 @@ HEART_CATEGORICAL = ["cp", "restecg", "slope", "thal"]
 
 
 def load_heart_multigroup():
-    """UCI Heart Disease, Cleveland, for the multigroup SVD (multigroup-lowrank.txt, the "heart" row of
-    Table 1): the 297 rows with no missing value, groups by sex (201 "Male", 96 "Female"), the protected
+    """UCI Heart Disease, Cleveland, for the multigroup SVD (Matakos, Ciaperoni and Mannila, 2025, the "heart"
+    row of Table 1): the 297 rows with no missing value, groups by sex (201 "Male", 96 "Female"), the protected
     attribute removed and the categorical columns (cp, restecg, slope, thal) one-hot encoded (Section 8.1);
     ``num`` (the diagnosis, 0-4) is kept as a column. Not standardised: fit with ``center=True, scale=True``.
     Returns ``(X, groups, feature_names)``; 22 columns (the paper lists 14, without saying which)."""

@@ -1,4 +1,8 @@
-"""``distfact.FairerNMF``: NMF minimising the worst group's relative reconstruction loss (Kassab et al., 2024)."""
+"""``distfact.FairerNMF``: NMF minimising the worst group's relative reconstruction loss (Kassab et al., 2024).
+
+Paper: L. Kassab, E. George, D. Needell, H. Geng, N. Jafar Nia and A. Li, "Towards a Fairer Non-negative Matrix
+Factorization", 2024 (arXiv:2411.09847).
+"""
 
 from __future__ import annotations
 

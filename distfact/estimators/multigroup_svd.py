@@ -1,4 +1,7 @@
-"""``distfact.MultigroupSVD``: consistent multigroup low-rank approximation (multigroup singular vectors)."""
+"""``distfact.MultigroupSVD``: consistent multigroup low-rank approximation (multigroup singular vectors).
+
+Paper: A. Matakos, M. Ciaperoni and H. Mannila, "Consistent Multigroup Low-Rank Approximation", 2025 (arXiv:2503.21563).
+"""
 
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaratio
 
 
 class MultigroupSVD(FactorEstimator):
-    """Multigroup singular vectors (multigroup-lowrank.txt): an orthonormal sequence v_1..v_d where v_r
-    minimises the worst group's rank-1 loss max_l sigma_1^2(A^l) - ||A^l v v^T||_F^2 on the data
+    """Multigroup singular vectors (Matakos, Ciaperoni and Mannila, 2025): an orthonormal sequence v_1..v_d
+    where v_r minimises the worst group's rank-1 loss max_l sigma_1^2(A^l) - ||A^l v v^T||_F^2 on the data
     deflated by v_1..v_{r-1} (Algorithm 1). Any prefix v_1..v_r is the answer for rank r (consistency);
     with one group it is the SVD's right singular vectors. Unlike the NMF methods, X may be signed.
 

@@ -1,4 +1,9 @@
-"""``distfact.SSNMF`` and ``distfact.SSNMFClassifier``: semi-supervised NMF (ssnmf.txt)."""
+"""``distfact.SSNMF`` and ``distfact.SSNMFClassifier``: semi-supervised NMF (Haddock et al., 2020).
+
+Paper: J. Haddock, L. Kassab, S. Li, A. Kryshchenko, R. Grotheer, E. Sizikova, C. Wang, T. Merkh,
+R. W. M. A. Madushani, M. Ahn, D. Needell and K. Leonard, "Semi-supervised NMF Models for Topic Modeling in Learning
+Tasks", 2020 (arXiv:2010.07956).
+"""
 
 from __future__ import annotations
 
@@ -63,7 +68,7 @@ def one_hot(y, n_rows: int):
 
 
 class SSNMF(FactorEstimator):
-    """Semi-supervised NMF (ssnmf.txt): X ~ W H and Y ~ W B jointly, W, H, B >= 0, minimising
+    """Semi-supervised NMF (Haddock et al., 2020): X ~ W H and Y ~ W B jointly, W, H, B >= 0, minimising
 
         R(M o X, M o W H) + lam * S(L o Y, L o W B),   R, S: Frobenius^2 ("F") or I-divergence ("D")
 
@@ -311,8 +316,8 @@ def _forwarded(name: str):
 
 class SSNMFClassifier(SavedEstimator, ClassNamePrefixFeaturesOutMixin, ClassifierMixin, TransformerMixin,
                       BaseEstimator):
-    """A classifier from SSNMF (ssnmf.txt, Section 2.3): fit SSNMF with the training labels, represent
-    new rows with the dictionary H fixed, predict argmax(W_new B).
+    """A classifier from SSNMF (Haddock et al., 2020, Section 2.3): fit SSNMF with the training labels,
+    represent new rows with the dictionary H fixed, predict argmax(W_new B).
 
     Parameters are those of :class:`SSNMF`; ``transform_max_iter`` and ``transform_tol`` bound the
     representation of new rows (for I-divergence models). ``predict_proba`` normalises W_new B's rows.

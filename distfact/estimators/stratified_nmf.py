@@ -1,4 +1,8 @@
-"""``distfact.StratifiedNMF``: shared topics plus a non-negative shift per stratum."""
+"""``distfact.StratifiedNMF``: shared topics plus a non-negative shift per stratum.
+
+Paper: J. Chapman, Y. Yaniv and D. Needell, "Stratified-NMF for Heterogeneous Data", IEEE Asilomar Conference on
+Signals, Systems, and Computers, 2023 (arXiv:2311.10789).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ INITS = ("random", "custom")
 
 
 class StratifiedNMF(FactorEstimator):
-    """Stratified-NMF (stratified-nmf.txt): min sum_i ||A(i) - 1 v(i)^T - W(i) H||_F^2 over
+    """Stratified-NMF (Chapman, Yaniv and Needell, 2023): min sum_i ||A(i) - 1 v(i)^T - W(i) H||_F^2 over
     v(i), W(i), H >= 0 (eq. 2), by the multiplicative updates of Algorithm 1.
 
     The rows of X fall into strata i (distfact's groups). H (r x n_features) is shared; each stratum

@@ -1,4 +1,8 @@
-"""``distfact.WeightedL1NMF``: weighted L1-NMF by sparse coordinate descent (sCD)."""
+"""``distfact.WeightedL1NMF``: weighted L1-NMF by sparse coordinate descent (sCD).
+
+Paper: G. Seraghiti, K. Dubrulle, A. Vandaele and N. Gillis, "Nonnegative Matrix Factorization in the Component-Wise
+L1 Norm for Sparse Data", 2026 (arXiv:2603.29715).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ INITS = ("hals", "random", "custom")
 
 
 class WeightedL1NMF(FactorEstimator):
-    """Weighted L1-NMF (wl1-nmf-scd.txt, eq. 5.1) by sparse coordinate descent (Algorithm 6.2):
+    """Weighted L1-NMF (Seraghiti et al., 2026, eq. 5.1) by sparse coordinate descent (Algorithm 6.2):
 
         min_{W, H >= 0}  sum_{x_ij > 0} |X - W H|_ij + lam * sum_{x_ij = 0} (W H)_ij
 

@@ -1,4 +1,4 @@
-"""Weighted L1-NMF by sparse coordinate descent (wl1-nmf-scd.txt, Section 6); pure numeric, no Dask.
+"""Weighted L1-NMF by sparse coordinate descent (Seraghiti et al., 2026, Section 6); pure numeric, no Dask.
 
 Objective (eq. 5.1), for X >= 0 with non-zeros kappa+ and zeros kappa0:
 

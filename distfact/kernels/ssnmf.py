@@ -1,4 +1,4 @@
-"""Semi-supervised NMF on one row block (ssnmf.txt); pure numeric, no Dask.
+"""Semi-supervised NMF on one row block (Haddock et al., 2020); pure numeric, no Dask.
 
 distfact's orientation, rows are samples: X_b (m_b x n) ~ W_b H, Y_b (m_b x k) ~ W_b B, with W_b >= 0
 (m_b x r, local; the paper's S^T), H >= 0 (r x n, global; the paper's A^T), B >= 0 (r x k, global;

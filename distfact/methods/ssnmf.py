@@ -1,4 +1,6 @@
-"""Semi-supervised NMF (Amjad, Haddock, Molitor, Needell et al., ssnmf.txt) on the engine.
+"""Semi-supervised NMF on the engine: J. Haddock, L. Kassab, S. Li, A. Kryshchenko, R. Grotheer, E. Sizikova,
+C. Wang, T. Merkh, R. W. M. A. Madushani, M. Ahn, D. Needell and K. Leonard, "Semi-supervised NMF Models for Topic
+Modeling in Learning Tasks", 2020 (arXiv:2010.07956).
 
 In distfact's orientation (rows are samples): X (m x n) ~ W H and Y (m x k) ~ W B, W >= 0 local (the
 paper's S^T), H >= 0 and B >= 0 global (the paper's A^T and B^T). The objective (eqs. 3, 7, 8, 9):

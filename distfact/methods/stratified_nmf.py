@@ -1,4 +1,5 @@
-"""Stratified-NMF (Chapman et al., "Stratified-NMF for heterogeneous data", stratified-nmf.txt).
+"""Stratified-NMF: J. Chapman, Y. Yaniv and D. Needell, "Stratified-NMF for Heterogeneous Data", IEEE Asilomar
+Conference on Signals, Systems, and Computers, 2023 (arXiv:2311.10789).
 
 Strata i = 1..s (distfact's groups) with rows A(i) (m_i x n) share a dictionary H (r x n); each has
 a shift v(i) >= 0 (n) and a representation W(i) >= 0 (m_i x r). Objective (eq. 2, constraints eq. 3):

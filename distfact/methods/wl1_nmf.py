@@ -1,4 +1,5 @@
-"""Weighted L1-NMF by sparse coordinate descent (sCD; Seraghiti et al., wl1-nmf-scd.txt).
+"""Weighted L1-NMF by sparse coordinate descent (sCD): G. Seraghiti, K. Dubrulle, A. Vandaele and N. Gillis,
+"Nonnegative Matrix Factorization in the Component-Wise L1 Norm for Sparse Data", 2026 (arXiv:2603.29715).
 
 Objective (eq. 5.1), W >= 0 (m x r, local), H >= 0 (r x n, global), 0 <= lambda <= 1:
 

@@ -1,4 +1,4 @@
-"""The fairness report of Fairer-NMF's paper (fairer-nmf.txt, Section 6): for each rank, standard NMF
+"""The fairness report of Fairer-NMF's paper (Kassab et al., 2024, Section 6): for each rank, standard NMF
 against Fairer-NMF, group by group.
 
 Views (as the paper's figures; both measures are fractions, as the metrics ``relative_error`` and

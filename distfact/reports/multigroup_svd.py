@@ -1,4 +1,4 @@
-"""The views of the multigroup SVD paper (multigroup-lowrank.txt) for a fitted ``MultigroupSVD``.
+"""The views of the multigroup SVD paper (Matakos, Ciaperoni and Mannila, 2025) for a fitted ``MultigroupSVD``.
 
   Fig. 2   marginal, incremental and reconstruction loss by rank, one marker per group; here the
            standard SVD's losses on the same data are drawn dashed beside them.

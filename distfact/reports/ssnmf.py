@@ -1,4 +1,4 @@
-"""The views of the SSNMF paper (ssnmf.txt, Section 3.2) for a fitted ``SSNMF``.
+"""The views of the SSNMF paper (Haddock et al., 2020, Section 3.2) for a fitted ``SSNMF``.
 
   Fig. 2   the supervision matrix B (classes x topics, the paper's orientation), each topic's column
            normalised to sum 1: which classes a topic predicts.

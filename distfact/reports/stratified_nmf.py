@@ -1,4 +1,5 @@
-"""The views of Stratified-NMF's paper (stratified-nmf.txt, Section IV) for a fitted ``StratifiedNMF``.
+"""The views of Stratified-NMF's paper (Chapman, Yaniv and Needell, 2023, Section IV) for a fitted
+``StratifiedNMF``.
 
   Fig. 1  normalised loss sqrt(F / sum_i ||A(i)||^2) by iteration (log-log).
   Fig. 3  normalised strata features: v(i) / sum_j v(i)_j, one bar per stratum for each feature.

