@@ -78,6 +78,22 @@ def test_paper_synthetic_experiment_recovers_the_shifts():
     np.testing.assert_allclose(model.strata_features_.mean(axis=1), v_true.mean(axis=1), atol=0.07)
 
 
+def test_defaults_reproduce_the_paper():
+    """Section IV-A with defaults only (StratifiedNMF(5) and one seed): the paper's 10,000 iterations (tol=1e-4 is
+    not met before them on these data), a normalised loss below 2e-3 (the paper's 9.7e-4; 1.27e-3 here) recomputed
+    from W, H and v, and the mean of every learned v(i) within 0.07 of the mean of v_true(i) (the paper's within 0.07
+    of i - 0.5)."""
+    X, strata, v_true = make_stratified_synthetic(0)
+    model = distfact.StratifiedNMF(5, random_state=0)
+    W = model.fit_transform(X, groups=strata)
+    assert model.n_iter_ == 10_000
+    shift = model.strata_features_[[model.strata_names_.index(s) for s in strata]]
+    normalised = np.linalg.norm(X - W @ model.components_ - shift) / np.linalg.norm(X)
+    assert normalised < 2e-3
+    np.testing.assert_allclose(normalised, model.loss_history_[-1, 1], rtol=1e-8)
+    np.testing.assert_allclose(model.strata_features_.mean(axis=1), v_true.mean(axis=1), atol=0.07)
+
+
 def test_transform_uses_each_row_s_stratum_and_top_features():
     X, strata = grouped_data(m=160, n=12, n_groups=2, seed=53)
     X[strata == "g1", 3] += 5.0  # a feature only stratum g1 shifts

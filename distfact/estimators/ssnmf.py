@@ -84,12 +84,15 @@ class SSNMF(FactorEstimator):
     ----------
     n_components : int
     model : {'FF', 'FD', 'DF', 'DD'}
+        'DF' (I-divergence reconstruction, Frobenius supervision): the paper's best model on 20 Newsgroups
+        (Section 3.2, Table 4) (docs/ssnmf.md, "Defaults").
     lam : float >= 0
-        Weight of the supervision term.
+        Weight of the supervision term (100: the paper's choice for 'DF', Table 6).
     max_iter : int
+        50, the paper's N in Section 3.2.
     tol : float
         The reference package's rule: stop once the objective fell by less than ``tol`` times its value
-        after the first iteration; 0 never stops early.
+        after the first iteration; 0 never stops early (1e-3: the paper's choice for 'DF', Table 6).
     eps : float
     init : {'random', 'custom'}
         'random': W, H, B uniform on [0, 1) (the package's start); 'custom': W, H, B passed to ``fit``.
@@ -130,7 +133,7 @@ class SSNMF(FactorEstimator):
                                     "lam": [NON_NEGATIVE], "eps": [Interval(Real, 0, None, closed="neither")],
                                     "init": [StrOptions(set(INITS))]}
 
-    def __init__(self, n_components, *, model="FF", lam=1.0, max_iter=100, tol=1e-4, eps=1e-10, init="random",
+    def __init__(self, n_components, *, model="DF", lam=100.0, max_iter=50, tol=1e-3, eps=1e-10, init="random",
                  random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10, resume=False,
                  callback=None, n_threads=None, local_memory_budget=None):
         self.n_components = n_components
@@ -319,7 +322,8 @@ class SSNMFClassifier(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Classifie
     """A classifier from SSNMF (Haddock et al., 2020, Section 2.3): fit SSNMF with the training labels,
     represent new rows with the dictionary H fixed, predict argmax(W_new B).
 
-    Parameters are those of :class:`SSNMF`; ``transform_max_iter`` and ``transform_tol`` bound the
+    Parameters are those of :class:`SSNMF`, with the same defaults (the paper's (D,F) model, lam=100,
+    N=50, tol=1e-3); ``transform_max_iter`` and ``transform_tol`` bound the
     representation of new rows (for I-divergence models). ``predict_proba`` normalises W_new B's rows.
     ``transform`` gives W_new, whose columns ``get_feature_names_out()`` names ``ssnmfclassifier0``, ... (so
     ``set_output(transform="pandas")`` applies to it).
@@ -341,7 +345,7 @@ class SSNMFClassifier(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Classifie
     converged_ = _forwarded("converged_")
     feature_names_in_ = _forwarded("feature_names_in_")
 
-    def __init__(self, n_components=10, *, model="FF", lam=1.0, max_iter=100, tol=1e-4, eps=1e-10,
+    def __init__(self, n_components=10, *, model="DF", lam=100.0, max_iter=50, tol=1e-3, eps=1e-10,
                  random_state=None, transform_max_iter=500, transform_tol=1e-6, n_threads=None):
         self.n_components = n_components
         self.model = model
