@@ -75,7 +75,8 @@ def fit(name):
         return model, X, groups, objective, WH
     if name in ("SSNMF-FF-masked", "SSNMF-DD", "SSNMF-D"):
         model_name = name.split("-")[1]  # 'D': 'DD' fitted without labels, plain I-divergence NMF
-        model = distfact.SSNMF(2, model=model_name * (3 - len(model_name)), max_iter=20, tol=0, random_state=0)
+        model = distfact.SSNMF(2, model=model_name * (3 - len(model_name)), lam=1.0, max_iter=20, tol=0,
+                               random_state=0)
         mask = (np.random.default_rng(5).random(X.shape) < 0.8).astype(float) if "masked" in name else None
         y = labels_of(groups) if len(model_name) == 2 else None
         W = model.fit_transform(X, y=y, groups=groups, data_mask=mask)
