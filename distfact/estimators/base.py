@@ -8,15 +8,19 @@ import numbers
 import os
 import shutil
 import tempfile
+import time
 import uuid
 import warnings
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from .._warnings import user_stacklevel
-from ..engine import Checkpointer, WorkerLost, make_executor
+from ..engine import Checkpointer, FitState, WorkerLost, make_executor
+from ..engine import fit as run_loop
 from ..store.coerce import as_grouped
 from .persistence import save_model
 
@@ -125,6 +129,82 @@ def with_input_tags(tags, signed: bool = False):
     return tags
 
 
+@dataclass
+class Phase:
+    """One loop of a fit, which :meth:`FactorEstimator._run_fit` runs on the engine (``engine.fit``).
+
+    Parameters
+    ----------
+    method : IterativeMethod
+        The method the loop iterates.
+    start : callable or Phase
+        ``start()`` initialises the executor's local factors and returns the global state (or the pair
+        (global state, pass-0 statistics)), as ``engine.fit`` takes it; or a Phase whose loop is the start
+        (run, or resumed from its own checkpoints, only when this phase has no checkpoint to resume from),
+        its ``then`` turning its final state into this phase's start.
+    max_iter : int
+        Iterations of the loop at most.
+    config : dict
+        The checkpoint configuration: its hash decides which checkpoints a resumed fit may continue from.
+    checkpoint : str or None
+        The subdirectory of ``checkpoint_dir`` of the phase's checkpoints, for fits of several loops; None:
+        ``checkpoint_dir`` itself.
+    callback : bool
+        Whether the estimator's ``callback`` sees the phase's iterations.
+    cut_short : str or None
+        The ConvergenceWarning's text when the loop stops at ``max_iter`` before its stopping rule holds
+        (not for a loop stopped by a time limit); None: no warning.
+    global_args : dict or None
+        ``engine.fit``'s ``global_args`` (the arguments ``start`` gives ``method.initial_global``).
+    then : callable or None
+        For a phase that is another's start: its final :class:`FitState` to the start the other's loop
+        takes (the same kinds as ``start`` returns).
+    """
+
+    method: object
+    start: Callable[[], object] | Phase
+    max_iter: int
+    config: dict
+    checkpoint: str | None = None
+    callback: bool = True
+    cut_short: str | None = None
+    global_args: dict | None = None
+    then: Callable[[FitState], object] | None = None
+
+
+@dataclass
+class FitRun:
+    """One call of ``fit``, as :meth:`FactorEstimator._run_fit` passes it to the estimator's hooks.
+
+    Parameters
+    ----------
+    data : GroupedMatrix
+        X with its groups (the estimator's ``_prepare`` may replace it, e.g. by one with column blocks).
+    rank : int
+        ``n_components`` checked against X's shape.
+    inputs : dict
+        ``fit``'s own arguments (the factors of init='custom', targets, masks) and what ``_prepare``
+        derives from them.
+    deadline : float or None
+        ``time.perf_counter()`` after which no loop begins an iteration (an estimator's ``time_limit``).
+    method : IterativeMethod or None
+        The method, when ``_prepare`` builds it (so that its own checks come before the executor starts).
+    executor : Executor or None
+        Where the passes run; set once the inputs are checked.
+    """
+
+    data: object
+    rank: int
+    inputs: dict
+    deadline: float | None = None
+    method: object = None
+    executor: object = None
+
+    def time_left(self) -> float | None:
+        """Seconds left until the deadline, for each loop (a tiny positive number once it passed)."""
+        return None if self.deadline is None else max(self.deadline - time.perf_counter(), 1e-9)
+
+
 class SavedEstimator:
     """``save(path)`` for distfact's estimators; ``distfact.load(path)`` reads the file back
     (``estimators/persistence.py``)."""
@@ -156,6 +236,85 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
     _fitted_private = ("_method",)
     #: whether X may hold negative values (scikit-learn's ``positive_only`` tag is its negation)
     _signed_input = False
+    #: fit's arguments that give the start of init='custom' (refused with any other init)
+    _custom_factors: tuple = ()
+
+    # ------------------------------------------------------------------ the fit every estimator runs
+    @survives_worker_loss
+    def _run_fit(self, X, groups, client, want_W: bool, W_out=None, **inputs):
+        """The fit: check the parameters and the inputs, run the estimator's phases (one loop each, with their
+        checkpoints), set the fitted attributes, write W to ``W_out`` and return it gathered if ``want_W``.
+
+        Everything before the executor starts is checked first, so that a bad input costs no pass and
+        writes nothing. The estimator supplies the hooks: ``_check_params()``, ``_prepare(fit)`` (checks of
+        the data and of the inputs), ``_local_factors(fit)`` (the local factors' width and dtype),
+        ``_phases(fit)`` (a generator of :class:`Phase`, each sent its final :class:`FitState`; the last
+        phase's method and state are the fit's), ``_set_results(fit, method, state)`` and, when its local
+        factors are not W alone, ``_outputs``.
+
+        Parameters
+        ----------
+        X, groups, client
+            As ``fit`` takes them.
+        want_W : bool
+            Return W in X's row order (``fit_transform``); otherwise None.
+        W_out : path or None
+            A new or empty directory to write W to, block by block.
+        **inputs
+            ``fit``'s own arguments, for the hooks (``FitRun.inputs``).
+        """
+        check_new_directory(W_out, "W_out")
+        self._check_params()
+        given = [name for name in self._custom_factors if inputs.get(name) is not None]
+        if given and self.init != "custom":
+            names = self._custom_factors
+            raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} are used only with init='custom'")
+        time_limit = getattr(self, "time_limit", None)  # counted from the call to fit, the input included
+        deadline = None if time_limit is None else time.perf_counter() + time_limit
+        data = self._grouped(X, groups)
+        fit = FitRun(data, check_rank(self.n_components, data.shape), inputs, deadline)
+        self._prepare(fit)
+        fit.executor = self._executor(fit.data, client, *self._local_factors(fit))
+        try:
+            phases = self._phases(fit)
+            phase = next(phases)
+            while True:
+                state = self._loop(fit, phase)
+                try:
+                    phase = phases.send(state)
+                except StopIteration:
+                    break
+            self._set_results(fit, phase.method, state)
+            return self._outputs(fit.data, fit.executor, W_out, want_W)
+        finally:
+            fit.executor.close()
+
+    def _loop(self, fit: FitRun, phase: Phase) -> FitState:
+        """Run one phase's loop (after its start phase, if it has one and there is no checkpoint of its own
+        to resume from) and give its ConvergenceWarning if it was cut short."""
+        def after_start_phase():
+            return phase.start.then(self._loop(fit, phase.start))
+        start = after_start_phase if isinstance(phase.start, Phase) else phase.start
+        state = run_loop(phase.method, fit.data, fit.executor, max_iter=phase.max_iter, start=start,
+                         callback=self.callback if phase.callback else None,
+                         checkpointer=self._checkpointer(phase.config, phase.checkpoint), resume=self.resume,
+                         time_limit=fit.time_left(), global_args=phase.global_args)
+        if (phase.cut_short is not None and not (state.converged or state.timed_out) and phase.max_iter > 0
+                and state.iteration >= phase.max_iter):
+            warnings.warn(phase.cut_short, ConvergenceWarning, stacklevel=user_stacklevel())
+        return state
+
+    def _check_params(self) -> None:
+        """ValueError for a parameter out of its range (checked before X is read)."""
+
+    def _prepare(self, fit: FitRun) -> None:
+        """Check the data and ``fit``'s inputs against each other (before the executor starts); may replace
+        ``fit.data``, add to ``fit.inputs`` and set ``fit.method``."""
+
+    def _local_factors(self, fit: FitRun) -> tuple[int, object]:
+        """The local factors' columns and dtype (None: X's), from which the executor decides whether they
+        spill to disk."""
+        return fit.rank, None
 
     def _ignore_y(self, y, groups) -> None:
         """scikit-learn passes targets as ``y``, which distfact's factorisations do not use; but a second

@@ -14,13 +14,11 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from .._warnings import user_stacklevel
-from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
 from ..methods.nmf import NMFMethod
 from ..metrics import group_metric_frame
-from .base import (FactorEstimator, check_iteration_params, check_new_directory, check_rank, data_fingerprint,
-                   survives_worker_loss)
+from .base import FactorEstimator, Phase, check_iteration_params, data_fingerprint
 from .contract import COUNT, NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 SOLVERS = ("mu", "am")
@@ -163,15 +161,15 @@ class FairerNMF(FactorEstimator):
         ``W_out``: a directory where the fitted W is written block by block, by the process holding each block
         (one Zarr array per block, in the store's row order)."""
         self._ignore_y(y, groups)
-        self._fit(X, groups, client, want_W=False, W_out=W_out)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out)
         return self
 
     def fit_transform(self, X, y=None, *, groups=None, client=None):
         """Fit and return W in X's row order (gathered on the driver)."""
         self._ignore_y(y, groups)
-        return self._fit(X, groups, client, want_W=True)
+        return self._run_fit(X, groups, client, want_W=True)
 
-    def _check(self, X, groups):
+    def _check_params(self):
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
         if self.solver == "am" and not available_conic_solvers():
@@ -181,8 +179,10 @@ class FairerNMF(FactorEstimator):
             raise ValueError(f"n_estimates must be a positive integer, got {self.n_estimates!r}")
         check_iteration_params(self._iteration_cap(), self.tol, self.random_state)
         check_iteration_params(self.estimate_max_iter, self.estimate_tol)
-        data = self._grouped(X, groups)
-        r = check_rank(self.n_components, data.shape)
+
+    def _prepare(self, fit):
+        """Every group's relative loss must be defined: at least r rows (for E_l) and ||X_l|| > 0."""
+        data, r = fit.data, fit.rank
         small = [(name, size) for name, size in zip(data.group_names, data.group_sizes) if size < r]
         if small:
             raise ValueError(f"group {small[0][0]!r} has {small[0][1]} rows, fewer than n_components={r}: "
@@ -191,53 +191,43 @@ class FairerNMF(FactorEstimator):
         if zero:
             raise ValueError(f"group {zero[0]!r} is all zeros: Fairer-NMF measures each group's loss relative to "
                              "||X_l||_F (Definition 4.1), which is 0 for it; drop the group or fit NMF")
-        return data, r
 
-    @survives_worker_loss
-    def _fit(self, X, groups, client, want_W, W_out=None):
-        check_new_directory(W_out, "W_out")
-        data, r = self._check(X, groups)
+    def _local_factors(self, fit):
+        return fit.rank * self.n_estimates, None  # the E_l runs' W, side by side
+
+    def _phases(self, fit):
+        """Algorithm 1's runs (checkpoints in ``estimate``), then the scheme with their E_l (in ``scheme``)."""
+        data, executor, r = fit.data, fit.executor, fit.rank
         dtype = str(data.dtype)
-        executor = self._executor(data, client, r * self.n_estimates)
-        try:
-            estimate = GroupErrorEstimate(r, int(self.n_estimates), float(self.estimate_tol), dtype)
-            seed = None if self.random_state is None else [self.random_state, 1]
-            fingerprint = data_fingerprint(data)
-            config = {"estimator": "FairerNMF", "method": estimate.__dict__, "random_state": self.random_state,
-                      "data": fingerprint}
-            state = run_loop(estimate, data, executor, max_iter=self.estimate_max_iter,
-                             start=lambda: initialise(estimate, data, executor, seed),
-                             checkpointer=self._checkpointer(config, "estimate"), resume=self.resume)
-            runs = estimate.errors(state.global_state, state.stats, data)
-            self.E_runs_, self.E_ = runs, runs.mean(axis=1)
-            self.E_converged_ = estimate.runs_stopped(state.global_state, state.stats, data).all(axis=1)
-            if not self.E_converged_.all():
-                late = [n for n, ok in zip(data.group_names, self.E_converged_) if not ok]
-                warnings.warn(f"the NMF runs estimating E_l (Algorithm 1) of groups {late} did not converge "
-                              f"within estimate_max_iter={self.estimate_max_iter} (estimate_tol="
-                              f"{self.estimate_tol}); their E_ may be too large: raise "
-                              "FairerNMF(estimate_max_iter=...)",
-                              ConvergenceWarning, stacklevel=user_stacklevel())
-            common = dict(n_components=r, E=tuple(self.E_), tol=float(self.tol), dtype=dtype)
-            if self.solver == "am":
-                method = FairerAM(**common, solvers=tuple(available_conic_solvers()))
-            else:
-                method = FairerMU(**common, c_update=self.c_update, c_step=float(self.c_step))
-            seed = None if self.random_state is None else [self.random_state, 2]
-            config = {"estimator": "FairerNMF", "solver": self.solver, "method": method.__dict__,
-                      "random_state": self.random_state, "data": fingerprint}
-            cap = self._iteration_cap()
-            state = run_loop(method, data, executor, max_iter=cap, callback=self.callback,
-                             start=lambda: initialise(method, data, executor, seed),
-                             checkpointer=self._checkpointer(config, "scheme"), resume=self.resume)
-            self._set_results(method, data, state, executor)
-            if not state.converged and self.tol > 0 and cap > 0:
-                warnings.warn(f"FairerNMF stopped at {cap} iterations (max_iter={self.max_iter}) before every "
-                              f"group's error changed by less than tol={self.tol} (eq. 10); raise "
-                              "FairerNMF(max_iter=...)", ConvergenceWarning, stacklevel=user_stacklevel())
-            return self._outputs(data, executor, W_out, want_W)
-        finally:
-            executor.close()
+        fingerprint = data_fingerprint(data)
+        estimate = GroupErrorEstimate(r, int(self.n_estimates), float(self.estimate_tol), dtype)
+        estimate_seed = None if self.random_state is None else [self.random_state, 1]
+        config = {"estimator": "FairerNMF", "method": estimate.__dict__, "random_state": self.random_state,
+                  "data": fingerprint}
+        state = yield Phase(estimate, lambda: initialise(estimate, data, executor, estimate_seed),
+                            self.estimate_max_iter, config, checkpoint="estimate", callback=False)
+        self.E_runs_, self.E_, self.E_converged_ = estimate.attained(state.global_state, state.stats, data)
+        if not self.E_converged_.all():
+            late = [n for n, ok in zip(data.group_names, self.E_converged_) if not ok]
+            warnings.warn(f"the NMF runs estimating E_l (Algorithm 1) of groups {late} did not converge "
+                          f"within estimate_max_iter={self.estimate_max_iter} (estimate_tol="
+                          f"{self.estimate_tol}); their E_ may be too large: raise "
+                          "FairerNMF(estimate_max_iter=...)",
+                          ConvergenceWarning, stacklevel=user_stacklevel())
+        common = dict(n_components=r, E=tuple(self.E_), tol=float(self.tol), dtype=dtype)
+        if self.solver == "am":
+            method = FairerAM(**common, solvers=tuple(available_conic_solvers()))
+        else:
+            method = FairerMU(**common, c_update=self.c_update, c_step=float(self.c_step))
+        scheme_seed = None if self.random_state is None else [self.random_state, 2]
+        config = {"estimator": "FairerNMF", "solver": self.solver, "method": method.__dict__,
+                  "random_state": self.random_state, "data": fingerprint}
+        cap = self._iteration_cap()
+        yield Phase(method, lambda: initialise(method, data, executor, scheme_seed), cap, config,
+                    checkpoint="scheme", cut_short=(
+                        f"FairerNMF stopped at {cap} iterations (max_iter={self.max_iter}) before every group's error "
+                        f"changed by less than tol={self.tol} (eq. 10); raise FairerNMF(max_iter=...)")
+                    if self.tol > 0 else None)
 
     def transform(self, X, *, groups=None, client=None, max_iter=500, tol=1e-6):
         """W for new rows with H = components_ fixed: per row, min over w >= 0 of ||x - w H||.
@@ -256,21 +246,21 @@ class FairerNMF(FactorEstimator):
         """max_iter, or the safety cap when it is None (until eq. (10) holds)."""
         return UNTIL_CONVERGED_CAP if self.max_iter is None else self.max_iter
 
-    def _set_results(self, method, data, state, executor):
+    def _set_results(self, fit, method, state):
+        data = fit.data
         relative = np.vstack(state.group_objectives)  # e_l / ||X_l|| after every iteration
-        relative_E = self.E_ / np.sqrt(data.group_sq_norms)
         self.components_ = state.global_state["H"]
         self.c_ = state.global_state["c"]
         self.conic_solver_ = state.global_state.get("solver")
         self.group_names_ = data.group_names
         self.group_errors_ = relative[-1]
-        self.group_losses_ = relative[-1] - relative_E
-        self.loss_history_ = relative - relative_E
+        self.group_losses_ = method.relative_losses(relative[-1], data)
+        self.loss_history_ = method.relative_losses(relative, data)
         self.objective_history_ = np.asarray(state.objectives)
         self.group_metrics_ = group_metric_frame(self.group_names_, {
             "relative_error": self.group_errors_, "relative_loss": self.group_losses_,
             "objective": self.group_losses_})
-        self._set_run_facts(method, data, state, executor)
+        self._set_run_facts(method, data, state, fit.executor)
 
 
 def _fairer_facts(model) -> dict:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import StrOptions
 
-from .._warnings import user_stacklevel
-from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
 from ..metrics import group_metric_frame, relative_error
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
-                   data_fingerprint, survives_worker_loss)
+from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
 from .contract import POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
 INITS = ("random", "nndsvda", "custom")
@@ -137,56 +131,49 @@ class NMF(FactorEstimator):
         process holding each block (one Zarr array per block, in the store's row order).
         """
         self._ignore_y(y, groups)
-        self._fit(X, groups, W, H, client, want_W=False, W_out=W_out)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H)
         return self
 
     def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, client=None):
         """Fit and return W (n_samples x r) in X's row order. This gathers W on the driver."""
         self._ignore_y(y, groups)
-        return self._fit(X, groups, W, H, client, want_W=True)
+        return self._run_fit(X, groups, client, want_W=True, W=W, H=H)
 
-    @survives_worker_loss
-    def _fit(self, X, groups, W, H, client, want_W, W_out=None):
-        check_new_directory(W_out, "W_out")
-        data = self._grouped(X, groups)
-        r = check_rank(self.n_components, data.shape)
+    _custom_factors = ("W", "H")
+
+    def _check_params(self):
         check_iteration_params(self.max_iter, self.tol, self.random_state)
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if (W is not None or H is not None) and self.init != "custom":
-            raise ValueError("W and H are used only with init='custom'")
-        method = NMFMethod(r, self.solver, self.beta_loss, float(self.tol), str(data.dtype))
-        executor = self._executor(data, client, r)
-        try:
-            state = run_loop(method, data, executor, max_iter=self.max_iter,
-                             start=self._start(method, data, executor, W, H), callback=self.callback,
-                             checkpointer=self._checkpointer(self._config(method, data)), resume=self.resume)
-            self._set_results(method, data, state, executor)
-            if not state.converged and self.tol > 0 and self.max_iter > 0 and state.iteration >= self.max_iter:
-                warnings.warn(f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by "
-                              f"less than tol={self.tol}; raise NMF(max_iter=...)", ConvergenceWarning,
-                              stacklevel=user_stacklevel())
-            return self._outputs(data, executor, W_out, want_W)
-        finally:
-            executor.close()
 
-    def _config(self, method, data) -> dict:
-        return {"estimator": "NMF", "method": method.__dict__, "init": self.init,
-                "random_state": self.random_state, "data": data_fingerprint(data)}
+    def _prepare(self, fit):
+        fit.method = NMFMethod(fit.rank, self.solver, self.beta_loss, float(self.tol), str(fit.data.dtype))
 
-    def _start(self, method, data, executor, W, H):
+    def _phases(self, fit):
+        """One loop, from the random, NNDSVDa or given start."""
+        method = fit.method
+        config = {"estimator": "NMF", "method": method.__dict__, "init": self.init,
+                  "random_state": self.random_state, "data": data_fingerprint(fit.data)}
+        yield Phase(method, self._start(method, fit), self.max_iter, config, cut_short=(
+            f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by less than "
+            f"tol={self.tol}; raise NMF(max_iter=...)") if self.tol > 0 else None)
+
+    def _start(self, method, fit):
+        data, executor = fit.data, fit.executor
         if self.init == "random":
             return lambda: initialise(method, data, executor, self.random_state)
         if self.init == "nndsvda":
             return lambda: nndsvda_start(method, data, executor, self.random_state)
+        W, H = fit.inputs["W"], fit.inputs["H"]
         if W is None or H is None:
             raise ValueError("init='custom' needs both W and H")
         H = check_factor(H, (method.n_components, data.shape[1]), "H", data.dtype)
         return self._custom_start(data, executor, W, method.n_components, data.dtype, method.with_derived(H, data))
 
-    def _set_results(self, method, data, state, executor):
+    def _set_results(self, fit, method, state):
+        data = fit.data
         self.components_ = state.global_state["H"]
-        self._set_run_facts(method, data, state, executor)
+        self._set_run_facts(method, data, state, fit.executor)
         self.objective_history_ = np.asarray(state.objectives)
         self.loss_history_ = self.objective_history_.copy()
         self.group_loss_history_ = np.vstack(state.group_objectives)

@@ -20,13 +20,12 @@ from sklearn.utils import column_or_1d
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 
-from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
 from ..metrics import group_metric_frame, relative_error, relative_to
 from ..store.validate import check_label_spellings
-from .base import (FactorEstimator, SavedEstimator, check_factor, check_iteration_params, check_new_directory,
-                   check_rank, data_fingerprint, given_local, survives_worker_loss, with_input_tags)
+from .base import (FactorEstimator, Phase, SavedEstimator, check_factor, check_iteration_params, data_fingerprint,
+                   given_local, with_input_tags)
 from .contract import NON_NEGATIVE, SURFACE_CONSTRAINTS, FitInput, MethodDeclaration, PaperReport
 
 INITS = ("random", "custom")
@@ -160,13 +159,17 @@ class SSNMF(FactorEstimator):
         or neither (NMF with a data mask). ``data_mask`` (n_samples x n_features, sparse or dense) and
         ``label_mask`` (n_samples x n_targets) weight the entries; all ones when None. W (X's row order),
         H, B: init='custom'. ``groups``: row labels for per-group losses."""
-        self._fit(X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W=False, W_out=W_out)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, Y=Y, y=y, data_mask=data_mask,
+                      label_mask=label_mask, W=W, H=H, B=B)
         return self
 
     def fit_transform(self, X, Y=None, y=None, data_mask=None, label_mask=None, W=None, H=None, B=None,
                       groups=None, client=None):
         """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
-        return self._fit(X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W=True)
+        return self._run_fit(X, groups, client, want_W=True, Y=Y, y=y, data_mask=data_mask, label_mask=label_mask,
+                             W=W, H=H, B=B)
+
+    _custom_factors = ("W", "H", "B")
 
     def _check_params(self):
         check_iteration_params(self.max_iter, self.tol, self.random_state)
@@ -215,39 +218,41 @@ class SSNMF(FactorEstimator):
                     entry[name] = values[block.row_start:block.row_stop]
         return inputs, (0 if Y is None else Y.shape[1]), classes, digest.hexdigest()
 
-    @survives_worker_loss
-    def _fit(self, X, Y, y, data_mask, label_mask, W, H, B, groups, client, want_W, W_out=None):
-        check_new_directory(W_out, "W_out")
-        self._check_params()
-        if (W is not None or H is not None or B is not None) and self.init != "custom":
-            raise ValueError("W, H and B are used only with init='custom'")
-        data = self._grouped(X, groups)
-        r = check_rank(self.n_components, data.shape)
-        inputs, n_targets, classes, inputs_digest = self._local_inputs(data, Y, y, data_mask, label_mask)
+    def _prepare(self, fit):
+        """The targets and masks, per block; the model (R alone without targets) and its method."""
+        inputs = fit.inputs
+        local, n_targets, classes, digest = self._local_inputs(fit.data, inputs["Y"], inputs["y"], inputs["data_mask"],
+                                                               inputs["label_mask"])
+        inputs.update(local=local, n_targets=n_targets, classes=classes, digest=digest)
         model = self.model if n_targets else self.model[0]
-        method = SSNMFMethod(r, model, float(self.lam), float(self.eps), float(self.tol))
-        executor = self._executor(data, client, r + 2 * n_targets, np.float64)  # W, and the rows of Y and L
-        try:
-            config = {"estimator": "SSNMF", "method": method.__dict__, "init": self.init,
-                      "random_state": self.random_state, "data": data_fingerprint(data),
-                      "targets_and_masks": inputs_digest}
-            state = run_loop(method, data, executor, max_iter=self.max_iter, callback=self.callback,
-                             start=self._start(method, data, executor, inputs, n_targets, W, H, B),
-                             checkpointer=self._checkpointer(config), resume=self.resume,
-                             global_args={"n_targets": n_targets})
-            self._set_results(method, data, state, executor, classes)
-            if want_W:
-                return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
-            if W_out is not None:  # W alone, one array per block as for the other estimators
-                executor.map_local(_representation)
-                self._save_local_factors(executor, W_out)
-        finally:
-            executor.close()
+        fit.method = SSNMFMethod(fit.rank, model, float(self.lam), float(self.eps), float(self.tol))
+
+    def _local_factors(self, fit):
+        return fit.rank + 2 * fit.inputs["n_targets"], np.float64  # W, and the rows of Y and L
+
+    def _phases(self, fit):
+        """One loop, from the random or given start."""
+        method, n_targets = fit.method, fit.inputs["n_targets"]
+        config = {"estimator": "SSNMF", "method": method.__dict__, "init": self.init,
+                  "random_state": self.random_state, "data": data_fingerprint(fit.data),
+                  "targets_and_masks": fit.inputs["digest"]}
+        yield Phase(method, self._start(method, fit), self.max_iter, config, global_args={"n_targets": n_targets})
+
+    def _outputs(self, data, executor, W_out, want_W):
+        """W of the local factors (which hold the rows of Y and of the masks too): gathered if ``want_W``, else
+        written to ``W_out`` if given."""
+        if want_W:
+            return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
+        if W_out is not None:  # W alone, one array per block as for the other estimators
+            executor.map_local(_representation)
+            self._save_local_factors(executor, W_out)
         return None
 
-    def _start(self, method, data, executor, inputs, n_targets, W, H, B):
+    def _start(self, method, fit):
+        data, executor, inputs, n_targets = fit.data, fit.executor, fit.inputs["local"], fit.inputs["n_targets"]
         if self.init == "random":
             return lambda: initialise(method, data, executor, self.random_state, inputs, n_targets=n_targets)
+        W, H, B = fit.inputs["W"], fit.inputs["H"], fit.inputs["B"]
         if W is None or H is None or (n_targets and B is None):
             raise ValueError("init='custom' needs W and H (and B when there are targets)")
         r, n = method.n_components, data.shape[1]
@@ -256,11 +261,12 @@ class SSNMF(FactorEstimator):
             G["B"] = check_factor(B, (r, n_targets), "B", np.float64)
         return self._custom_start(data, executor, W, r, np.float64, G, inputs)
 
-    def _set_results(self, method, data, state, executor, classes):
+    def _set_results(self, fit, method, state):
+        data = fit.data
         parts = np.stack(state.group_objectives)  # (iterations + 1, groups, 2)
         self.components_ = state.global_state["H"]
         self.B_ = state.global_state.get("B")
-        self.classes_ = classes
+        self.classes_ = fit.inputs["classes"]
         self.loss_history_ = np.column_stack([state.objectives, parts[:, :, 0].sum(axis=1), parts[:, :, 1].sum(axis=1)])
         self.group_names_ = data.group_names
         self.group_loss_parts_ = parts[-1]
@@ -276,7 +282,7 @@ class SSNMF(FactorEstimator):
             self.group_errors_ = metrics["relative_i_divergence"] = relative_to(parts[-1, :, 0], data.group_totals)
         self.objective_history_ = np.asarray(state.objectives)
         self.group_metrics_ = group_metric_frame(self.group_names_, metrics)
-        self._set_run_facts(method, data, state, executor)
+        self._set_run_facts(method, data, state, fit.executor)
 
     # ------------------------------------------------------------ transform
     def transform(self, X, data_mask=None, *, groups=None, client=None, max_iter=500, tol=1e-6):

@@ -13,13 +13,11 @@ from numbers import Real
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..features import feature_names_of, top_feature_names
 from ..methods.stratified_nmf import StratifiedMU
 from ..metrics import group_metric_frame, relative_error
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
-                   data_fingerprint, survives_worker_loss)
+from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
 from .contract import NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 INITS = ("random", "custom")
@@ -120,13 +118,15 @@ class StratifiedNMF(FactorEstimator):
         directory where W is written block by block (one Zarr array per block, in the store's order).
         """
         self._ignore_y(y, groups)
-        self._fit(X, groups, W, H, v, client, want_W=False, W_out=W_out)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H, v=v)
         return self
 
     def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, v=None, client=None):
         """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
         self._ignore_y(y, groups)
-        return self._fit(X, groups, W, H, v, client, want_W=True)
+        return self._run_fit(X, groups, client, want_W=True, W=W, H=H, v=v)
+
+    _custom_factors = ("W", "H", "v")
 
     def _check_params(self):
         check_iteration_params(self.max_iter, 0.0 if self.tol is None else self.tol, self.random_state)
@@ -137,30 +137,24 @@ class StratifiedNMF(FactorEstimator):
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
-    @survives_worker_loss
-    def _fit(self, X, strata, W, H, v, client, want_W, W_out=None):
-        check_new_directory(W_out, "W_out")
-        self._check_params()
-        if (W is not None or H is not None or v is not None) and self.init != "custom":
-            raise ValueError("W, H and v are used only with init='custom'")
-        data = self._grouped(X, strata)
-        r = check_rank(self.n_components, data.shape)
-        method = StratifiedMU(r, int(self.v_updates), float(self.eps), self.tol)
-        executor = self._executor(data, client, r, np.float64)
-        try:
-            config = {"estimator": "StratifiedNMF", "method": method.__dict__, "init": self.init,
-                      "random_state": self.random_state, "data": data_fingerprint(data)}
-            state = run_loop(method, data, executor, max_iter=self.max_iter,
-                             start=self._start(method, data, executor, W, H, v), callback=self.callback,
-                             checkpointer=self._checkpointer(config), resume=self.resume)
-            self._set_results(method, data, state, executor)
-            return self._outputs(data, executor, W_out, want_W)
-        finally:
-            executor.close()
+    def _prepare(self, fit):
+        fit.method = StratifiedMU(fit.rank, int(self.v_updates), float(self.eps), self.tol)
 
-    def _start(self, method, data, executor, W, H, v):
+    def _local_factors(self, fit):
+        return fit.rank, np.float64  # computed in float64 whatever X's dtype
+
+    def _phases(self, fit):
+        """One loop, from the random or given start."""
+        method = fit.method
+        config = {"estimator": "StratifiedNMF", "method": method.__dict__, "init": self.init,
+                  "random_state": self.random_state, "data": data_fingerprint(fit.data)}
+        yield Phase(method, self._start(method, fit), self.max_iter, config)
+
+    def _start(self, method, fit):
+        data, executor = fit.data, fit.executor
         if self.init == "random":
             return lambda: initialise(method, data, executor, self.random_state)
+        W, H, v = fit.inputs["W"], fit.inputs["H"], fit.inputs["v"]
         if W is None or H is None or v is None:
             raise ValueError("init='custom' needs W, H and v")
         n, r = data.shape[1], method.n_components
@@ -168,7 +162,8 @@ class StratifiedNMF(FactorEstimator):
         v = check_factor(v, (data.n_groups, n), "v", np.float64)
         return self._custom_start(data, executor, W, r, np.float64, method.with_derived(H, v))
 
-    def _set_results(self, method, data, state, executor):
+    def _set_results(self, fit, method, state):
+        data = fit.data
         G = method.final_global(state.global_state, state.stats)
         F = np.asarray(state.objectives)
         self.components_ = G["H"]
@@ -182,7 +177,7 @@ class StratifiedNMF(FactorEstimator):
         self.objective_history_ = F
         self.group_metrics_ = group_metric_frame(self.group_names_, {"relative_error": self.group_errors_,
                                                                      "objective": self.group_losses_})
-        self._set_run_facts(method, data, state, executor)
+        self._set_run_facts(method, data, state, fit.executor)
 
     # ------------------------------------------------------------ transform
     def transform(self, X, *, groups=None, client=None, max_iter=200, tol=1e-4):

@@ -8,24 +8,20 @@ from __future__ import annotations
 
 import numbers
 import os
-import time
 import warnings
 from numbers import Real
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from .._warnings import user_stacklevel
-from ..engine import fit as run_loop
 from ..engine.driver import initialise
 from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
 from ..metrics import group_metric_frame, relative_error, relative_to
 from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
-from .base import (FactorEstimator, check_factor, check_iteration_params, check_new_directory, check_rank,
-                   data_fingerprint, survives_worker_loss)
+from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
 from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
 INITS = ("hals", "random", "custom")
@@ -142,13 +138,15 @@ class WeightedL1NMF(FactorEstimator):
         ``groups`` (for per-group errors). ``W`` (in X's row order) and ``H``: init='custom'.
         ``W_out``: a directory where W is written block by block (one Zarr array per block)."""
         self._ignore_y(y, groups)
-        self._fit(X, groups, W, H, client, want_W=False, W_out=W_out)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H)
         return self
 
     def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, client=None):
         """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
         self._ignore_y(y, groups)
-        return self._fit(X, groups, W, H, client, want_W=True)
+        return self._run_fit(X, groups, client, want_W=True, W=W, H=H)
+
+    _custom_factors = ("W", "H")
 
     def _check_params(self):
         check_iteration_params(self.max_iter, self.tol, self.random_state)
@@ -171,77 +169,66 @@ class WeightedL1NMF(FactorEstimator):
             X = sp.csr_matrix(checked_matrix(X, "X"))
         return super()._grouped(X, groups)
 
-    def _data(self, X, groups) -> tuple[GroupedMatrix, int]:
-        """X as a grouped matrix with CSC column blocks (checked first: nothing is written for bad input),
-        and the rank."""
-        data = self._grouped(X, groups)
-        r = check_rank(self.n_components, data.shape)
+    def _prepare(self, fit):
+        """X with CSC column blocks (checked first: nothing is written for bad input), and sCD."""
+        data = fit.data
         if data.group_totals.sum() <= 0:
             raise ValueError("X is all zeros: weighted L1-NMF needs at least one positive entry")
+        fit.data = self._with_column_blocks(data)
+        fit.method = WeightedL1SCD(fit.rank, float(self.lam), float(self.tol))
+
+    def _with_column_blocks(self, data) -> GroupedMatrix:
         if data.in_memory:
             return data.with_column_blocks(n_blocks=min(self.column_blocks or self.n_threads or os.cpu_count() or 1,
-                                                        data.shape[1])), r
+                                                        data.shape[1]))
         if data.has_column_blocks and self.column_blocks is not None:
             warnings.warn(f"the store already has {len(data.column_blocks)} column blocks; column_blocks="
                           f"{self.column_blocks} is not used", UserWarning, stacklevel=user_stacklevel())
         try:
-            return data.with_column_blocks(n_blocks=self.column_blocks), r
+            return data.with_column_blocks(n_blocks=self.column_blocks)
         except OSError as exc:
             raise ValueError(f"store {data.path!r} has no column blocks and they cannot be added to it ({exc}); "
                              "write a copy with them: distfact ingest ... --column-blocks") from exc
 
-    @survives_worker_loss
-    def _fit(self, X, groups, W, H, client, want_W, W_out=None):
-        check_new_directory(W_out, "W_out")
-        self._check_params()
-        if (W is not None or H is not None) and self.init != "custom":
-            raise ValueError("W and H are used only with init='custom'")
-        self._deadline = None if self.time_limit is None else time.perf_counter() + self.time_limit
-        data, r = self._data(X, groups)
-        method = WeightedL1SCD(r, float(self.lam), float(self.tol))
-        executor = self._executor(data, client, r, np.float64)
-        try:
-            config = {"estimator": "WeightedL1NMF", "method": method.__dict__, "init": self.init,
-                      "hals_iter": self.hals_iter, "random_state": self.random_state, "data": data_fingerprint(data)}
-            state = run_loop(method, data, executor, max_iter=self.max_iter,
-                             start=self._start(method, data, executor, W, H, config), callback=self.callback,
-                             checkpointer=self._checkpointer(config, "scd"), resume=self.resume,
-                             time_limit=self._time_left())
-            self._set_results(method, data, state, executor)
-            if not (state.converged or state.timed_out) and self.tol > 0 and self.max_iter > 0:
-                warnings.warn(f"WeightedL1NMF stopped at max_iter={self.max_iter} before the normalised objective "
-                              f"changed by less than tol={self.tol}; raise WeightedL1NMF(max_iter=...)",
-                              ConvergenceWarning, stacklevel=user_stacklevel())
-            return self._outputs(data, executor, W_out, want_W)
-        finally:
-            executor.close()
+    def _local_factors(self, fit):
+        return fit.rank, np.float64  # computed in float64 whatever X's dtype
 
-    def _start(self, method, data, executor, W, H, config):
+    def _phases(self, fit):
+        """sCD, from the random or given start, or from the HALS start (a loop of its own, with its own
+        checkpoints, run only when sCD has none to resume from)."""
+        method = fit.method
+        config = {"estimator": "WeightedL1NMF", "method": method.__dict__, "init": self.init,
+                  "hals_iter": self.hals_iter, "random_state": self.random_state, "data": data_fingerprint(fit.data)}
+        yield Phase(method, self._start(method, fit, config), self.max_iter, config, checkpoint="scd", cut_short=(
+            f"WeightedL1NMF stopped at max_iter={self.max_iter} before the normalised objective changed by less "
+            f"than tol={self.tol}; raise WeightedL1NMF(max_iter=...)") if self.tol > 0 else None)
+
+    def _start(self, method, fit, config):
+        data, executor = fit.data, fit.executor
         if self.init == "random":
             return lambda: initialise(method, data, executor, self.random_state)
         if self.init == "hals":
-            return lambda: self._hals_start(method, data, executor, config)
+            return self._hals_start(method, fit, config)
+        W, H = fit.inputs["W"], fit.inputs["H"]
         if W is None or H is None:
             raise ValueError("init='custom' needs both W and H")
         H = check_factor(H, (method.n_components, data.shape[1]), "H", np.float64)
         return self._custom_start(data, executor, W, method.n_components, np.float64, method.with_derived(H, data))
 
-    def _hals_start(self, method, data, executor, config):
+    def _hals_start(self, method, fit, config) -> Phase:
         """Section 7's start: ``hals_iter`` HALS iterations from NMF's random start, then l1 balancing."""
+        data, executor = fit.data, fit.executor
         hals = HALSStart(method.n_components, dtype=str(data.dtype))
-        state = run_loop(hals, data, executor, max_iter=self.hals_iter,
-                         start=lambda: initialise(hals, data, executor, self.random_state),
-                         checkpointer=self._checkpointer(config, "start"), resume=self.resume,
-                         time_limit=self._time_left())
-        d, H = l1_balance(state.global_state["H"], sum(s["Wsum"] for s in state.stats))
-        executor.map_local(scale_columns, d)
-        return method.with_derived(H, data)
 
-    def _time_left(self) -> float | None:
-        """Seconds left of ``time_limit`` (counted from the call to fit), for each loop."""
-        return None if self._deadline is None else max(self._deadline - time.perf_counter(), 1e-9)
+        def balanced(state):
+            d, H = l1_balance(state.global_state["H"], sum(s["Wsum"] for s in state.stats))
+            executor.map_local(scale_columns, d)
+            return method.with_derived(H, data)
+        return Phase(hals, lambda: initialise(hals, data, executor, self.random_state), self.hals_iter, config,
+                     checkpoint="start", callback=False, then=balanced)
 
-    def _set_results(self, method, data, state, executor):
+    def _set_results(self, fit, method, state):
+        data = fit.data
         G = state.global_state
         totals = data.group_totals
 
@@ -260,7 +247,7 @@ class WeightedL1NMF(FactorEstimator):
             "relative_error": relative_error(method.squared_errors(G, state.stats, data), data.group_sq_norms),
             "relative_l1_error": self.group_errors_, "objective": state.group_objectives[-1]})
         self.timed_out_ = state.timed_out
-        self._set_run_facts(method, data, state, executor)
+        self._set_run_facts(method, data, state, fit.executor)
 
     # ------------------------------------------------------------ transform
     def transform(self, X, *, groups=None, client=None, max_iter=100, tol=1e-6):

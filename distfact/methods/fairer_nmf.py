@@ -148,6 +148,12 @@ class GroupErrorEstimate:
         """Per (group, run), shape (L, T): whether the run has met its rule by the iteration of ``stats``."""
         return G["done"] | relative_change_below(G["r"], self.relative_errors(G, stats, data), self.tol, self.floor)
 
+    def attained(self, G, stats, data) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Algorithm 1's result at the iteration of ``stats``: every run's error ||X_l - W_l^(t) H_l^(t)||_F
+        (L, T), E_l = their mean over the runs (L,), and whether every run of group l met its rule (L,)."""
+        runs = self.errors(G, stats, data)
+        return runs, runs.mean(axis=1), self.runs_stopped(G, stats, data).all(axis=1)
+
     def converged(self, objectives, group_objectives):
         """Every run has stopped: a stopped run's error no longer moves, so it meets the rule at every
         later iteration, and the rule on the last two iterations says it for all runs."""
@@ -184,6 +190,11 @@ class _FairerScheme:
     def losses(self, G, stats, data) -> np.ndarray:
         """Relative reconstruction loss per group (Definition 4.1)."""
         return (self.errors(G, stats, data) - np.asarray(self.E)) / np.sqrt(data.group_sq_norms)
+
+    def relative_losses(self, relative_errors, data) -> np.ndarray:
+        """Definition 4.1 from the relative errors e_l / ||X_l|| (the per-group objective vectors, groups on the
+        last axis): (e_l - E_l) / ||X_l||."""
+        return relative_errors - np.asarray(self.E) / np.sqrt(data.group_sq_norms)
 
     def objective(self, G, stats, data):
         """f = max_l relative loss (eq. 7); the per-group vector is the relative errors e_l / ||X_l|| (for eq. 10)."""
