@@ -108,7 +108,7 @@ def load_heart_multigroup():
     """UCI Heart Disease, Cleveland, for the multigroup SVD (Matakos, Ciaperoni and Mannila, 2025, the "heart"
     row of Table 1): the 297 rows with no missing value, groups by sex (201 "Male", 96 "Female"), the protected
     attribute removed and the categorical columns (cp, restecg, slope, thal) one-hot encoded (Section 8.1);
-    ``num`` (the diagnosis, 0-4) is kept as a column. Not standardised: fit with ``center=True, scale=True``.
+    ``num`` (the diagnosis, 0-4) is kept as a column. Not standardised: ``MultigroupSVD``'s defaults (``center=True, scale=True``) do it.
     Returns ``(X, groups, feature_names)``; 22 columns (the paper lists 14, without saying which)."""
     import pandas as pd
 

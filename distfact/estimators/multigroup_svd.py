@@ -53,9 +53,10 @@ class MultigroupSVD(FactorEstimator):
         lambda_max(A(mu)) is repeated (g is not smooth there); the subspace refinement (see
         ``distfact.methods.multigroup_svd``) closes the gap where the relaxation is tight, and any
         remaining gap is reported in ``duality_gap_``. For a certificate, 'sdp'.
-    center : bool
-        Subtract the column means (over all rows) first.
-    scale : bool
+    center : bool, default True
+        Subtract the column means (over all rows) first. The default, with ``scale``, is the paper's
+        standardisation (Section 8.1); ``center=False, scale=False`` factorises X as given.
+    scale : bool, default True
         Divide every column by its standard deviation over all rows (after centring if ``center``);
         Section 8.1 standardises (``center=True, scale=True``). Constant columns are refused.
     fw_step : {'line-search', '2/(t+2)'}
@@ -134,7 +135,7 @@ class MultigroupSVD(FactorEstimator):
                                     "fw_step": [StrOptions(set(solvers.FW_STEPS))], "max_gram_features": [POSITIVE_INT],
                                     "sketch_size": [POSITIVE_INT, None], "power_iterations": [COUNT]}
 
-    def __init__(self, n_components, *, solver="auto", tol=1e-6, max_iter=100, center=False, scale=False,
+    def __init__(self, n_components, *, solver="auto", tol=1e-6, max_iter=100, center=True, scale=True,
                  fw_step="line-search", max_gram_features=4096, sketch_size=None, power_iterations=2,
                  random_state=None, block_rows=None, n_threads=None):
         self.n_components = n_components
