@@ -256,14 +256,22 @@ def test_same_result_on_a_local_cluster(local_cluster_client, tmp_path):
     assert there.scheduler_["scheduler"] != "in-process"
 
 
+def test_a_constant_column_keeps_scale_one_and_no_weight():
+    """Standardising (the default) leaves a constant column at scale 1, as scikit-learn's StandardScaler does:
+    centred it is zero, so the components are those of the other columns with a 0 inserted."""
+    X, labels = groups_data((30, 20), n=5)
+    Xc = np.insert(X, 3, 7.0, axis=1)
+    with_constant = distfact.MultigroupSVD(2).fit(Xc, groups=labels)
+    without = distfact.MultigroupSVD(2).fit(X, groups=labels)
+    assert np.all(np.isfinite(with_constant.components_))
+    np.testing.assert_allclose(np.abs(with_constant.components_), np.abs(np.insert(without.components_, 3, 0.0, axis=1)),
+                               atol=1e-10)
+
+
 def test_bad_input():
     X, labels = groups_data((30, 20), n=5)
     with pytest.raises(ValueError, match="group 'lonely' has 1 row"):
         distfact.MultigroupSVD(2).fit(np.vstack([X, X[:1]]), groups=np.append(labels, "lonely"))
-    Xc = X.copy()
-    Xc[:, 3] = 7.0
-    with pytest.raises(ValueError, match=r"column\(s\) 3 of X are constant"):
-        distfact.MultigroupSVD(2, center=True, scale=True).fit(Xc, groups=labels)
     with pytest.raises(ValueError, match="n_components=6 is larger than the number of features n=5"):
         distfact.MultigroupSVD(6).fit(X, groups=labels)
     with pytest.raises(ValueError, match="exactly two groups"):

@@ -225,7 +225,7 @@ class MultigroupSVD(FactorEstimator):
                 np.fill_diagonal(gram, s["sq_dev"])
         if not self.scale:
             return grams, np.ones(data.shape[1])
-        std = passes.column_scale(sum(s["sq_dev"] for s in stats), mean, data.shape[0], data.feature_names)
+        std = passes.column_scale(sum(s["sq_dev"] for s in stats), mean, data.shape[0])
         return grams / np.outer(std, std), std
 
     def _sketch_path(self, data, executor, mean, centre, d):
@@ -236,7 +236,7 @@ class MultigroupSVD(FactorEstimator):
         size = self.sketch_size or d + 20
         stats = executor.run_pass(passes.deviations_block, mean, update=False)
         sq_dev = np.stack([s["sq_dev"] for s in stats])
-        std = passes.column_scale(sq_dev.sum(axis=0), mean, m, data.feature_names) if self.scale else np.ones(n)
+        std = passes.column_scale(sq_dev.sum(axis=0), mean, m) if self.scale else np.ones(n)
         # ||A_l||^2 about the centre: sum (x - c)^2 = sum (x - mean)^2 + 2 (mean - c) sum (x - mean) + n_l (mean - c)^2
         offset = mean - centre
         sums_about_mean = np.stack([s["sum"] for s in stats]) - np.outer(data.group_sizes, mean)

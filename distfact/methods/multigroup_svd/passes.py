@@ -38,16 +38,11 @@ def deviations_block(X_b, local, block, mean):
     return {"sum": np.asarray(X_b.sum(axis=0, dtype=np.float64)).ravel(), "sq_dev": squared_deviations(X_b, mean)}
 
 
-def column_scale(sq_dev: np.ndarray, mean: np.ndarray, n_rows: int, feature_names) -> np.ndarray:
+def column_scale(sq_dev: np.ndarray, mean: np.ndarray, n_rows: int) -> np.ndarray:
     """Population standard deviation of every column (Section 8.1's standardisation) from the sums of
-    squared deviations from the mean. A column is constant when its deviations are rounding (below
-    64 eps |mean|): it cannot be scaled, and a ``ValueError`` names it."""
+    squared deviations from the mean. A constant column (its deviations are rounding, below 64 eps |mean|)
+    keeps the scale 1, as scikit-learn's StandardScaler does: centred, it is zero and carries no weight;
+    divided by its rounding-level deviation, it would be noise blown up to unit variance."""
     var = sq_dev / n_rows
     constant = var <= (64 * np.finfo(np.float64).eps * np.maximum(np.abs(mean), np.finfo(np.float64).tiny)) ** 2
-    if constant.any():
-        idx = np.flatnonzero(constant)
-        names = [str(feature_names[i]) if feature_names is not None else str(i) for i in idx[:10]]
-        more = f" and {len(idx) - 10} more" if len(idx) > 10 else ""
-        raise ValueError(f"scale=True: column(s) {', '.join(names)}{more} of X are constant (zero variance) "
-                         "and cannot be standardised; drop them or use scale=False")
-    return np.sqrt(var)
+    return np.where(constant, 1.0, np.sqrt(var))
