@@ -1,11 +1,33 @@
-"""distfact: group-aware matrix factorisation at scale, on Dask."""
+"""distfact: group-aware matrix factorisation at scale, on Dask.
+
+The public names are imported when first used (PEP 562), so that ``import distfact`` (and the command line's
+start-up) does not pay for scikit-learn, Dask and Zarr before it needs them.
+"""
+
+import importlib
 
 from ._version import __version__
-from .estimators import NMF, SSNMF, FairerNMF, MultigroupSVD, SSNMFClassifier, StratifiedNMF, WeightedL1NMF
-from .estimators.persistence import load
-from .store import GroupedMatrix, from_arrays
-from .store import from_corpus, from_table
-from .store import open_store as open
 
-__all__ = ["NMF", "FairerNMF", "StratifiedNMF", "WeightedL1NMF", "SSNMF", "MultigroupSVD", "SSNMFClassifier", "GroupedMatrix", "from_arrays", "open", "__version__"]
-__all__ += ["from_table", "from_corpus", "load"]
+# public name -> (module, attribute)
+_PUBLIC = {
+    **{name: ("distfact.estimators", name) for name in ("NMF", "FairerNMF", "StratifiedNMF", "WeightedL1NMF", "SSNMF",
+                                                         "MultigroupSVD", "SSNMFClassifier")},
+    "load": ("distfact.estimators.persistence", "load"),
+    **{name: ("distfact.store", name) for name in ("GroupedMatrix", "from_arrays", "from_corpus", "from_table")},
+    "open": ("distfact.store", "open_store"),
+}
+
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'distfact' has no attribute {name!r}")
+    module, attribute = _PUBLIC[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_PUBLIC})

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 
-import sklearn.utils._set_output
-
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# scikit-learn's set_output wrapper sits between the user and every estimator's transform and fit_transform
-# (TransformerMixin puts it there): a warning pointing into it would tell the user nothing either
-PASSED_THROUGH = (os.path.abspath(sklearn.utils._set_output.__file__),)
+
+
+@functools.cache
+def passed_through() -> tuple:
+    """scikit-learn's set_output wrapper sits between the user and every estimator's transform and fit_transform
+    (TransformerMixin puts it there): a warning pointing into it would tell the user nothing either. (Imported
+    when a warning is raised, not when distfact is: the command line starts without scikit-learn.)"""
+    import sklearn.utils._set_output
+
+    return (os.path.abspath(sklearn.utils._set_output.__file__),)
 
 
 def user_stacklevel() -> int:
@@ -22,7 +28,7 @@ def user_stacklevel() -> int:
     level = 0
     try:
         while frame is not None and (os.path.abspath(frame.f_code.co_filename).startswith(PACKAGE_DIR)
-                                     or os.path.abspath(frame.f_code.co_filename) in PASSED_THROUGH):
+                                     or os.path.abspath(frame.f_code.co_filename) in passed_through()):
             frame = frame.f_back
             level += 1
     finally:

@@ -17,8 +17,6 @@ import time
 
 import numpy as np
 
-from .registry import get_method, methods
-from .estimators.contract import resolve
 
 EXIT_BAD_INPUT = 2
 
@@ -39,6 +37,25 @@ def _number(kind, low=None, strict=False):
 
     parse.__name__ = kind.__name__  # what argparse names in "invalid int value"
     return parse
+
+
+def _methods() -> dict:
+    """Every method's declaration, by name (imports the estimators: only the commands that fit need it)."""
+    from .registry import methods
+
+    return methods()
+
+
+def _method(name: str):
+    from .registry import get_method
+
+    return get_method(name)
+
+
+def _resolve(ref):
+    from .estimators.contract import resolve
+
+    return resolve(ref)
 
 
 COUNT = _number(int, 0)  # 0, 1, 2, ...
@@ -65,7 +82,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
+    """The command line. ``with_methods``: derive ``fit``'s and ``report``'s method options from the methods'
+    declarations (which imports every estimator); commands that need none start without that."""
     parser = _Parser(prog="distfact", description="Group-aware matrix factorisation on Dask.",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
@@ -96,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    declarations = methods()
+    declarations = _methods() if with_methods else {}
     p = sub.add_parser("fit", help="factor a store; write the model, its components, W and the per-group metrics",
                        description="Fit a method on a store and write, into --output: model.npz (distfact.load "
                                    "reads it), components.npy, W/ (one array per block; rows.npy maps the stored "
@@ -104,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "metrics.json, plus the method's own arrays. Every option left out takes the "
                                    "method's estimator's default. `distfact report` reads the output.")
     p.add_argument("store")
-    p.add_argument("--method", default=next(iter(declarations)), choices=list(declarations),
+    p.add_argument("--method", default="nmf", choices=list(declarations) or None,
                    help="; ".join(f"{name}: {d.summary}" for name, d in declarations.items()))
     p.add_argument("--rank", "-r", type=POSITIVE, required=True, help="number of components")
     p.add_argument("--seed", type=COUNT, default=0, help="random_state")
@@ -254,7 +273,7 @@ def _given(args, declaration) -> tuple[dict, dict]:
     method is a ValueError naming it."""
     params, inputs = {}, {}
     mine = {**declaration.parameters(), **{i.name: i for i in declaration.fit_inputs}}
-    for name in _method_options(methods()):
+    for name in _method_options(_methods()):
         if not hasattr(args, name):
             continue
         value = getattr(args, name)
@@ -271,7 +290,7 @@ def cmd_fit(args):
     from .outputs import OutputDir
     from .store import open_store
 
-    declaration = get_method(args.method)
+    declaration = _method(args.method)
     params, inputs = _given(args, declaration)
     data = open_store(args.store)
     checkpointing = bool(args.checkpoint_every or args.resume)
@@ -320,7 +339,7 @@ def write_fit_output(directory: str, declaration, model, data, args, seconds: fl
     if os.path.isdir(os.path.join(directory, "W")):
         np.save(os.path.join(directory, "rows.npy"), data.row_index())  # W's stored row -> input row
         written += ["W/ (one array per block; rows.npy maps them back)"]
-    arrays = {"components.npy": model.components_, **(resolve(declaration.arrays)(model) if declaration.arrays else {})}
+    arrays = {"components.npy": model.components_, **(_resolve(declaration.arrays)(model) if declaration.arrays else {})}
     for name, array in arrays.items():
         np.save(os.path.join(directory, name), array)
     model.save(os.path.join(directory, "model.npz"))
@@ -332,7 +351,7 @@ def write_fit_output(directory: str, declaration, model, data, args, seconds: fl
         "n_iter": n_iter,
         "n_passes": int(model.n_passes_), "converged": bool(np.all(model.converged_)),
         "objective_history": np.asarray(model.objective_history_).tolist(), "scheduler": model.scheduler_,
-        "store": os.path.abspath(args.store), **(resolve(declaration.facts)(model) if declaration.facts else {})})
+        "store": os.path.abspath(args.store), **(_resolve(declaration.facts)(model) if declaration.facts else {})})
     return written + list(arrays) + ["model.npz", "group_metrics.csv", "metrics.json"]
 
 
@@ -362,7 +381,7 @@ def cmd_report(args):
 
     if read_manifest(args.path, "fit") is not None:
         if args.paper is not None:
-            flag = get_method(args.paper).paper_report.flag
+            flag = _method(args.paper).paper_report.flag
             raise ValueError(f"{args.path} is a fit output; a paper report (--{flag}) reads a store")
         with OutputDir(args.output, "report", overwrite=args.overwrite) as out:
             from .reports.fit import write_fit_report
@@ -372,13 +391,13 @@ def cmd_report(args):
         print(f"wrote {os.path.join(args.output, os.path.relpath(paths['html'], out.path))}")
         return
     if args.paper is None:
-        flags = [f"--{d.paper_report.flag}" for d in methods().values() if d.paper_report is not None]
+        flags = [f"--{d.paper_report.flag}" for d in _methods().values() if d.paper_report is not None]
         raise ValueError(f"{args.path} is not a fit output (no distfact-output.json of a fit); for a store, ask "
                          f"for a paper report: {', '.join(flags)}")
     from .engine.cluster import client_for
     from .store import open_store
 
-    declaration = get_method(args.paper)
+    declaration = _method(args.paper)
     params, inputs = _given(args, declaration)
     data = open_store(args.path)
     options = {"rank": args.rank, "ranks": _parse_ranks(args.ranks), "seed": args.seed, "top": args.top,
@@ -387,7 +406,7 @@ def cmd_report(args):
     name = os.path.basename(os.path.normpath(data.path))
     with OutputDir(args.output, "report", overwrite=args.overwrite) as out, \
             client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
-        paths = resolve(declaration.paper_report.run)(data, options, client, out.path,
+        paths = _resolve(declaration.paper_report.run)(data, options, client, out.path,
                                                       f"{declaration.paper_report.flag}: {name}")
         out.commit()
     final = {key: os.path.join(args.output, os.path.relpath(path, out.path)) for key, path in paths.items()}
@@ -439,14 +458,13 @@ def main(argv=None) -> int:
     and where: a missing or corrupt file, a full or read-only disk, an unreachable scheduler); 1 a failed pipeline
     stage, another process writing the same output (or running the same pipeline and date), a lost cluster, or an
     internal error (with its traceback: please report it); ``--debug`` shows the traceback of any error."""
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((word for word in words if not word.startswith("-")), None)
+    args = _parser(with_methods=command in ("fit", "report")).parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
                 "demo": cmd_demo, "make-certs": cmd_make_certs}
-    from .engine import WorkerLost
-    from .outputs import Locked
-
     try:
         return commands[args.command](args) or 0
     except (ValueError, OSError) as exc:
@@ -454,8 +472,11 @@ def main(argv=None) -> int:
             raise
         print(f"distfact {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (Locked, WorkerLost) as exc:
-        if args.debug:
+    except Exception as exc:
+        from .engine import WorkerLost  # here, not at start-up: importing the engine takes a third of a second
+        from .outputs import Locked
+
+        if args.debug or not isinstance(exc, (Locked, WorkerLost)):
             raise
         print(f"distfact {args.command}: error: {exc}", file=sys.stderr)
         return 1

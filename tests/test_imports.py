@@ -113,3 +113,28 @@ def test_the_cycle_finder_finds_cycles(tmp_path):
     graph = import_graph(root)
     assert graph["pkg.fine"] == {"pkg.sub", "pkg.sub.thing", "pkg.sub.other"}
     assert sorted(name for name, targets in graph.items() if "pkg" in targets) == ["pkg.root"]
+
+
+def test_the_command_lines_start_imports_only_what_the_command_needs(tmp_path):
+    """`distfact --help` builds its parser without scikit-learn, Dask, pandas or Zarr, and `distfact info` opens
+    a store without scikit-learn, Dask's distributed or pandas (start-up time: benchmarks/bench_startup.py)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from distfact.store.ingest import from_arrays
+
+    from_arrays(np.ones((6, 3)), np.array(["a", "b"] * 3), tmp_path / "x.zarr")
+    probe = ("import sys, contextlib, io\nfrom distfact.cli import main\n"
+             "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+             "    main(sys.argv[1:])\n"
+             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = {}
+    for command in (["--help"], ["info", str(tmp_path / "x.zarr")]):
+        out = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        loaded[command[0]] = set(out.stdout.split())
+    assert not loaded["--help"] & {"sklearn", "dask", "distributed", "pandas", "zarr", "scipy"}, loaded["--help"]
+    assert not loaded["info"] & {"sklearn", "distributed", "pandas"}, loaded["info"]
+    assert "zarr" in loaded["info"]  # the probe does see what a command imports

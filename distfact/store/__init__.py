@@ -1,12 +1,26 @@
-"""Grouped matrices on Zarr: format, ingest and validation."""
+"""Grouped matrices on Zarr: format, ingest and validation.
+
+The ingest sources (tables need pandas, corpora scikit-learn's vectorizers) are imported when first used (PEP 562),
+so that opening a store (``distfact info``) does not pay for them."""
+
+import importlib
 
 from .grouped import GroupedMatrix, open_store
 from .reading import BlockReader, ColumnBlockReader
 from .format import Block, ColumnBlock
-from .ingest import StoreWriter, from_arrays
-from .tables import from_table
-from .corpus import from_corpus
 
-__all__ = ["Block", "BlockReader", "ColumnBlock", "ColumnBlockReader", "GroupedMatrix", "StoreWriter",
-           "from_arrays", "open_store"]
-__all__ += ["from_table", "from_corpus"]
+_LAZY = {"StoreWriter": "ingest", "from_arrays": "ingest", "from_table": "tables", "from_corpus": "corpus"}
+
+__all__ = ["Block", "BlockReader", "ColumnBlock", "ColumnBlockReader", "GroupedMatrix", "open_store", *_LAZY]
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'distfact.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY})
