@@ -20,7 +20,12 @@ _PUBLIC = {
 __all__ = [*_PUBLIC, "__version__"]
 
 
+SUBPACKAGES = ("datasets", "engine", "estimators", "kernels", "methods", "pipeline", "registry", "reports", "store")
+
+
 def __getattr__(name):
+    if name in SUBPACKAGES:  # ``import distfact; distfact.store.StoreWriter`` as when every module loaded at once
+        return importlib.import_module(f"distfact.{name}")
     if name not in _PUBLIC:
         raise AttributeError(f"module 'distfact' has no attribute {name!r}")
     module, attribute = _PUBLIC[name]
