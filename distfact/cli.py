@@ -247,10 +247,14 @@ def _add_method_options(p, declarations) -> None:
     """The methods' parameters as options (``--solver``, ``--tol``, ...), derived from their estimators: an
     option left out is absent from the parsed arguments, which leaves the estimator's own default in place (shown
     in the help per method)."""
+    if not declarations:  # a command that fits nothing: no estimator imported
+        return
+    from .estimators.contract import FitInput
+
     g = p.add_argument_group("method parameters (default: the method's estimator's own, listed per method)")
     for name, by_method in _method_options(declarations).items():
         first = next(iter(by_method.values()))
-        if not hasattr(first, "kind"):  # a fit input, given as text
+        if isinstance(first, FitInput):  # given as text
             g.add_argument(_option(name), default=argparse.SUPPRESS,
                            help=f"{', '.join(by_method)}: {first.help} (default {first.default!r})".replace("%", "%%"))
             continue
@@ -271,6 +275,8 @@ def _add_method_options(p, declarations) -> None:
 def _given(args, declaration) -> tuple[dict, dict]:
     """The estimator parameters and fit inputs the user gave for ``declaration``'s method; an option of another
     method is a ValueError naming it."""
+    from .estimators.contract import FitInput
+
     params, inputs = {}, {}
     mine = {**declaration.parameters(), **{i.name: i for i in declaration.fit_inputs}}
     for name in _method_options(_methods()):
@@ -280,7 +286,7 @@ def _given(args, declaration) -> tuple[dict, dict]:
         if name not in mine:
             raise ValueError(f"{_option(name)} does not apply to {declaration.name} (its options: "
                              f"{', '.join(_option(n) for n in mine) or 'none'})")
-        (params if hasattr(mine[name], "kind") else inputs)[name] = value
+        (inputs if isinstance(mine[name], FitInput) else params)[name] = value
     return params, inputs
 
 
@@ -288,6 +294,7 @@ def cmd_fit(args):
     from .engine.cluster import client_for
     from .engine.progress import ProgressBar
     from .outputs import OutputDir
+    from .reports.terminal import group_metrics_table
     from .store import open_store
 
     declaration = _method(args.method)
@@ -314,14 +321,13 @@ def cmd_fit(args):
             model.fit(data, **declaration.fit_arguments(model, inputs, data, client, os.path.join(out.path, "W")))
             seconds = time.perf_counter() - started
         if bar is not None:
-            bar.close()
-            model.set_params(callback=None)
+            bar.close()  # the model keeps it as its callback; a saved model holds no callable
         written = write_fit_output(out.path, declaration, model, data, args, seconds)
         out.commit()
     table = model.group_metrics_
     if declaration.nested_ranks:
         table = table[table["rank"] == args.rank]
-    print(format_group_metrics(table, data))
+    print(group_metrics_table(table, data))
     if data.feature_names is not None:
         from .reports.fits import component_table
 
@@ -353,16 +359,6 @@ def write_fit_output(directory: str, declaration, model, data, args, seconds: fl
         "objective_history": np.asarray(model.objective_history_).tolist(), "scheduler": model.scheduler_,
         "store": os.path.abspath(args.store), **(_resolve(declaration.facts)(model) if declaration.facts else {})})
     return written + list(arrays) + ["model.npz", "group_metrics.csv", "metrics.json"]
-
-
-def format_group_metrics(table, data) -> str:
-    """The per-group metrics as a plain-text table: one row per group (its rows), one column per metric."""
-    from .reports.terminal import format_table
-
-    sizes = dict(zip(data.group_names, data.group_sizes.tolist()))
-    wide = table.pivot_table(index="group", columns="metric", values="value", sort=False)
-    return format_table([{"group": str(group), "rows": sizes.get(group, 0), **{m: float(v) for m, v in row.items()}}
-                         for group, row in wide.iterrows()])
 
 
 def _parse_ranks(text: str) -> range:

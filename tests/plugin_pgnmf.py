@@ -26,6 +26,7 @@ from distfact.engine import initialise
 from distfact.estimators.base import FactorEstimator, check_rank
 from distfact.estimators.contract import COUNT, NON_NEGATIVE, SURFACE_CONSTRAINTS, MethodDeclaration
 from distfact.estimators.persistence import register_estimators
+from distfact.metrics import frobenius_sq_errors
 from distfact.registry import register
 
 
@@ -71,8 +72,8 @@ class ProjectedGradientNMF:
         return {**self._global(H), "scale": G["scale"]}
 
     def objective(self, G, stats, data):
-        squared = np.array([np.vdot(s["WtW"], G["HHt"]) - 2 * np.vdot(s["WtX"], G["H"]) for s in stats])
-        losses = 0.5 * np.maximum(squared + data.group_sq_norms, 0.0)
+        losses = 0.5 * frobenius_sq_errors(data.group_sq_norms, [(s["WtX"], s["WtW"]) for s in stats], G["H"],
+                                           G["HHt"])
         return float(losses.sum()), losses
 
     def converged(self, objectives, group_objectives):

@@ -18,7 +18,7 @@ import inspect
 import numbers
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
@@ -135,7 +135,6 @@ class Parameter:
     choices: tuple | None
     default: object
     help: str
-    constraints: list = field(default_factory=list, compare=False)
 
 
 def _kind(constraints: list) -> tuple[type, tuple | None]:
@@ -166,7 +165,7 @@ def estimator_parameters(estimator: type) -> dict[str, Parameter]:
         if name not in constraints:
             raise TypeError(f"{estimator.__name__}._parameter_constraints has no entry for {name!r}")
         kind, choices = _kind(constraints[name])
-        out[name] = Parameter(name, kind, choices, p.default, helps.get(name, ""), constraints[name])
+        out[name] = Parameter(name, kind, choices, p.default, helps.get(name, ""))
     return out
 
 

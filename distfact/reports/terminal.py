@@ -3,15 +3,6 @@
 from __future__ import annotations
 
 
-def group_table(model, data) -> list[dict]:
-    """One row per group: its size, the loss restricted to it and its relative error."""
-    return [
-        {"group": str(name), "rows": int(rows), "loss": float(loss), "relative_error": float(err)}
-        for name, rows, loss, err in zip(model.group_names_, data.group_sizes, model.group_losses_,
-                                         model.group_errors_)
-    ]
-
-
 def format_table(rows: list[dict]) -> str:
     """A plain-text table for the terminal."""
     columns = list(rows[0])
@@ -20,3 +11,11 @@ def format_table(rows: list[dict]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+def group_metrics_table(table, data) -> str:
+    """The per-group metrics as a plain-text table: one row per group (its rows), one column per metric."""
+    sizes = dict(zip(data.group_names, data.group_sizes.tolist()))
+    wide = table.pivot_table(index="group", columns="metric", values="value", sort=False)
+    return format_table([{"group": str(group), "rows": sizes.get(group, 0), **{m: float(v) for m, v in row.items()}}
+                         for group, row in wide.iterrows()])
