@@ -204,10 +204,17 @@ def cmd_ingest(args):
         raise ValueError("a table source needs --group-column")
     if kind == "corpus" and args.signed:
         raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
+    from .engine.progress import Progress
+    from .store.tables import PARQUET_SUFFIXES
+
+    # what a source's ingest counts: the bytes of a file read as text, else rows
+    bytes_read = kind == "corpus" or (kind == "table" and not args.source.lower().endswith(PARQUET_SUFFIXES))
+    progress = Progress(what="read" if bytes_read else "rows", unit="B" if bytes_read else "rows")
     data = ingest_source(args.source, args.dest, group_column=args.group_column, groups_file=args.groups_file,
                          signed=args.signed, text_field=args.text_field, group_field=args.group_field,
                          vectorizer=args.vectorizer, max_features=args.max_features, block_rows=args.block_rows,
-                         overwrite=args.overwrite)
+                         overwrite=args.overwrite, progress=lambda done, total: progress.update(done, total=total))
+    progress.close()
     if args.column_blocks:
         data = data.with_column_blocks()
     print(f"wrote {data!r}")
@@ -292,7 +299,7 @@ def _given(args, declaration) -> tuple[dict, dict]:
 
 def cmd_fit(args):
     from .engine.cluster import client_for
-    from .engine.progress import ProgressBar
+    from .engine.progress import show_iterations
     from .outputs import OutputDir
     from .reports.terminal import group_metrics_table
     from .store import open_store
@@ -311,17 +318,15 @@ def cmd_fit(args):
         checkpoints = dict(checkpoint_dir=out.path, checkpoint_every=args.checkpoint_every or 10,
                            resume=args.resume) if checkpointing else {}
         model = declaration.make(args.rank, params, random_state=args.seed, **checkpoints)
-        bar = None if args.no_progress or "callback" not in accepted else ProgressBar(getattr(model, "max_iter", None))
-        if bar is not None:
-            model.set_params(callback=bar)
+        progress = None if args.no_progress else show_iterations(model)
         with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
             if client is not None:
                 print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
             started = time.perf_counter()
             model.fit(data, **declaration.fit_arguments(model, inputs, data, client, os.path.join(out.path, "W")))
             seconds = time.perf_counter() - started
-        if bar is not None:
-            bar.close()  # the model keeps it as its callback; a saved model holds no callable
+        if progress is not None:  # (the model keeps it as its callback; a saved model holds no callable)
+            progress.close("converged" if np.all(model.converged_) else "")
         written = write_fit_output(out.path, declaration, model, data, args, seconds)
         out.commit()
     table = model.group_metrics_

@@ -70,7 +70,11 @@ def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
     events = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
     assert [e["stage"] for e in events if e["event"] == "done"] == ["ingest", "fit", "evaluate", "report", "publish"]
     assert all("seconds" in e for e in events if e["event"] == "done")
-    assert (run_dir / "log.jsonl").read_text().count("\n") == len(events)
+    # each fit's progress on stderr (lines with its rate and ETA, off a terminal), not in the run's log file
+    progress = [e for e in events if e["event"] == "progress"]
+    assert {e["fit"] for e in progress} == {e["fit"] for e in events if e["event"] == "fit-done"}
+    assert any("it/s" in e["message"] and "ETA at most" in e["message"] and e["rate"] > 0 for e in progress)
+    assert (run_dir / "log.jsonl").read_text().count("\n") == len(events) - len(progress)
     # the report: every PNG written is embedded and captioned in the page, with the tables
     page = (run_dir / "report" / "report.html").read_text()
     pngs = sorted(p.name for p in (run_dir / "report").glob("*.png"))

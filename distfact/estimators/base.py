@@ -341,7 +341,7 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
             spill_dir = (f"{os.path.abspath(data.path)}.locals-{uuid.uuid4().hex[:8]}" if data.path
                          else tempfile.mkdtemp(prefix="distfact-locals-"))
         return make_executor(data, client, getattr(self, "n_threads", None), spill_dir,
-                             getattr(self, "_workers_before_loss", 1))
+                             getattr(self, "_workers_before_loss", 1), rank * np.dtype(local_dtype or data.dtype).itemsize)
 
     def _checkpointer(self, config: dict, phase: str | None = None):
         """Checkpoints in ``checkpoint_dir`` (or its ``phase`` subdirectory, for fits run as

@@ -53,12 +53,28 @@ class RunLog:
         self.stream = stream if stream is not None else sys.stderr
         self.to_file = False
 
-    def __call__(self, stage: str, event: str, **fields) -> None:
+    def terminal(self) -> bool:
+        from ..engine.progress import is_terminal
+
+        return is_terminal(self.stream)
+
+    def progress_options(self, stage: str, **fields) -> dict:
+        """What a :class:`distfact.engine.progress.Progress` of a stage's work takes to show it here: a bar on a
+        terminal, else "progress" lines of this log (not written to its file)."""
+        if self.terminal():
+            return {"stream": self.stream}
+        return {"emit": lambda line, figures: self(stage, "progress", to_file=False, message=line, **fields,
+                                                   **figures)}
+
+    def __call__(self, stage: str, event: str, to_file: bool = True, **fields) -> None:
+        """One line; ``to_file=False``: on the stream only (progress, which would make the log differ run to run)."""
         line = json.dumps({"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
                            "pipeline": self.name, "date": self.date, "stage": stage, "event": event, **fields},
                           default=str)
+        if self.terminal():  # over a progress bar being drawn (which its next update draws again below)
+            self.stream.write("\r\x1b[K")
         print(line, file=self.stream, flush=True)
-        if self.to_file:
+        if self.to_file and to_file:
             with open(self.path, "a") as f:
                 f.write(line + "\n")
 
@@ -398,7 +414,8 @@ def stage_fit(out: str, context: dict) -> dict:
                 continue
             os.makedirs(directory, exist_ok=True)
             started = time.perf_counter()
-            model = _fit_one(fit, rank, data, directory, client, spec, context["resume"])
+            model = _fit_one(fit, rank, data, directory, client, spec, context["resume"],
+                             log.progress_options("fit", fit=name))
             seconds = time.perf_counter() - started
             np.save(os.path.join(directory, "components.npy"), model.components_)
             model.save(os.path.join(directory, "model.npz"))  # distfact's model format: no pickle
@@ -412,13 +429,20 @@ def stage_fit(out: str, context: dict) -> dict:
     return facts
 
 
-def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool):
+def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool, progress_options: dict):
+    from ..engine.progress import show_iterations
+
     declaration = get_method(fit.method)
     checkpoints = dict(checkpoint_dir=directory, checkpoint_every=spec.checkpoint_every,  # -> directory/checkpoints/
                        resume=resume) if spec.checkpoint_every else {}
     model = declaration.make(rank, fit.params, random_state=fit.seed, **checkpoints)
+    progress = show_iterations(model, f"{os.path.basename(directory)}: iteration", **progress_options)
     inputs = {**fit.inputs, **spec.input_files(fit)}
-    return model.fit(data, **declaration.fit_arguments(model, inputs, data, client, W_out=os.path.join(directory, "W")))
+    model.fit(data, **declaration.fit_arguments(model, inputs, data, client, W_out=os.path.join(directory, "W")))
+    if progress is not None:
+        progress.close()
+        model.set_params(callback=None)  # (the model is saved: its parameters as given)
+    return model
 
 
 def load_fits(run_dir: str, spec: Spec) -> list[dict]:

@@ -132,7 +132,7 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
     """``distfact report STORE --fairness``: the table and figures at each of ``options["ranks"]``, with the
     estimator parameters the user gave (``options["params"]``) for Fairer-NMF and, those NMF takes too (tol,
     max_iter), for standard NMF."""
-    import sys
+    from ..engine.progress import Progress
 
     ranks = options["ranks"]
     check_rank(ranks[-1], data.shape)  # before any fit, not after the smaller ranks' fits
@@ -141,6 +141,8 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
         raise ValueError(f"ranks up to {ranks[-1]}: group {small[0][0]!r} has {small[0][1]} rows, fewer than the "
                          "rank (Fairer-NMF's E_l needs a rank-r NMF of every group)")
     params = options["params"]
+    progress = Progress(len(ranks), "rank", "ranks")  # (a count: higher ranks take longer, the ETA is a floor)
     rows = fairness_table(data, ranks=ranks, random_state=options["seed"], client=client,
-                          progress=lambda r: print(f"rank {r} done", file=sys.stderr), **params)
+                          progress=lambda r: progress.update(ranks.index(r) + 1, f"rank {r} done"), **params)
+    progress.close()
     return write_fairness_report(rows, out_dir, title=title)

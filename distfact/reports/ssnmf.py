@@ -103,6 +103,7 @@ def views(model, name: str) -> list[tuple[str, bytes]]:
 def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
     """``distfact report STORE --ssnmf``: fit SSNMF with the groups (or ``--labels``) as classes and write its
     report."""
+    from ..engine.progress import show_iterations
     from ..estimators import SSNMF
     from ..store.files import class_labels
 
@@ -110,5 +111,7 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
     if labels is None:
         raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
     model = SSNMF(options["rank"], random_state=options["seed"], **options["params"])
+    progress = show_iterations(model)
     model.fit(data, y=labels, client=client)
+    progress.close()
     return write_ssnmf_report(out_dir, model, top=options["top"], title=title)

@@ -133,9 +133,12 @@ def views(model, name: str) -> list[tuple[str, bytes]]:
 def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
     """``distfact report STORE --stratified``: fit Stratified-NMF with the groups as strata and write its
     report."""
+    from ..engine.progress import show_iterations
     from ..estimators import StratifiedNMF
 
     model = StratifiedNMF(options["rank"], random_state=options["seed"], **options["params"])
+    progress = show_iterations(model)
     model.fit(data, client=client)
+    progress.close()
     return write_stratified_report(out_dir, model, image_shape=options["image_shape"], top=options["top"],
                                    title=title)

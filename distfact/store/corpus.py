@@ -66,20 +66,25 @@ def _open_binary(path: str):
     return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
 
 
-def _documents(files, text_field: str, group_field: str, lookup: dict | None):
+def _documents(files, text_field: str, group_field: str, lookup: dict | None, progress=None):
     """Yield ``(text, group name)`` per document, in file and line order; blank lines are skipped.
 
     Every problem raises ``ValueError`` naming the file and the (1-based) line. Lines are decoded one by one, so
     that a byte that is not UTF-8 is reported on its own line. Group labels are names: a number and a string that
     read the same (``1`` and ``"1"``), or two ways of writing one number (``1`` and ``1.0``), would silently become
     one group, or two, so mixing them is an error naming both lines.
+
+    ``progress(bytes)``: the bytes of the files read so far (compressed, for a gzipped file), every 1,024 lines.
     """
     first_seen: dict[str, tuple[str, str, int]] = {}  # group name -> (JSON type, file, line)
+    read_before = 0
     for path in files:
         line_no = 0
         try:
             with _open_binary(path) as fh:
                 for line_no, raw in enumerate(fh, 1):
+                    if progress is not None and line_no % 1024 == 0:
+                        progress(read_before + getattr(fh, "fileobj", fh).tell())
                     where = f"{path}: line {line_no}"
                     try:
                         line = raw.decode("utf-8")
@@ -118,6 +123,9 @@ def _documents(files, text_field: str, group_field: str, lookup: dict | None):
                     yield text, name
         except (OSError, EOFError) as exc:
             raise ValueError(f"{path}: cannot be read after line {line_no} ({exc})") from None
+        read_before += os.path.getsize(path)
+        if progress is not None:
+            progress(read_before)
 
 
 def _check_number_spelling(group, name: str, first_seen: dict, where: str) -> None:
@@ -166,7 +174,7 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
                 vectorizer: str = "tfidf", n_features: int = 2**18, max_features: int | None = 20000,
                 min_df=2, stop_words="english", group_names=None, block_rows=None,
                 block_bytes=DEFAULT_BLOCK_BYTES, batch_docs: int = 2000, dtype=np.float32,
-                overwrite: bool = False) -> GroupedMatrix:
+                overwrite: bool = False, progress=None) -> GroupedMatrix:
     """Build a sparse grouped matrix (documents x terms) from a JSONL corpus, streamed.
 
     Parameters
@@ -199,6 +207,9 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
     dtype : float32 or float64
     overwrite : bool
         Replace an existing store at ``path``.
+    progress : callable or None
+        ``progress(bytes read, bytes to read)`` now and then: the files are read twice (vocabulary, then the
+        vectors) but with ``"hashing"``.
 
     Layout is CSR; ``feature_names`` is the vocabulary (none for ``"hashing"``).
     ``row_index()`` gives each stored row's document number (0-based, over the files
@@ -231,6 +242,13 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
                   "stop_words": stop_words if stop_words is None or isinstance(stop_words, str)
                   else sorted(stop_words)}
 
+    size = sum(os.path.getsize(f) for f in files)
+    passes = 1 if vectorizer == "hashing" else 2
+
+    def read(n_pass: int):
+        """``progress`` of the ``n_pass``-th reading of the files."""
+        return None if progress is None else lambda done: progress(n_pass * size + done, passes * size)
+
     if vectorizer == "hashing":
         vec = HashingVectorizer(n_features=int(n_features), alternate_sign=False, norm=None,
                                 stop_words=stop_words, dtype=np.float64)
@@ -243,7 +261,7 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
         df: Counter = Counter()
         n_docs = 0
         seen_groups = set()
-        for text, group in _documents(files, text_field, group_field, lookup):
+        for text, group in _documents(files, text_field, group_field, lookup, read(0)):
             df.update(set(analyze(text)))
             seen_groups.add(group)
             n_docs += 1
@@ -268,7 +286,8 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
     with StoreWriter(path, n_cols, dtype, "csr", overwrite=overwrite, where=where) as writer:
         buffers = GroupBuffers(writer, per_block)
         offset, seen = 0, set()
-        for texts, groups in _batches(_documents(files, text_field, group_field, lookup), batch_docs):
+        for texts, groups in _batches(_documents(files, text_field, group_field, lookup, read(passes - 1)),
+                                      batch_docs):
             X = vec.transform(texts).tocsr()
             if idf is not None:
                 X = X.astype(np.float64)

@@ -204,7 +204,7 @@ def _take_rows(X, rows: np.ndarray):
 
 def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=None, layout=None,
                 block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, overwrite=False,
-                column_blocks=False, signed=False) -> GroupedMatrix:
+                column_blocks=False, signed=False, progress=None) -> GroupedMatrix:
     """Build a grouped matrix from X (numpy, scipy.sparse, dask array or DataFrame) and row labels.
 
     Parameters
@@ -232,6 +232,8 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     signed : bool
         Allow negative entries (for :class:`distfact.MultigroupSVD`); the store records it and
         the NMF methods refuse such a store.
+    progress : callable or None
+        ``progress(rows done, rows)`` after each block written (the command line's display).
 
     Rows are stored group by group (stable within a group); values are validated
     block by block (NaN, infinite and negative values, and data whose sum of squares
@@ -274,8 +276,12 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
     with StoreWriter(path, n, dtype, layout, overwrite=overwrite, signed=signed) as writer:
+        done = 0
         for g, name in enumerate(names):
             for rows in split_rows(order[bounds[g]:bounds[g + 1]], per_block):
                 writer.add_block(name, _take_rows(X, rows), rows)
+                done += len(rows)
+                if progress is not None:
+                    progress(done, m)
         store = writer.commit(names, feature_names, source={"kind": "arrays"})
     return store.with_column_blocks(block_bytes) if column_blocks else store

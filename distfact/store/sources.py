@@ -30,14 +30,16 @@ def source_kind(source) -> str | None:
 
 def ingest_source(source, dest, *, group_column: str | None = None, groups_file: str | None = None,
                   signed: bool = False, text_field: str = "text", group_field: str = "group", vectorizer: str = "tfidf",
-                  max_features: int = 20000, block_rows: int | None = None, overwrite: bool = False) -> GroupedMatrix:
+                  max_features: int = 20000, block_rows: int | None = None, overwrite: bool = False,
+                  progress=None) -> GroupedMatrix:
     """The store at ``dest`` ingested from the file (or corpus directory) ``source`` by its kind
     (:func:`source_kind`): a table by ``group_column`` (:func:`from_table`); a corpus by ``text_field``,
     ``group_field``, ``vectorizer`` and ``max_features`` (:func:`from_corpus`, non-negative: ``signed`` does
-    not apply); an .npz's X and groups, ``groups_file`` replacing the groups (:func:`from_arrays`)."""
+    not apply); an .npz's X and groups, ``groups_file`` replacing the groups (:func:`from_arrays`).
+    ``progress(done, total)`` now and then, in the unit of the source's function."""
     if not os.path.exists(source):
         raise ValueError(f"source {source!r} does not exist")
-    common = {"block_rows": block_rows, "overwrite": overwrite}
+    common = {"block_rows": block_rows, "overwrite": overwrite, "progress": progress}
     kind = source_kind(source)
     if kind == "table":
         return from_table(source, group_column, dest, signed=signed, **common)

@@ -179,7 +179,8 @@ def _chunk_codes(labels: pd.Series, group_column: str, offset: int, where: str, 
 _FIELD_COUNT = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
-def _csv_chunks(source: str, sep: str, group_column: str, columns: list[str], chunk_rows: int, where: str):
+def _csv_chunks(source: str, sep: str, group_column: str, columns: list[str], chunk_rows: int, where: str,
+                progress=None):
     """The group and value columns, ``chunk_rows`` rows at a time, every row as wide as the header.
 
     pandas is asked to parse every column (with ``usecols`` it silently drops the extra fields of a row that has
@@ -189,12 +190,17 @@ def _csv_chunks(source: str, sep: str, group_column: str, columns: list[str], ch
     """
     na_values = {c: _NA_STRINGS for c in columns}
     na_values[group_column] = [""]
-    reader = pd.read_csv(source, sep=sep, chunksize=chunk_rows, dtype={group_column: str}, keep_default_na=False,
-                         na_values=na_values, index_col=False)
-    with reader, warnings.catch_warnings():
+    raw = open(source, "rb")  # read through here: its position is the bytes read of the (compressed) file
+    total = os.fstat(raw.fileno()).st_size
+    reader = pd.read_csv(raw, sep=sep, chunksize=chunk_rows, dtype={group_column: str}, keep_default_na=False,
+                         na_values=na_values, index_col=False, compression="gzip" if source.lower().endswith(".gz")
+                         else None)
+    with raw, reader, warnings.catch_warnings():
         warnings.simplefilter("error", pd.errors.ParserWarning)  # "... loss of data with index_col=False"
         try:
             for frame in reader:
+                if progress is not None:
+                    progress(raw.tell(), total)
                 yield frame[[group_column, *columns]]
         except pd.errors.ParserWarning:
             line, saw, expected = _first_wide_line(source, sep)
@@ -220,14 +226,18 @@ def _first_wide_line(source: str, sep: str) -> tuple[int, int, int]:
         return next((rows.line_num, len(row), header) for row in rows if len(row) > header)
 
 
-def _parquet_chunks(pf, group_column: str, columns: list[str], chunk_rows: int):
+def _parquet_chunks(pf, group_column: str, columns: list[str], chunk_rows: int, progress=None):
+    done = 0
     for batch in pf.iter_batches(batch_size=chunk_rows, columns=[group_column, *columns]):
+        done += batch.num_rows
+        if progress is not None:
+            progress(done, pf.metadata.num_rows)
         yield batch.to_pandas()
 
 
 def from_table(source, group_column: str, path=None, *, columns=None, feature_names=None, group_names=None,
                block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, chunk_rows: int = 100_000,
-               overwrite: bool = False, signed: bool = False) -> GroupedMatrix:
+               overwrite: bool = False, signed: bool = False, progress=None) -> GroupedMatrix:
     """Build a grouped matrix from a CSV or Parquet file with a group column, streamed in chunks.
 
     Parameters
@@ -253,6 +263,8 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
         Replace an existing store at ``path``.
     signed : bool
         Allow negative values (for :class:`distfact.MultigroupSVD`), as in :func:`from_arrays`.
+    progress : callable or None
+        ``progress(done, total)`` after each chunk read: bytes of a CSV file, rows of a Parquet file.
 
     The layout is dense; the dtype is float32 when every value column of a Parquet file
     is float32, float64 otherwise. Rows are stored group by group, in file order within a
@@ -276,7 +288,7 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
             raise ValueError(f"{where} is empty (no header line)") from None
         columns = _select_columns(header, group_column, columns, where)
         dtype = np.dtype("float64")
-        chunks = _csv_chunks(source, sep, group_column, columns, chunk_rows, where)
+        chunks = _csv_chunks(source, sep, group_column, columns, chunk_rows, where, progress)
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -295,7 +307,7 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
                 raise ValueError(f"{where}: column {name!r} is not numeric (type {t})")
         float32 = all(schema.field(c).type == pa.float32() for c in columns)
         dtype = np.dtype("float32" if float32 else "float64")
-        chunks = _parquet_chunks(pf, group_column, columns, chunk_rows)
+        chunks = _parquet_chunks(pf, group_column, columns, chunk_rows, progress)
 
     n = len(columns)
     if feature_names is None:

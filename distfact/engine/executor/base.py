@@ -12,7 +12,7 @@ import scipy.sparse as sp
 from ...kernels.memory import aligned
 from ..finite import check_block
 from ..reduce import add, keyed, split_by_group, tree_reduce
-from .spill import LocalSpill, load_local, materialise, save_local
+from .spill import LocalSpill, PassOutput, load_local, materialise, save_local
 
 
 class WorkerLost(RuntimeError):
@@ -37,7 +37,7 @@ def run_block(fn, reader, block, X_b, local, args, update, spill=None, generatio
         check_block(block, new_local, stats)
         if spill is not None:
             new_local = spill.store(block, new_local, generation)
-        return new_local, keyed(block.group, stats)
+        return PassOutput(new_local, keyed(block.group, stats))
     check_block(block, stats=out)
     return keyed(block.group, out)
 

@@ -17,6 +17,14 @@ from .base import (Executor, WorkerLost, checkpoint_one, init_one, map_local_one
                    run_column_block)
 from .spill import materialise
 
+#: A pass's global arguments up to this size go inside its tasks; larger ones are scattered once and fetched by
+#: the workers (a scatter is a round trip to a worker and the scheduler before the pass can start: about 10 ms).
+EMBEDDED_ARGS_BYTES = 1 << 16
+#: Local factors of blocks up to this size come back with their statistics (the pass's output as a whole): taking
+#: the statistics out of it on the worker is a task of its own, whose scheduling costs about as much as a small
+#: pass's arithmetic. Larger local factors never leave their worker.
+RETURNED_LOCAL_BYTES = 1 << 16
+
 
 def block_work(block, data) -> int:
     """What a pass over ``block`` costs, roughly: a row block's entries if X is dense, else its
@@ -55,7 +63,8 @@ class DistributedExecutor(Executor):
     """Runs passes on a ``distributed.Client``; X blocks and local factors stay on the workers."""
 
     def __init__(self, data, client, persist_data: bool = True, spill_dir: str | None = None,
-                 owns_client: bool = False):
+                 owns_client: bool = False, local_row_bytes: int | None = None):
+        """``local_row_bytes``: the size of a row of the local factors (None: unknown, taken as large)."""
         super().__init__(data, spill_dir)
         self.client = client
         self.owns_client = owns_client
@@ -71,6 +80,9 @@ class DistributedExecutor(Executor):
         self.pass_homes = self.home if persist_data or data.in_memory else None
         self.column_reader, self.Xc_refs, self.column_homes = None, None, None  # placed at the first column pass
         self.locals: list = [None] * len(self.blocks)
+        largest = max(block.n_rows for block in self.blocks)
+        self.returns_locals = self.spill is not None or (  # (a spilled local factor is a reference to its files)
+            local_row_bytes is not None and largest * local_row_bytes <= RETURNED_LOCAL_BYTES)
 
     def _homes(self, blocks) -> list[str | None]:
         """The worker each block's tasks go to (``contiguous_placement``): the scheduler would place the first
@@ -191,15 +203,21 @@ class DistributedExecutor(Executor):
         self.locals = self._per_block(init_one, fn, self.blocks, args_ref, self.spill, *own, homes=self.home)
 
     def run_pass(self, fn, *args, update: bool) -> list[dict]:
-        args_ref = self._broadcast(args)
+        from dask.sizeof import sizeof
+
+        args_ref = args if sizeof(args) <= EMBEDDED_ARGS_BYTES else self._broadcast(args)
         self.generation += update
         outs = self._per_block(run_block, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref, update,
                                self.spill, self.generation, homes=self.pass_homes)
-        if update:  # where run_block ran
-            self.locals = self._per_block(operator.getitem, outs, 0)
-            outs = self._per_block(operator.getitem, outs, 1)
+        if update:  # the outputs (local factor, statistics) are the new local factors (``materialise``)
+            self.locals = outs
+            if not self.returns_locals:  # the statistics taken out where run_block ran
+                outs = self._per_block(operator.getitem, outs, 1, homes=self.pass_homes)
+        arrivals = self._arrivals(outs)
+        if update and self.returns_locals:
+            arrivals = ((i, output.stats) for i, output in arrivals)
         with self._lost_workers_raise("a pass"):
-            total = tree_reduce_arrivals(len(outs), self._arrivals(outs), merge)
+            total = tree_reduce_arrivals(len(outs), arrivals, merge)
         self._count_pass()
         return aligned(by_group(total, self.data.n_groups))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import google_crc32c
 import numpy as np
@@ -132,5 +133,16 @@ class LocalSpill:
         return SpilledLocal(where, block)
 
 
+class PassOutput(NamedTuple):
+    """What an updating pass's task returns: the block's new local factor and its statistics. On a cluster the
+    task's future stays the block's local factor (no second task to take the local factor out of it)."""
+
+    local: object
+    stats: dict
+
+
 def materialise(local):
+    """The local factor itself, from what an executor holds: a pass's output, a spilled factor, or the factor."""
+    if isinstance(local, PassOutput):
+        local = local.local
     return local.load() if isinstance(local, SpilledLocal) else local
