@@ -81,6 +81,11 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, client=None, 
     return models
 
 
+def can_sweep(kind: type) -> bool:
+    """Whether ``fit_many`` fits several models of the estimator class ``kind`` in shared passes."""
+    return issubclass(kind, FactorEstimator) and hasattr(kind, "_phases")
+
+
 def fit_arguments(model, given: dict) -> dict:
     """``fit``'s own arguments of ``model``'s class (those besides X, groups, client and W_out), their defaults
     updated by ``given``; TypeError for an argument its ``fit`` does not take."""
@@ -102,7 +107,7 @@ class Sweep:
         if not all(type(model) is kind for model in models):
             raise ValueError("the models of one sweep must be of one estimator class, got "
                              f"{sorted({type(model).__name__ for model in models})}")
-        if not isinstance(models[0], FactorEstimator) or not hasattr(models[0], "_phases"):
+        if not can_sweep(kind):
             raise ValueError(f"{kind.__name__} cannot fit several models in shared passes: it is not fitted by "
                              "iterations of the engine's loop (fit its models one by one)")
         for model in models:
