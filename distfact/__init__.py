@@ -13,6 +13,7 @@ _PUBLIC = {
     **{name: ("distfact.estimators", name) for name in ("NMF", "FairerNMF", "StratifiedNMF", "WeightedL1NMF", "SSNMF",
                                                          "MultigroupSVD", "SSNMFClassifier")},
     "load": ("distfact.estimators.persistence", "load"),
+    "fit_many": ("distfact.estimators.sweep", "fit_many"),
     **{name: ("distfact.store", name) for name in ("GroupedMatrix", "from_arrays", "from_corpus", "from_table")},
     "open": ("distfact.store", "open_store"),
 }

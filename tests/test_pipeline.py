@@ -72,7 +72,9 @@ def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
     assert all("seconds" in e for e in events if e["event"] == "done")
     # each fit's progress on stderr (lines with its rate and ETA, off a terminal), not in the run's log file
     progress = [e for e in events if e["event"] == "progress"]
-    assert {e["fit"] for e in progress} == {e["fit"] for e in events if e["event"] == "fit-done"}
+    # (a fit alone names itself, a sweep of a [[fit]] table's ranks names its fits)
+    assert ({name for e in progress for name in e.get("fits", [e.get("fit")])}
+            == {e["fit"] for e in events if e["event"] == "fit-done"})
     assert any("it/s" in e["message"] and "ETA at most" in e["message"] and e["rate"] > 0 for e in progress)
     assert (run_dir / "log.jsonl").read_text().count("\n") == len(events) - len(progress)
     # the report: every PNG written is embedded and captioned in the page, with the tables
@@ -91,6 +93,12 @@ def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
     H = distfact.NMF(5, solver="hals", max_iter=20, tol=0.0, random_state=0).fit(
         str(run_dir / "ingest" / "data.zarr")).components_
     assert np.array_equal(np.load(run_dir / "fit" / "nmf-r5" / "components.npy"), H)
+    # ranks 3 and 5 were fitted in the same passes: 21 over X for both (pass 0 and 20 iterations), as for each alone
+    sweep = [e for e in events if e["event"] == "sweep-done"]
+    assert [e["fits"] for e in sweep] == [["nmf-r3", "nmf-r5"]] and sweep[0]["n_passes"] == 21
+    for name in ("nmf-r3", "nmf-r5"):
+        facts = json.loads((run_dir / "fit" / name / "fit.json").read_text())
+        assert facts["sweep_passes"] == 21 and facts["n_passes"] == 21
 
     before = snapshot(run_dir)
     again = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)

@@ -172,6 +172,14 @@ class Phase:
     then: Callable[[FitState], object] | None = None
 
 
+def warn_if_cut_short(phase: Phase, state: FitState) -> None:
+    """The phase's ConvergenceWarning if its loop stopped at ``max_iter`` before its stopping rule held (not when
+    a time limit stopped it)."""
+    if (phase.cut_short is not None and not (state.converged or state.timed_out) and phase.max_iter > 0
+            and state.iteration >= phase.max_iter):
+        warnings.warn(phase.cut_short, ConvergenceWarning, stacklevel=user_stacklevel())
+
+
 @dataclass
 class FitRun:
     """One call of ``fit``, as :meth:`FactorEstimator._run_fit` passes it to the estimator's hooks.
@@ -264,16 +272,8 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
             ``fit``'s own arguments, for the hooks (``FitRun.inputs``).
         """
         check_new_directory(W_out, "W_out")
-        self._check_params()
-        given = [name for name in self._custom_factors if inputs.get(name) is not None]
-        if given and self.init != "custom":
-            names = self._custom_factors
-            raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} are used only with init='custom'")
-        time_limit = getattr(self, "time_limit", None)  # counted from the call to fit, the input included
-        deadline = None if time_limit is None else time.perf_counter() + time_limit
-        data = self._grouped(X, groups)
-        fit = FitRun(data, check_rank(self.n_components, data.shape), inputs, deadline)
-        self._prepare(fit)
+        deadline = self._check_fit(inputs)
+        fit = self._fit_run(self._grouped(X, groups), inputs, deadline)
         fit.executor = self._executor(fit.data, client, *self._local_factors(fit))
         try:
             phases = self._phases(fit)
@@ -289,6 +289,23 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         finally:
             fit.executor.close()
 
+    def _check_fit(self, inputs: dict) -> float | None:
+        """The checks before X is read: the parameters, and fit's inputs against ``init``. Returns the deadline
+        (``time.perf_counter()`` of the end of ``time_limit``, counted from the call to fit, the input included)."""
+        self._check_params()
+        given = [name for name in self._custom_factors if inputs.get(name) is not None]
+        if given and self.init != "custom":
+            names = self._custom_factors
+            raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} are used only with init='custom'")
+        time_limit = getattr(self, "time_limit", None)
+        return None if time_limit is None else time.perf_counter() + time_limit
+
+    def _fit_run(self, data, inputs: dict, deadline: float | None) -> FitRun:
+        """The fit of ``data`` with its checks of the data and of the inputs (``_prepare``); no pass yet."""
+        fit = FitRun(data, check_rank(self.n_components, data.shape), inputs, deadline)
+        self._prepare(fit)
+        return fit
+
     def _loop(self, fit: FitRun, phase: Phase) -> FitState:
         """Run one phase's loop (after its start phase, if it has one and there is no checkpoint of its own
         to resume from) and give its ConvergenceWarning if it was cut short."""
@@ -299,9 +316,7 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
                          callback=self.callback if phase.callback else None,
                          checkpointer=self._checkpointer(phase.config, phase.checkpoint), resume=self.resume,
                          time_limit=fit.time_left(), global_args=phase.global_args)
-        if (phase.cut_short is not None and not (state.converged or state.timed_out) and phase.max_iter > 0
-                and state.iteration >= phase.max_iter):
-            warnings.warn(phase.cut_short, ConvergenceWarning, stacklevel=user_stacklevel())
+        warn_if_cut_short(phase, state)
         return state
 
     def _check_params(self) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from ..registry import get_method
 from .._version import __version__
 from ..estimators.persistence import load as load_model
+from ..estimators.sweep import can_sweep, fit_many
 from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
 from ..reports.fits import group_metric_rows, read_fit_facts
 from .spec import Spec, load_spec
@@ -407,26 +408,47 @@ def stage_fit(out: str, context: dict) -> dict:
                     tls_dir) as client:
         facts["scheduler"] = "in-process" if client is None else client.scheduler.address
         facts["workers"] = 0 if client is None else len(client.scheduler_info()["workers"])
+        pending = []
         for name, fit, rank in fit_runs(spec):
-            directory = os.path.join(out, name)
-            if os.path.exists(os.path.join(directory, "DONE")):
+            if os.path.exists(os.path.join(out, name, "DONE")):
                 log("fit", "skip-fit", fit=name, reason="finished before the interruption")
+            else:
+                pending.append((name, fit, rank))
+        for fit in spec.fits:
+            runs = [(name, rank) for name, of, rank in pending if of is fit]
+            for name, _ in runs:
+                os.makedirs(os.path.join(out, name), exist_ok=True)
+            if len(runs) > 1 and can_sweep(get_method(fit.method).estimator):
+                started = time.perf_counter()
+                models = _fit_sweep(fit, runs, data, out, client, spec,
+                                    log.progress_options("fit", fits=[name for name, _ in runs]))
+                seconds = time.perf_counter() - started
+                log("fit", "sweep-done", fits=[name for name, _ in runs], seconds=round(seconds, 3),
+                    n_passes=int(models[0].sweep_passes_))
+                for (name, rank), model in zip(runs, models):  # each fit's share of the sweep's time
+                    _commit_fit(os.path.join(out, name), name, fit, rank, model, seconds / len(runs), log)
                 continue
-            os.makedirs(directory, exist_ok=True)
-            started = time.perf_counter()
-            model = _fit_one(fit, rank, data, directory, client, spec, context["resume"],
-                             log.progress_options("fit", fit=name))
-            seconds = time.perf_counter() - started
-            np.save(os.path.join(directory, "components.npy"), model.components_)
-            model.save(os.path.join(directory, "model.npz"))  # distfact's model format: no pickle
-            n_iter = model.n_iter_.tolist() if isinstance(model.n_iter_, np.ndarray) else int(model.n_iter_)
-            write_json(os.path.join(directory, "fit.json"), {
-                "method": fit.method, "rank": rank, "seconds": seconds, "n_iter": n_iter,
-                "n_passes": int(model.n_passes_), "scheduler": model.scheduler_}, indent=1)
-            open(os.path.join(directory, "DONE"), "w").close()
-            shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)  # only needed to resume
-            log("fit", "fit-done", fit=name, seconds=round(seconds, 3), n_iter=n_iter, n_passes=int(model.n_passes_))
+            for name, rank in runs:
+                started = time.perf_counter()
+                model = _fit_one(fit, rank, data, os.path.join(out, name), client, spec, context["resume"],
+                                 log.progress_options("fit", fit=name))
+                _commit_fit(os.path.join(out, name), name, fit, rank, model, time.perf_counter() - started, log)
     return facts
+
+
+def _commit_fit(directory: str, name: str, fit, rank: int, model, seconds: float, log) -> None:
+    """A fit's files, then its DONE marker (a fit of a sweep records the sweep's passes over X too)."""
+    np.save(os.path.join(directory, "components.npy"), model.components_)
+    model.save(os.path.join(directory, "model.npz"))  # distfact's model format: no pickle
+    n_iter = model.n_iter_.tolist() if isinstance(model.n_iter_, np.ndarray) else int(model.n_iter_)
+    facts = {"method": fit.method, "rank": rank, "seconds": seconds, "n_iter": n_iter,
+             "n_passes": int(model.n_passes_), "scheduler": model.scheduler_}
+    if hasattr(model, "sweep_passes_"):
+        facts["sweep_passes"] = int(model.sweep_passes_)
+    write_json(os.path.join(directory, "fit.json"), facts, indent=1)
+    open(os.path.join(directory, "DONE"), "w").close()
+    shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)  # only needed to resume
+    log("fit", "fit-done", fit=name, seconds=round(seconds, 3), n_iter=n_iter, n_passes=int(model.n_passes_))
 
 
 def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool, progress_options: dict):
@@ -443,6 +465,29 @@ def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: b
         progress.close()
         model.set_params(callback=None)  # (the model is saved: its parameters as given)
     return model
+
+
+def _fit_sweep(fit, runs: list, data, out: str, client, spec: Spec, progress_options: dict) -> list:
+    """The ranks of one [[fit]] table in the same passes over X (``distfact.fit_many``; a sweep writes no
+    checkpoints: interrupted, its ranks are fitted again), with one progress for the sweep's iterations."""
+    from ..engine.progress import show_iterations
+
+    declaration = get_method(fit.method)
+    models = [declaration.make(rank, fit.params, random_state=fit.seed) for _, rank in runs]
+    progress = show_iterations(models[0], f"{fit.method} ranks {runs[0][1]}..{runs[-1][1]}: iteration",
+                               **progress_options)
+    if progress is not None:
+        for model in models[1:]:
+            model.set_params(callback=progress.iteration)  # each running model tells its iteration
+    arguments = declaration.fit_arguments(models[0], {**fit.inputs, **spec.input_files(fit)}, data, client,
+                                          W_out=os.path.join(out, runs[0][0], "W"))
+    W_out = [os.path.join(out, name, "W") for name, _ in runs] if arguments.pop("W_out", None) else None
+    models = fit_many(models, data, W_out=W_out, **arguments)
+    if progress is not None:
+        progress.close()
+        for model in models:
+            model.set_params(callback=None)  # (the models are saved: their parameters as given)
+    return models
 
 
 def load_fits(run_dir: str, spec: Spec) -> list[dict]:

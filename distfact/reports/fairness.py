@@ -18,6 +18,7 @@ import numpy as np
 
 from ..estimators import FairerNMF, NMF
 from ..estimators.base import check_rank
+from ..estimators.sweep import fit_many
 from ..outputs import write_json
 from ..store.coerce import as_grouped
 from .page import html_figures, html_page, html_table, integer_ranks
@@ -33,27 +34,33 @@ def fairness_table(X, groups=None, ranks=range(1, 11), *, random_state=0, client
 
     X and groups as for the estimators (arrays with labels, a GroupedMatrix or a store path). ``params`` are
     FairerNMF's (its defaults, the paper's, otherwise); standard NMF takes its own defaults but for ``tol``
-    and ``max_iter``, which, when given, both methods share.
+    and ``max_iter``, which, when given, both methods share. Each method's ranks are fitted in the same passes
+    over X (``distfact.fit_many``: each model as fitted alone); ``progress(done, message)`` hears of each
+    sweep's end (``done``: the sweeps done, of two).
     """
     data = as_grouped(X, groups)
     norms = np.sqrt(data.group_sq_norms)
+    ranks = [int(r) for r in ranks]
+    shared = {key: params[key] for key in ("tol", "max_iter") if params.get(key) is not None}
+    sweeps = []
+    for template in (FairerNMF(ranks[0], random_state=random_state, **params),
+                     NMF(ranks[0], random_state=random_state, **shared)):
+        sweeps.append(fit_many(template, data, ranks=ranks, client=client))
+        if progress is not None:
+            progress(len(sweeps), f"{type(template).__name__} at ranks {ranks[0]}..{ranks[-1]}: "
+                                  f"{sweeps[-1][0].sweep_passes_} passes over X")
     rows = []
-    for r in ranks:
-        fair = FairerNMF(r, random_state=random_state, **params).fit(data, client=client)
-        shared = {key: params[key] for key in ("tol", "max_iter") if params.get(key) is not None}
-        standard = NMF(r, random_state=random_state, **shared).fit(data, client=client)
+    for r, fair, standard in zip(ranks, *sweeps):
         std_errors = standard.group_errors_ * norms
         for g, name in enumerate(data.group_names):
             rows.append({
-                "rank": int(r), "group": name, "rows": int(data.group_sizes[g]),
+                "rank": r, "group": name, "rows": int(data.group_sizes[g]),
                 "r_error_standard_all": float(standard.group_errors_[g]),
                 "r_error_standard_alone": float(fair.E_[g] / norms[g]),
                 "r_loss_standard": float((std_errors[g] - fair.E_[g]) / norms[g]),
                 "r_loss_fairer": float(fair.group_losses_[g]),
                 "r_error_fairer": float(fair.group_errors_[g]),
             })
-        if progress is not None:
-            progress(r)
     return rows
 
 
@@ -141,8 +148,8 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
         raise ValueError(f"ranks up to {ranks[-1]}: group {small[0][0]!r} has {small[0][1]} rows, fewer than the "
                          "rank (Fairer-NMF's E_l needs a rank-r NMF of every group)")
     params = options["params"]
-    progress = Progress(len(ranks), "rank", "ranks")  # (a count: higher ranks take longer, the ETA is a floor)
+    progress = Progress(2, "sweep", "sweeps")  # Fairer-NMF's ranks, then NMF's
     rows = fairness_table(data, ranks=ranks, random_state=options["seed"], client=client,
-                          progress=lambda r: progress.update(ranks.index(r) + 1, f"rank {r} done"), **params)
+                          progress=progress.update, **params)
     progress.close()
     return write_fairness_report(rows, out_dir, title=title)

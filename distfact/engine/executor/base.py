@@ -47,11 +47,18 @@ def run_column_block(fn, reader, column_block, Xc, locals_, args):
     row blocks together (the whole W, stored row order), run ``fn``; returns (piece, statistics)."""
     if Xc is None:
         Xc = reader(column_block)
-    parts = [materialise(local) for local in locals_]
-    W = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    W = stacked_rows([materialise(local) for local in locals_])
     piece, stats = fn(Xc, aligned(W), column_block, *aligned(args))
     check_block(column_block, piece, stats, "its part of the global factor")
     return piece, stats
+
+
+def stacked_rows(parts: list):
+    """Row blocks' local states (stored row order) as one: arrays concatenated; local states of named parts (dicts:
+    several models' side by side, ``engine/many.py``) part by part."""
+    if isinstance(parts[0], dict):
+        return {name: stacked_rows([part[name] for part in parts]) for name in parts[0]}
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def map_local_one(fn, block, local, args, spill, generation):

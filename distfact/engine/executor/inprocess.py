@@ -7,11 +7,10 @@ import functools
 import os
 import threading
 
-import numpy as np
-
 from ...kernels.memory import aligned
 from ..reduce import by_group, merge, tree_reduce
-from .base import Executor, checkpoint_one, init_one, map_local_one, map_one, restore_one, run_block, run_column_block
+from .base import (Executor, checkpoint_one, init_one, map_local_one, map_one, restore_one, run_block, run_column_block,
+                   stacked_rows)
 from .spill import materialise
 
 
@@ -105,7 +104,7 @@ class InProcessExecutor(Executor):
     def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
         """One pass over the CSC column blocks (see the module docstring); column tasks are
         compiled kernels that release the GIL, so they run in parallel threads."""
-        W = [np.concatenate(self.local_factors())]  # once for all column blocks of the pass
+        W = [stacked_rows(self.local_factors())]  # once for all column blocks of the pass
         reader = self.data.column_reader()
         tasks = [functools.partial(run_column_block, fn, reader, cblock, None, W, args)
                  for cblock in self.data.column_blocks]

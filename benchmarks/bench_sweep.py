@@ -1,0 +1,89 @@
+"""Rank sweeps in shared passes (issue 19's target: a sweep of 10 ranks takes at most 3x the largest rank's fit alone).
+
+    python benchmarks/bench_sweep.py [--quick]    # about 4 minutes (--quick: the small case only, seconds)
+
+NMF MU, a fixed number of iterations (tol=0, so that every model runs them all), ranks 2, 4, ..., 20 (10 ranks):
+``distfact.fit_many`` (one sweep), the largest rank alone, and the 10 ranks fitted one by one, in one run,
+interleaved, medians of the repeats. Cases:
+
+  store   20,000 x 2,000 float64 dense store on disk (320 MB of X, blocks of 2,500 rows, read by every pass),
+          10 iterations: where reading X matters
+  memory  the same X in memory (the sweep's arithmetic is every model's: only the passes are shared), 10 iterations
+  small   400 x 100 in memory, 4 groups, 300 iterations: the engine's per-pass cost
+
+Results: benchmarks/results/sweep.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from bench_nmf import machine, write_results
+
+RANKS = list(range(2, 21, 2))
+
+
+def median_seconds(runs: dict, repeats: int) -> dict:
+    """Each callable of ``runs`` ``repeats`` times, interleaved; median seconds of each."""
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def case(X, groups, max_iter: int, repeats: int, separate_repeats: int) -> dict:
+    from distfact import NMF, fit_many
+
+    template = NMF(max(RANKS), max_iter=max_iter, tol=0.0, random_state=0)
+    swept = fit_many(template, X, groups=groups, ranks=RANKS)  # warm-up (numba, page cache), and the pass count
+    out = median_seconds({"sweep": lambda: fit_many(template, X, groups=groups, ranks=RANKS),
+                          "largest_alone": lambda: NMF(max(RANKS), max_iter=max_iter, tol=0.0,
+                                                       random_state=0).fit(X, groups=groups)}, repeats)
+    out.update(median_seconds({"separate": lambda: [NMF(r, max_iter=max_iter, tol=0.0, random_state=0).fit(
+        X, groups=groups) for r in RANKS]}, separate_repeats))
+    out = {f"{name}_seconds": round(value, 4) for name, value in out.items()}
+    out.update(ranks=RANKS, max_iter=max_iter, sweep_passes=swept[0].sweep_passes_,
+               separate_passes=sum(m.n_passes_ for m in swept),
+               sweep_over_largest=round(out["sweep_seconds"] / out["largest_alone_seconds"], 3),
+               sweep_over_separate=round(out["sweep_seconds"] / out["separate_seconds"], 3))
+    print({key: value for key, value in out.items() if key != "ranks"})
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the small case only")
+    args = parser.parse_args()
+    from distfact import from_arrays, open as open_store
+
+    rng = np.random.default_rng(0)
+    results = {"machine": machine(), "cases": {}}
+    X = rng.random((400, 100))
+    groups = np.repeat([f"g{i}" for i in range(4)], 100)
+    print("small: 400 x 100, 300 iterations")
+    results["cases"]["small"] = case(X, groups, 300, repeats=5, separate_repeats=3)
+    if not args.quick:
+        X = rng.random((20_000, 2_000))
+        groups = np.repeat(["a", "b", "c", "d"], 5_000)
+        print("memory: 20,000 x 2,000 in memory, 10 iterations")
+        results["cases"]["memory"] = case(X, groups, 10, repeats=3, separate_repeats=1)
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+            path = os.path.join(tmp, "x.zarr")
+            from_arrays(X, groups, path=path, block_rows=2_500)
+            del X
+            print("store: 20,000 x 2,000 dense store on disk, 10 iterations")
+            results["cases"]["store"] = case(open_store(path), None, 10, repeats=3, separate_repeats=1)
+    write_results(results, os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "sweep.json"))
+
+
+if __name__ == "__main__":
+    main()

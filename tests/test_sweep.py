@@ -1,0 +1,163 @@
+"""Many models in the same passes (issue 19): ``distfact.fit_many`` against each model fitted alone (the oracle: the
+estimator's own ``fit``, a second code path), passes and store reads counted."""
+
+import os
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import distfact.store.reading as reading
+from distfact import (NMF, SSNMF, FairerNMF, MultigroupSVD, StratifiedNMF, WeightedL1NMF, fit_many, from_arrays,
+                      open as open_store)
+from distfact.engine.executor.spill import load_local
+
+from conftest import grouped_data
+
+SWEEP_ONLY = ("sweep_passes_",)
+
+
+def fitted_attributes(model) -> dict:
+    return {name: value for name, value in vars(model).items()
+            if name.endswith("_") and not name.startswith("__") and name not in SWEEP_ONLY}
+
+
+def assert_bitwise_equal(swept, alone):
+    """Every fitted attribute of the model fitted in the sweep is the one of its fit alone, to the last bit."""
+    mine, theirs = fitted_attributes(swept), fitted_attributes(alone)
+    assert mine.keys() == theirs.keys()
+    for name, value in theirs.items():
+        other = mine[name]
+        if isinstance(value, np.ndarray):
+            assert other.dtype == value.dtype and np.array_equal(other, value), name
+        elif hasattr(value, "equals"):
+            assert value.equals(other), name
+        else:
+            assert other == value, name
+
+
+def alone_like(template, model):
+    return type(template)(**{**template.get_params(), "n_components": model.n_components,
+                             "random_state": model.random_state})
+
+
+X, GROUPS = grouped_data(m=150, n=24, n_groups=3)
+Y = np.random.default_rng(1).random((150, 2))
+
+CASES = {
+    "nmf-mu": (NMF(max_iter=60), {}),
+    "nmf-hals": (NMF(solver="hals", max_iter=60), {}),
+    "nmf-kl": (NMF(beta_loss="kullback-leibler", max_iter=40), {}),
+    "nmf-nndsvda": (NMF(init="nndsvda", max_iter=40), {}),
+    "stratified": (StratifiedNMF(2, max_iter=80), {}),
+    "wl1-hals-start": (WeightedL1NMF(2, hals_iter=5, max_iter=15, tol=1e-5), {}),
+    "wl1-random": (WeightedL1NMF(2, init="random", max_iter=15, tol=1e-5), {}),
+    "ssnmf-ff": (SSNMF(2, model="FF", max_iter=30), {"Y": Y}),
+    "ssnmf-df": (SSNMF(2, model="DF", max_iter=30), {"Y": Y}),
+    "fairer-mu": (FairerNMF(2, n_estimates=2, max_iter=40, estimate_max_iter=150), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_model_is_bitwise_its_fit_alone(case):
+    """Ranks x seeds in one sweep: models stop at different iterations (frozen meanwhile), each equal to its fit
+    alone in every fitted attribute (factors, histories, iterations, passes, per-group metrics)."""
+    template, inputs = CASES[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        swept = fit_many(template, X, groups=GROUPS, ranks=[1, 3], seeds=[0, 5], **inputs)
+        alone = [alone_like(template, model).fit(X, groups=GROUPS, **inputs) for model in swept]
+    assert [(m.n_components, m.random_state) for m in swept] == [(1, 0), (1, 5), (3, 0), (3, 5)]
+    for model, oracle in zip(swept, alone):
+        assert_bitwise_equal(model, oracle)
+    assert len({m.n_iter_ for m in swept}) > 1 or case.startswith("fairer")  # they stopped apart
+    assert swept[0].sweep_passes_ < sum(m.n_passes_ for m in swept)
+
+
+@pytest.fixture
+def counted_reads(monkeypatch):
+    """Reads of X's blocks from the store (every call of the store's block reader reads one block's arrays)."""
+    count = {"reads": 0}
+    lock = threading.Lock()
+    real = reading.read_arrays
+
+    def counting(*args, **kwargs):
+        with lock:
+            count["reads"] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(reading, "read_arrays", counting)
+    return count
+
+
+def test_a_sweep_of_ten_ranks_reads_X_once_per_iteration(tmp_path, counted_reads):
+    """10 ranks, 30 iterations each (tol=0): 31 passes over the store on disk (pass 0 and one per iteration),
+    each reading every block once; the same fits one by one read it 10 times as often."""
+    store = from_arrays(X, GROUPS, path=str(tmp_path / "x.zarr"), block_rows=40)
+    n_blocks = len(store.blocks)
+    data = open_store(str(tmp_path / "x.zarr"))
+    counted_reads["reads"] = 0
+    swept = fit_many(NMF(max_iter=30, tol=0, n_threads=1), data, ranks=range(1, 11), seeds=[0])
+    assert swept[0].sweep_passes_ == 31
+    assert counted_reads["reads"] == 31 * n_blocks
+    assert [m.n_passes_ for m in swept] == [31] * 10
+    counted_reads["reads"] = 0
+    alone = [NMF(r, max_iter=30, tol=0, n_threads=1, random_state=0).fit(data) for r in range(1, 11)]
+    assert counted_reads["reads"] == 10 * 31 * n_blocks
+    for model, oracle in zip(swept, alone):
+        assert_bitwise_equal(model, oracle)
+
+
+def test_a_frozen_model_costs_no_work(tmp_path):
+    """Once every model but one has stopped, a pass runs that one only: its callback sees every iteration, the
+    stopped ones' no more after they stopped."""
+    seen = {}
+
+    def watch(rank):
+        return lambda info: seen.setdefault(rank, []).append((info.iteration, info.n_passes))
+    models = [NMF(r, max_iter=200, tol=1e-3, random_state=0, callback=watch(r)) for r in (1, 4)]
+    fit_many(models, X, groups=GROUPS)
+    for model in models:
+        iterations = [i for i, _ in seen[model.n_components]]
+        assert iterations == list(range(1, model.n_iter_ + 1))
+        assert seen[model.n_components][-1][1] == model.n_passes_
+    assert models[0].n_iter_ < models[1].n_iter_
+
+
+def test_W_out_of_each_model_is_its_fit_alone(tmp_path):
+    swept = fit_many(NMF(max_iter=20, block_rows=50, random_state=0), X, groups=GROUPS, ranks=[2, 3],
+                     W_out=[str(tmp_path / "w2"), str(tmp_path / "w3")])
+    for model in swept:
+        NMF(model.n_components, max_iter=20, block_rows=50, random_state=0).fit(X, groups=GROUPS,
+                                                                W_out=str(tmp_path / f"alone{model.n_components}"))
+        names = sorted(os.listdir(tmp_path / f"alone{model.n_components}"))
+        assert names == sorted(os.listdir(tmp_path / f"w{model.n_components}"))
+        for name in names:
+            block = type("B", (), {"index": int(name)})
+            assert np.array_equal(load_local(str(tmp_path / f"w{model.n_components}"), block),
+                                  load_local(str(tmp_path / f"alone{model.n_components}"), block))
+
+
+def test_a_sweep_on_a_cluster_is_bitwise_its_fits_alone(local_cluster_client):
+    swept = fit_many(NMF(solver="hals", max_iter=25, random_state=0), X, groups=GROUPS, ranks=[2, 4], client=local_cluster_client)
+    for model in swept:
+        oracle = NMF(model.n_components, solver="hals", max_iter=25, random_state=0).fit(X, groups=GROUPS,
+                                                                         client=local_cluster_client)
+        assert_bitwise_equal(model, oracle)
+
+
+@pytest.mark.parametrize("models, message", [
+    ([MultigroupSVD(2)], "not fitted by iterations"),
+    ([NMF(2, checkpoint_dir="somewhere")], "no checkpoints"),
+    ([NMF(2, init="custom")], "init='custom'"),
+    ([NMF(2, block_rows=10), NMF(3, block_rows=20)], "block_rows must be the same"),
+    ([NMF(2), StratifiedNMF(2)], "one estimator class"),
+])
+def test_what_a_sweep_refuses(models, message):
+    with pytest.raises(ValueError, match=message):
+        fit_many(models, X, groups=GROUPS)
+
+
+def test_arguments_fit_does_not_take_are_refused():
+    with pytest.raises(TypeError, match="takes no argument 'Y'"):
+        fit_many(NMF(2), X, groups=GROUPS, Y=Y)
