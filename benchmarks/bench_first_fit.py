@@ -26,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,7 @@ def main():
           f"{result['cache_files_written_by_fits']}; warm-up {result['warmup_seconds']:.1f} s; "
           f"install {result.get('install_seconds', float('nan')):.1f} s")
     write_results(result, os.path.join(HERE, "benchmarks/results/first_fit.json"))
+    shutil.rmtree(scratch)  # the environment it made (about 1 GB) and the empty caches
 
 
 if __name__ == "__main__":
