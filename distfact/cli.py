@@ -185,6 +185,13 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
     _add_tls_option(p)
 
+    sub.add_parser("warmup", help="compile the numba kernels into numba's cache now, not on a first fit",
+                   description="Runs every method's small fits so that numba compiles each kernel signature they "
+                               "use into its cache (beside the installed package, or NUMBA_CACHE_DIR, or a user "
+                               "cache directory where the package is read-only). `pip install .` does it when it "
+                               "builds distfact; run it after installing a wheel built on another machine, or as "
+                               "the user whose cache a read-only installation uses.")
+
     p = sub.add_parser("make-certs", help="make TLS certificates for a Dask cluster (ca.pem, cert.pem, key.pem)",
                        description="Writes a certificate authority and one certificate and key, signed by it, that the "
                                    "scheduler, the workers and the clients all use (cluster/start-local.sh --tls DIR, "
@@ -443,6 +450,12 @@ def cmd_demo(args):
         return 1
 
 
+def cmd_warmup(args):
+    from .warmup import main as warm_up
+
+    warm_up()
+
+
 def cmd_make_certs(args):
     from .engine.tls import make_certificates
 
@@ -465,7 +478,7 @@ def main(argv=None) -> int:
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
-                "demo": cmd_demo, "make-certs": cmd_make_certs}
+                "demo": cmd_demo, "warmup": cmd_warmup, "make-certs": cmd_make_certs}
     try:
         return commands[args.command](args) or 0
     except (ValueError, OSError) as exc:

@@ -1,0 +1,72 @@
+"""The numba cache made by the warm-up (``pip install .``'s build step, ``distfact warmup``) holds every kernel
+signature the estimators' fits use: a fresh process after it compiles nothing (numba's dispatcher statistics
+count a signature that was not found in the cache as a miss)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# The estimators as a user calls them (arrays, not stores; every solver and model path, dense and CSR, float64 and
+# float32, transform and score included), in a fresh process; prints the kernels that compiled there.
+USER_FITS = """
+import json, warnings
+import numpy as np, scipy.sparse as sp
+import distfact
+from distfact.warmup import cached_kernels, compilations
+
+warnings.simplefilter("ignore")
+kernels = cached_kernels()
+rng = np.random.default_rng(1)
+dense = rng.random((90, 30))
+dense[dense < 0.6] = 0.0
+groups, labels = np.repeat(["a", "b", "c"], 30), np.repeat([0, 1, 2], 30)
+for dtype in (np.float64, np.float32):
+    for X in (dense.astype(dtype), sp.csr_matrix(dense.astype(dtype))):
+        for solver, loss in (("mu", "frobenius"), ("hals", "frobenius"), ("mu", "kullback-leibler")):
+            distfact.NMF(3, solver=solver, beta_loss=loss, max_iter=3, random_state=0).fit(X, groups=groups)
+        distfact.NMF(3, init="nndsvda", max_iter=3).fit(X, groups=groups).transform(X, groups=groups)
+        distfact.StratifiedNMF(3, max_iter=3, random_state=0).fit(X, groups=groups).transform(X, groups=groups)
+        for solver in ("mu", "am"):
+            distfact.FairerNMF(3, solver=solver, max_iter=2, estimate_max_iter=3, n_estimates=1,
+                               random_state=0).fit(X, groups=groups).transform(X, groups=groups)
+        distfact.WeightedL1NMF(3, max_iter=2, hals_iter=2, random_state=0).fit(X, groups=groups).transform(X)
+        for model in ("FF", "DF", "FD", "DD"):
+            distfact.SSNMF(3, model=model, max_iter=3, random_state=0).fit(X, y=labels).transform(X)
+        distfact.SSNMFClassifier(3, max_iter=3, random_state=0).fit(X, labels).score(X, labels)
+        distfact.MultigroupSVD(2).fit(X, groups=groups).transform(X)
+print(json.dumps({"compiled": compilations(kernels), "kernels": len(kernels),
+                  "loaded": sum(sum(d.stats.cache_hits.values()) for d in kernels.values())}))
+"""
+
+
+def in_fresh_process(args, cache_dir, tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
+    out = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, check=True, capture_output=True,
+                         text=True, timeout=600).stdout
+    return out
+
+
+@pytest.fixture(scope="module")
+def warmed_cache(tmp_path_factory):
+    """A numba cache directory of its own (the source tree's may hold entries from other tests), warmed up."""
+    cache_dir = tmp_path_factory.mktemp("numba-cache")
+    out = in_fresh_process(["-m", "distfact.warmup"], cache_dir, tmp_path_factory.mktemp("cwd"))
+    return cache_dir, out
+
+
+def test_warmup_compiles_into_the_cache(warmed_cache):
+    cache_dir, out = warmed_cache
+    compiled = int(out.strip().splitlines()[-1].split("fits; ")[1].split(" kernel signatures")[0])
+    assert compiled > 0  # into an empty cache: so a signature missing from the cache counts as compiled
+    assert list(cache_dir.rglob("*.nbi")) and list(cache_dir.rglob("*.nbc"))
+
+
+def test_a_fresh_process_after_the_warmup_compiles_nothing(warmed_cache, tmp_path):
+    cache_dir, _ = warmed_cache
+    result = json.loads(in_fresh_process(["-c", USER_FITS], cache_dir, tmp_path).strip().splitlines()[-1])
+    assert result["kernels"] > 0 and result["loaded"] > 0
+    assert result["compiled"] == {}, f"compiled in a fresh process although warmed up: {result['compiled']}"
+
