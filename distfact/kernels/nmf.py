@@ -159,11 +159,21 @@ def _sq_diff_sum(A, B):
     return total
 
 
+def _tile_rows(X) -> int:
+    return max(1, TILE_BYTES // (X.shape[1] * X.dtype.itemsize))
+
+
+def _tiled(X, *factors) -> bool:
+    """Whether a dense block goes through ``_dense_frobenius_local``: more than one tile, and one precision (mixed
+    precisions take numpy's products in the wider type; one tile is numpy's products on the whole block)."""
+    return X.shape[0] > _tile_rows(X) and np.result_type(X, *factors) == X.dtype
+
+
 def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual):
     """The dense local step in cache-sized row tiles (``_dense_frobenius_rows``), its chunks on BLAS's threads.
     ``solver`` None: W is not updated (H and HHt are not used), only W^T X is summed."""
     (m, n), r, dtype = X.shape, W.shape[1], X.dtype
-    tile = max(1, min(m, TILE_BYTES // (n * dtype.itemsize)))
+    tile = _tile_rows(X)
     n_tiles = -(-m // tile)
     chunk = tile * -(-n_tiles // MAX_CHUNKS)
     if solver is None:
@@ -212,8 +222,10 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
                 WHHt += shift
         W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.data, W, np.ascontiguousarray(H.T),
                                             np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype))
-        WtX, WtW = np.ascontiguousarray(WtX_T.T), gram(W_new)
-    elif np.result_type(X, W, H, HHt) != X.dtype:  # mixed precisions: numpy's products, in the wider type
+        WtX = empty_aligned(WtX_T.shape[::-1], WtX_T.dtype)  # aligned already: the pass need not copy it again
+        WtX[...] = WtX_T.T
+        WtW = gram(W_new)
+    elif not _tiled(X, W, H, HHt):
         W_new = w_update(W, X @ H.T, HHt, solver, shift)
         WtX, WtW = W_new.T @ X, gram(W_new)
     else:
@@ -249,7 +261,7 @@ def frobenius_stats(X, W):
     the same tiles and chunks as in the local step (the same bits on any number of BLAS threads)."""
     if sp.issparse(X):
         return sparse_wt_times_block(W, X), gram(W)
-    if np.result_type(X, W) != X.dtype:
+    if not _tiled(X, W):
         return wt_times_block(W, X), gram(W)
     return _dense_frobenius_local(X, W, None, None, None, None, False)[1:3]
 
