@@ -2,12 +2,15 @@
 
     python benchmarks/bench_nmf.py            # the full set (about 10 minutes on 2 cores)
     python benchmarks/bench_nmf.py --quick    # small sizes, to check the script
+    python benchmarks/bench_nmf.py --cases dense --output /tmp/dense.json   # one case
 
-Cases (the targets of issue 2):
+Cases (the targets of issues 2 and 19):
   dense   20000 x 2000 float64, rank 20
   sparse  100000 x 20000, 0.5% non-zeros, TF-IDF-like (Zipf column popularity, l2-normalised rows)
 For each: per-iteration time of MU (distfact vs scikit-learn 'mu'; target ratio <= 0.5), and the time
 distfact HALS takes to reach the final error of scikit-learn 'cd' (target: <= the time 'cd' takes).
+Dense MU also against the GEMM floor measured in the same run (2 x 2mnr flops at the peak rate of a square
+GEMM; target <= 1.3), and distfact on the same X in float32 (target: >= 1.7x faster than float64).
   small   400 x 100, rank 5, 2000 MU iterations: distfact fit vs a direct numpy loop of the same
           updates (target ratio <= 2).
 Per-iteration times are (T(n2) - T(n1)) / (n2 - n1) for fits of n1 and n2 iterations with tol=0, so
@@ -99,21 +102,55 @@ def per_iteration(make_fit, n1, n2):
     return (t2 - t1) / (n2 - n1)
 
 
-def mu_ratio(X, r, n1, n2, repeats):
+def gemm_floor(X, r, repeats=5):
+    """The floor of an MU iteration on dense X: its two GEMM-shaped products X H^T and W^T X (2 m n r multiply-adds
+    each). Measured two ways with numpy's BLAS on all its threads, best of ``repeats``: the two products themselves,
+    and 2 x 2mnr flops at the peak rate of a square GEMM (2000 x 2000) in X's dtype."""
+    rng = np.random.default_rng(0)
+    (m, n), dtype = X.shape, X.dtype
+    W, H = rng.random((m, r)).astype(dtype), rng.random((r, n)).astype(dtype)
+    A = rng.random((2000, 2000)).astype(dtype)
+    products = min(timed(lambda: (X @ H.T, W.T @ X))[0] for _ in range(repeats))
+    peak = 2 * 2000 ** 3 / min(timed(lambda: A @ A)[0] for _ in range(repeats))
+    return {"products_s": products, "peak_gflops": peak / 1e9, "floor_s": 4 * m * n * r / peak}
+
+
+def mu_ratio(X, r, n1, n2, repeats, float32=False):
     """Per-iteration MU time of both libraries, measured alternately ``repeats`` times (this
-    machine is a shared VM: single measurements move by +-30%); medians and the median ratio."""
+    machine is a shared VM: single measurements move by +-30%); medians and the median ratio.
+    Dense X: also the GEMM floor (``gemm_floor``) each time, and with ``float32`` distfact on X in float32."""
     import distfact
     from sklearn.decomposition import NMF as SkNMF
 
-    sk, ours = [], []
+    def ours(data):
+        return per_iteration(lambda k: distfact.NMF(r, solver="mu", init="random", max_iter=k, tol=0,
+                                                    random_state=0).fit(data), n1, n2)
+
+    X32 = X.astype(np.float32) if float32 else None
+    sk, mine, floors, singles = [], [], [], []
     for _ in range(repeats):
         sk.append(per_iteration(lambda k: SkNMF(r, solver="mu", init="random", max_iter=k, tol=0,
                                                 random_state=0).fit(X), n1, n2))
-        ours.append(per_iteration(lambda k: distfact.NMF(r, solver="mu", init="random", max_iter=k, tol=0,
-                                                         random_state=0).fit(X), n1, n2))
-    ratios = np.array(ours) / np.array(sk)
-    return {"sklearn_mu_s_per_iter": float(np.median(sk)), "distfact_mu_s_per_iter": float(np.median(ours)),
-            "ratio": float(np.median(ratios)), "ratios": ratios.round(3).tolist(), "target": 0.5}
+        mine.append(ours(X))
+        if not sp.issparse(X):
+            floors.append(gemm_floor(X, r))
+        if float32:
+            singles.append(ours(X32))
+    ratios = np.array(mine) / np.array(sk)
+    out = {"sklearn_mu_s_per_iter": float(np.median(sk)), "distfact_mu_s_per_iter": float(np.median(mine)),
+           "ratio": float(np.median(ratios)), "ratios": ratios.round(3).tolist(), "target": 0.5}
+    if floors:
+        to_floor = np.array(mine) / np.array([f["floor_s"] for f in floors])
+        out["gemm_floor"] = {"floor_s": float(np.median([f["floor_s"] for f in floors])),
+                             "products_s": float(np.median([f["products_s"] for f in floors])),
+                             "peak_gflops": float(np.median([f["peak_gflops"] for f in floors])),
+                             "distfact_to_floor": float(np.median(to_floor)), "ratios": to_floor.round(3).tolist(),
+                             "target": 1.3}
+    if float32:
+        speedup = np.array(mine) / np.array(singles)
+        out["float32"] = {"distfact_mu_s_per_iter": float(np.median(singles)), "speedup": float(np.median(speedup)),
+                          "speedups": speedup.round(3).tolist(), "target": 1.7}
+    return out
 
 
 def hals_vs_cd(X, r, max_iter):
@@ -179,7 +216,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the script")
     parser.add_argument("--output", help="default: results/nmf.json (--quick: results/nmf-quick.json)")
+    parser.add_argument("--cases", default="small,dense,sparse", help="comma-separated subset (default: all)")
     args = parser.parse_args()
+    cases = set(args.cases.split(","))
     if args.quick:
         dense_shape, sparse_shape, iters, cd_iter, small_iter, repeats = (2000, 200), (5000, 2000), (3, 8), 30, 200, 1
     else:
@@ -188,19 +227,22 @@ def main():
     results = {"machine": machine(), "quick": args.quick}
     print(json.dumps(results["machine"], indent=1))
 
-    results["small"] = small_case(small_iter)
-    print("small", json.dumps(results["small"]))
+    if "small" in cases:
+        results["small"] = small_case(small_iter)
+        print("small", json.dumps(results["small"]))
 
-    X = dense_case(*dense_shape, 20)
-    results["dense"] = {"shape": list(X.shape), "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats),
-                        "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
-    print("dense", json.dumps(results["dense"]))
-    del X
+    if "dense" in cases:
+        X = dense_case(*dense_shape, 20)
+        results["dense"] = {"shape": list(X.shape), "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats, float32=True),
+                            "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
+        print("dense", json.dumps(results["dense"]))
+        del X
 
-    X = sparse_case(*sparse_shape, 0.005)
-    results["sparse"] = {"shape": list(X.shape), "nnz": int(X.nnz), "density": X.nnz / np.prod(X.shape), "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats),
-                         "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
-    print("sparse", json.dumps(results["sparse"]))
+    if "sparse" in cases:
+        X = sparse_case(*sparse_shape, 0.005)
+        results["sparse"] = {"shape": list(X.shape), "nnz": int(X.nnz), "density": X.nnz / np.prod(X.shape),
+                             "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats), "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
+        print("sparse", json.dumps(results["sparse"]))
 
     write_results(results, args.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                        "nmf-quick.json" if args.quick else "nmf.json"))

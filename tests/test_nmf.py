@@ -106,6 +106,42 @@ def test_one_read_of_X_per_iteration(solver):
     assert model.converged_ and model.n_iter_ < 500  # the tol run stopped early
 
 
+@pytest.mark.parametrize("solver", ["mu", "hals"])
+def test_tiled_dense_step_equals_transcription_on_any_number_of_threads(solver):
+    """Blocks wide enough to be cut into cache tiles and row chunks (kernels.nmf.TILE_BYTES, MAX_CHUNKS), which run
+    on BLAS's threads: the same factors, bit for bit, on one thread as on two (as on a cluster's single-threaded
+    workers), the numpy transcription's iterates, and for float32 the losses of a float64 recomputation."""
+    from threadpoolctl import threadpool_limits
+
+    from distfact.kernels.nmf import MAX_CHUNKS, PARALLEL_WORK, TILE_BYTES
+
+    rng = np.random.default_rng(23)
+    m, n, r = 700, 4096, 5
+    assert TILE_BYTES // (n * 8) * MAX_CHUNKS < m // 2 and m // 2 * n * r >= PARALLEL_WORK  # tiled, chunked, threaded
+    X = rng.random((m, r)) @ rng.random((r, n)) + 0.01 * rng.random((m, n))
+    groups = np.repeat(["a", "b"], m // 2)
+    W0, H0 = start_point(X, r)
+
+    def fit(X, W0, H0, threads):
+        model = distfact.NMF(r, solver=solver, init="custom", max_iter=8, tol=0)
+        with threadpool_limits(threads, user_api="blas"):
+            return model.fit_transform(X, groups=groups, W=W0, H=H0), model
+
+    (W1, one), (W2, two) = fit(X, W0, H0, 1), fit(X, W0, H0, 2)
+    assert np.array_equal(W1, W2) and np.array_equal(one.components_, two.components_)
+    # (the driver's own sums, e.g. the losses' dot products, may follow BLAS's threads: not compared bitwise)
+    W_ref, H_ref = ORACLES[solver, "frobenius"](X, W0, H0, 8)
+    assert relative_diff(W2, W_ref) < 1e-10 and relative_diff(two.components_, H_ref) < 1e-10
+
+    X32 = X.astype(np.float32)
+    W, model = fit(X32, W0.astype(np.float32), H0.astype(np.float32), 2)
+    W, H = W.astype(np.float64), model.components_.astype(np.float64)
+    for g, name in enumerate(model.group_names_):
+        rows = groups == name
+        assert model.group_losses_[g] == pytest.approx(frobenius_half(X32[rows].astype(np.float64), W[rows], H),
+                                                       rel=1e-4)
+
+
 def test_monotone_objective_for_mu():
     """Lee & Seung's MU never increases its objective (a property, not a copy of the code)."""
     X, groups = grouped_data(m=80, n=20, seed=10)

@@ -12,7 +12,19 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from .blas_threads import map_on_blas_threads
+from .memory import aligned, empty_aligned
 from .products import block_times_ht, floor_eps, gram, sparse_wt_times_block, wh_at_nonzeros, wt_times_block
+
+#: Bytes of X per tile of the dense local step: a tile stays in the core's cache while both products
+#: (X_t H^T, then W_t^T X_t) read it, so that a pass reads X from memory once.
+TILE_BYTES = 1 << 20
+#: A dense block's tiles are grouped into at most this many row chunks, each with its own r x n sum,
+#: which run side by side on BLAS's threads (``blas_threads``). The chunks depend on the block's shape
+#: only, so the sums are the same on any number of threads and on a cluster's workers.
+MAX_CHUNKS = 8
+#: Blocks with fewer multiply-adds (rows x columns x rank) than this run their chunks in the calling thread.
+PARALLEL_WORK = 1 << 22
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -100,13 +112,107 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
     return W_new, WtX_T
 
 
-def frobenius_local(X, W, H, HHt, solver: str, shift=None):
-    """Local step for ||X - WH||_F^2: update W_b by MU or HALS, return (W_b, W_b^T X_b, W_b^T W_b).
+@numba.njit(nogil=True, cache=True)
+def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, product, XHt, WH):
+    """Rows lo:hi of the dense local step, ``tile`` rows at a time while they are in cache: X_t H^T,
+    W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
+    and W_t^T X_t added into WtX (r x n) in tile order. Scratch: ``product`` (r x n), ``XHt`` (tile x r),
+    ``WH`` (tile x n, or no rows). With ``WH``, returns ||X - W_new H||^2 over the rows accumulated in
+    float64 (else 0)."""
+    sq_err = 0.0
+    for start in range(lo, hi, tile):
+        stop = min(start + tile, hi)
+        X_t = X[start:stop]
+        xh = XHt[:stop - start]
+        if update:
+            np.dot(X_t, Ht, xh)
+        w = W_new[start:stop]
+        if update == 1:
+            np.dot(W[start:stop], HHt, w)  # the denominator, then the update in place
+            for i in range(stop - start):
+                for q in range(w.shape[1]):
+                    w[i, q] = W[start + i, q] * xh[i, q] / max(w[i, q] + shift[q], eps)
+        else:
+            w[:] = W[start:stop]
+            if update == 2:
+                hals_sweep(w, xh, HHt)
+        if start == lo:
+            np.dot(w.T, X_t, WtX)
+        else:
+            np.dot(w.T, X_t, product)
+            WtX += product
+        if WH.shape[0] > 0:
+            wh = WH[:stop - start]
+            np.dot(w, H, wh)
+            sq_err += _sq_diff_sum(X_t, wh)
+    return sq_err
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _sq_diff_sum(A, B):
+    """sum (A - B)^2 accumulated in float64 (``reassoc`` lets LLVM vectorise the sum)."""
+    total = 0.0
+    for i in range(A.shape[0]):
+        for j in range(A.shape[1]):
+            d = np.float64(A[i, j]) - np.float64(B[i, j])
+            total += d * d
+    return total
+
+
+def _tile_rows(X) -> int:
+    return max(1, TILE_BYTES // (X.shape[1] * X.dtype.itemsize))
+
+
+def _tiled(X, *factors) -> bool:
+    """Whether a dense block goes through ``_dense_frobenius_local``: more than one tile, and one precision (mixed
+    precisions take numpy's products in the wider type; one tile is numpy's products on the whole block)."""
+    return X.shape[0] > _tile_rows(X) and np.result_type(X, *factors) == X.dtype
+
+
+def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual):
+    """The dense local step in cache-sized row tiles (``_dense_frobenius_rows``), its chunks on BLAS's threads.
+    ``solver`` None: W is not updated (H and HHt are not used), only W^T X is summed."""
+    (m, n), r, dtype = X.shape, W.shape[1], X.dtype
+    tile = _tile_rows(X)
+    n_tiles = -(-m // tile)
+    chunk = tile * -(-n_tiles // MAX_CHUNKS)
+    if solver is None:
+        H = HHt = np.empty((0, 0), dtype)
+    W, H, HHt = aligned(np.ascontiguousarray(W)), aligned(np.ascontiguousarray(H)), aligned(np.ascontiguousarray(HHt))
+    Ht = aligned(np.ascontiguousarray(H.T))
+    update = {None: 0, "mu": 1, "hals": 2}[solver]
+    shift = np.zeros(r, dtype) if shift is None else np.asarray(shift, dtype)
+    W_new = empty_aligned((m, r), dtype)
+
+    def rows(lo):
+        hi = min(lo + chunk, m)
+        WtX = empty_aligned((r, n), dtype)
+        product = empty_aligned((r if hi - lo > tile else 0, n), dtype)
+        WH = empty_aligned((min(tile, hi - lo) if residual else 0, n), dtype)
+        sq_err = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile,
+                                       W_new, WtX, product, empty_aligned((min(tile, hi - lo), r), dtype), WH)
+        return WtX, sq_err
+
+    starts = list(range(0, m, chunk))
+    parts = (map_on_blas_threads(rows, starts) if m * n * r >= PARALLEL_WORK
+             else [rows(lo) for lo in starts])
+    WtX, sq_err = parts[0]
+    for WtX_part, sq_part in parts[1:]:  # in chunk order, whatever ran them
+        WtX += WtX_part
+        sq_err += sq_part
+    return W_new, WtX, gram(W_new), sq_err
+
+
+def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = False):
+    """Local step for ||X - WH||_F^2: update W_b by MU or HALS, return (W_b, W_b^T X_b, W_b^T W_b), and
+    with ``residual`` also ||X_b - W_b H||^2 accumulated in float64 (see ``residual_sq_norm``).
     ``shift``: MU only, added to the denominator (see ``mu_w_update``).
 
-    Dense blocks: two BLAS products (X_b H^T before the update, W_b^T X_b after).
+    Dense blocks: both products tile by tile while the tile is in cache, so X_b is read from memory
+    once (``_dense_frobenius_local``); the residual is a third product on the same tiles.
     CSR blocks: one fused sweep of the stored entries (``_csr_frobenius_local``).
     """
+    sq_err = None
     if sp.issparse(X):
         W = np.ascontiguousarray(W)
         WHHt = W[:0]
@@ -116,9 +222,17 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None):
                 WHHt += shift
         W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.data, W, np.ascontiguousarray(H.T),
                                             np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype))
-        return W_new, np.ascontiguousarray(WtX_T.T), gram(W_new)
-    W_new = w_update(W, X @ H.T, HHt, solver, shift)
-    return W_new, W_new.T @ X, gram(W_new)
+        WtX = empty_aligned(WtX_T.shape[::-1], WtX_T.dtype)  # aligned already: the pass need not copy it again
+        WtX[...] = WtX_T.T
+        WtW = gram(W_new)
+    elif not _tiled(X, W, H, HHt):
+        W_new = w_update(W, X @ H.T, HHt, solver, shift)
+        WtX, WtW = W_new.T @ X, gram(W_new)
+    else:
+        W_new, WtX, WtW, sq_err = _dense_frobenius_local(X, W, H, HHt, solver, shift, residual)
+    if not residual:
+        return W_new, WtX, WtW
+    return W_new, WtX, WtW, residual_sq_norm(X, W_new, H) if sq_err is None else sq_err
 
 
 def w_update(W, XHt, HHt, solver, shift=None):
@@ -143,9 +257,13 @@ def residual_sq_norm(X, W, H) -> float:
 
 
 def frobenius_stats(X, W):
-    """Statistics of a block for given W_b (pass 0): (W_b^T X_b, W_b^T W_b)."""
-    WtX = sparse_wt_times_block(W, X) if sp.issparse(X) else wt_times_block(W, X)
-    return WtX, gram(W)
+    """Statistics of a block for given W_b (pass 0): (W_b^T X_b, W_b^T W_b); a dense W_b^T X_b summed over
+    the same tiles and chunks as in the local step (the same bits on any number of BLAS threads)."""
+    if sp.issparse(X):
+        return sparse_wt_times_block(W, X), gram(W)
+    if not _tiled(X, W):
+        return wt_times_block(W, X), gram(W)
+    return _dense_frobenius_local(X, W, None, None, None, None, False)[1:3]
 
 
 def frobenius_solve_w(X, W, H, solver: str, n_iter: int, tol: float, shift=None):

@@ -88,14 +88,21 @@ class NMFMethod:
             W_new, WtR, Wsum, xlogx = k.kl_local(X_b, W_b, G["H"])
             WtX, WtW = k.frobenius_stats(X_b, W_new)
             stats = {"WtX": WtX, "WtW": WtW, "WtR": WtR, "Wsum": Wsum, "xlogx": xlogx}
-        else:
-            W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver)
-            stats = {"WtX": WtX, "WtW": WtW}
-        return W_new, self._with_residual(stats, X_b, W_new, G)
+            return W_new, self._with_residual(stats, X_b, W_new, G)
+        W_new, WtX, WtW, *sq_err = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver, residual=self._float32)
+        stats = {"WtX": WtX, "WtW": WtW}
+        if sq_err:  # float32: from the same tiles of X_b as the products
+            stats["sq_err"] = np.float64(sq_err[0])
+        return W_new, stats
+
+    @property
+    def _float32(self) -> bool:
+        """float32 data: the errors come from ||X_b - W_b H||^2 accumulated in float64 (see ``residual_sq_norm``)."""
+        return np.dtype(self.dtype) == np.float32
 
     def _with_residual(self, stats, X_b, W_b, G):
-        """float32 data: add ||X_b - W_b H||^2 accumulated in float64 (see ``residual_sq_norm``)."""
-        if np.dtype(self.dtype) == np.float32:
+        """float32 data: add ||X_b - W_b H||^2 accumulated in float64."""
+        if self._float32:
             stats["sq_err"] = np.float64(k.residual_sq_norm(X_b, W_b, G["H"]))
         return stats
 

@@ -85,12 +85,16 @@ class StratifiedMU:
         """Line 8 from the statistics of the current W and the current v."""
         H, v = G["H"], G["v"]
         numerator = sum(s["WtA"] for s in stats)
-        denominator = sum(s["WtW"] @ H + np.outer(s["Wt1"], v[i]) for i, s in enumerate(stats))
-        return H * numerator / (denominator + self.eps)
+        # sum_i W(i)^T W(i) H + (W(i)^T 1) v(i)^T as two products over all strata (not 2 s products of r x n)
+        denominator = sum(s["WtW"] for s in stats) @ H + np.stack([s["Wt1"] for s in stats], axis=1) @ v
+        denominator += self.eps
+        numerator *= H
+        numerator /= denominator
+        return numerator
 
     def v_update(self, v, H, stats, colsum, sizes):
         """Line 5, ``v_updates`` times (H^T W(i)^T 1 does not change between them)."""
-        HtWt1 = np.stack([s["Wt1"] @ H for s in stats])
+        HtWt1 = np.stack([s["Wt1"] for s in stats]) @ H
         for _ in range(self.v_updates):
             v = v * colsum / (sizes[:, None] * v + HtWt1 + self.eps)
         return v

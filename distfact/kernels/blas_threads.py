@@ -1,0 +1,67 @@
+"""Work split into pieces that run on BLAS's threads, each piece calling BLAS on one thread.
+
+A kernel that tiles a block (so that each tile of X is read from memory once and multiplied while it
+is in cache) makes products too small for multi-threaded BLAS; running the pieces side by side, each
+with single-threaded BLAS, uses the cores instead. The pieces are fixed by the caller, never by the
+number of threads, so that results do not depend on where or how a block runs. Where BLAS is already
+held at one thread (blocks running in parallel threads, or on the workers of a cluster) the pieces run
+one after the other in the calling thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+
+_state = threading.Lock()
+_blas = None  # threadpoolctl's controller of the loaded BLAS libraries, made at first use
+_pool = None
+
+
+def _controller():
+    global _blas
+    with _state:
+        if _blas is None:
+            import scipy.linalg  # noqa: F401  (numba's products call scipy's BLAS: load it before looking)
+            from threadpoolctl import ThreadpoolController
+
+            _blas = ThreadpoolController().select(user_api="blas")
+        return _blas
+
+
+def blas_threads() -> int:
+    """The number of threads BLAS would use now (the largest over the loaded BLAS libraries)."""
+    return max((lib.num_threads for lib in _controller().lib_controllers), default=1)
+
+
+def map_on_blas_threads(fn, items: list) -> list:
+    """``[fn(item) for item in items]``, in order, computed on as many threads as BLAS has (BLAS held at
+    one thread meanwhile). The first exception, in item order, is raised once every piece has ended."""
+    n_threads = min(blas_threads(), len(items))
+    if n_threads <= 1:
+        return [fn(item) for item in items]
+    global _pool
+    with _state:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="distfact-tiles")
+    limiter = _controller().limit(limits=1)
+    try:
+        pending = iter(range(len(items)))  # shared by the threads: each takes the next piece when free
+        results: list = [None] * len(items)
+        errors: list = [None] * len(items)
+
+        def work():
+            for index in pending:
+                try:
+                    results[index] = fn(items[index])
+                except BaseException as error:  # noqa: BLE001  (re-raised below, in item order)
+                    errors[index] = error
+
+        concurrent.futures.wait([_pool.submit(work) for _ in range(n_threads)])
+    finally:
+        limiter.restore_original_limits()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results
