@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_small.py --before /work/main    # about 6 minutes on 2 cores
     PYTHONPATH=. python benchmarks/bench_small.py --quick                  # a few seconds, to check the script
+    ... --blas-threads 1      # every process's BLAS on one thread (steadier figures on a busy machine)
 
 Cases (each a whole fit, from the same start as its numpy peer; target: distfact at most 1.5x numpy):
   nmf         NMF MU (Frobenius), 400 x 100 uniform, rank 5, 2,000 iterations (tol=0); the peer is the
@@ -18,7 +19,8 @@ The numpy peers compute no loss unless their stopping rule needs one; distfact r
 
 distfact runs in a worker process (PYTHONPATH: this checkout), and with ``--before DIR`` a second worker runs
 the code in DIR (e.g. a checkout of main) on the same problems: repeats are interleaved (numpy, distfact,
-before, numpy, ...), each figure is the median of ``--repeats``, every worker warms up (numba) first. Each
+before, numpy, ...), each figure is the median of ``--repeats`` (wall time; the CPU time's ratio is recorded too),
+every worker warms up (numba) first. Each
 distfact fit's result is checked against the numpy peer's (relative difference of H). Results:
 benchmarks/results/small.json (``--quick``: small-quick.json).
 """
@@ -189,9 +191,9 @@ def oracle_stratified(p):
     from oracles import stratified_nmf
 
     names = sorted(set(p["groups"]))
-    _, H, _, _ = stratified_nmf([p["X"][p["groups"] == n] for n in names], [p["W"][p["groups"] == n] for n in names],
+    _, H, _, F = stratified_nmf([p["X"][p["groups"] == n] for n in names], [p["W"][p["groups"] == n] for n in names],
                                 p["H"], list(p["v"]), p["n_iter"])
-    return {"H": H}
+    return {"H": H, "F": F[-1]}
 
 
 # --------------------------------------------------------------------------------------------- distfact
@@ -205,7 +207,7 @@ def distfact_fit(case, p):
     if case == "stratified":
         model = distfact.StratifiedNMF(5, init="custom", max_iter=p["n_iter"]).fit(
             p["X"], groups=p["groups"], W=p["W"], H=p["H"], v=p["v"])
-        return {"H": model.components_}
+        return {"H": model.components_, "F": model.objective_history_[-1]}
     if case == "fairer":
         model = distfact.FairerNMF(p["rank"], estimate_max_iter=p["estimate_max_iter"], random_state=0).fit(
             p["X"], groups=p["groups"])
@@ -225,11 +227,11 @@ def worker(size):
     print(json.dumps({"ready": True, "distfact": __import__("distfact").__file__}), flush=True)
     for line in sys.stdin:
         case, out = line.split()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = distfact_fit(case, problems[case])
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         np.savez(out, **result)
-        print(json.dumps({"seconds": seconds}), flush=True)
+        print(json.dumps({"seconds": seconds, "cpu": cpu}), flush=True)
 
 
 class Worker:
@@ -240,9 +242,11 @@ class Worker:
         self.distfact = json.loads(self.process.stdout.readline())["distfact"]
 
     def fit(self, case, out):
+        """(wall, CPU) seconds of one fit."""
         self.process.stdin.write(f"{case} {out}\n")
         self.process.stdin.flush()
-        return json.loads(self.process.stdout.readline())["seconds"]
+        answer = json.loads(self.process.stdout.readline())
+        return answer["seconds"], answer["cpu"]
 
     def close(self):
         self.process.stdin.close()
@@ -259,10 +263,17 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cases", default=",".join(PROBLEMS))
+    parser.add_argument("--blas-threads", type=int, help="BLAS threads of every process (default: BLAS's own)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker)
+    if args.blas_threads:  # before the workers start (they inherit it) and for the numpy peers here
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[name] = str(args.blas_threads)
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.blas_threads)
     size = "quick" if args.quick else "full"
     repeats = 1 if args.quick else args.repeats
     cases = args.cases.split(",")
@@ -274,21 +285,27 @@ def main():
         workers["before"] = Worker(os.path.abspath(args.before), size)
     print({name: w.distfact for name, w in workers.items()}, flush=True)
     times = {case: {"numpy": [], **{name: [] for name in workers}} for case in cases}
+    cpu = {case: {"numpy": [], **{name: [] for name in workers}} for case in cases}
     checks = {case: {} for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             for case in cases:
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 peer = NUMPY[case](problems[case])
                 times[case]["numpy"].append(time.perf_counter() - start)
+                cpu[case]["numpy"].append(time.process_time() - cpu_start)
                 if case == "stratified" and repeat == 0:
                     peer = oracle_stratified(problems[case])
                 for name, w in workers.items():
                     out = os.path.join(tmp, f"{case}-{name}.npz")
-                    times[case][name].append(w.fit(case, out))
+                    wall, cpu_seconds = w.fit(case, out)
+                    times[case][name].append(wall)
+                    cpu[case][name].append(cpu_seconds)
                     if repeat == 0:
                         ours = np.load(out)
                         checks[case][name] = {"H_relative_difference": relative_difference(ours["H"], peer["H"])}
+                        if case == "stratified":
+                            checks[case][name]["F_relative_difference"] = relative_difference(ours["F"], peer["F"])
                         if case == "fairer":
                             checks[case][name].update(E_relative_difference=relative_difference(ours["E"], peer["E"]),
                                                       n_iter=int(ours["n_iter"]), numpy_n_iter=peer["n_iter"])
@@ -298,16 +315,23 @@ def main():
     rows = []
     for case in cases:
         median = {name: float(np.median(t)) for name, t in times[case].items()}
+        median_cpu = {name: float(np.median(t)) for name, t in cpu[case].items()}
         row = {"case": case, "numpy_s": median["numpy"], "distfact_s": median["distfact"],
                "ratio": median["distfact"] / median["numpy"], "target": TARGET,
-               "met": median["distfact"] / median["numpy"] <= TARGET, "check": checks[case], "all_seconds": times[case]}
+               "met": median["distfact"] / median["numpy"] <= TARGET,
+               "cpu_ratio": median_cpu["distfact"] / median_cpu["numpy"], "check": checks[case],
+               "all_seconds": times[case], "all_cpu_seconds": cpu[case]}
         if args.before:
-            row.update(before_s=median["before"], before_ratio=median["before"] / median["numpy"])
+            row.update(before_s=median["before"], before_ratio=median["before"] / median["numpy"],
+                       before_cpu_ratio=median_cpu["before"] / median_cpu["numpy"])
         rows.append(row)
         print(f"{case:<11} numpy {row['numpy_s']:.3f} s  distfact {row['distfact_s']:.3f} s  ratio {row['ratio']:.2f}"
-              + (f"  (before {row['before_s']:.3f} s, ratio {row['before_ratio']:.2f})" if args.before else "")
+              + f" (CPU {row['cpu_ratio']:.2f})"
+              + (f"  before {row['before_s']:.3f} s, ratio {row['before_ratio']:.2f} (CPU {row['before_cpu_ratio']:.2f})"
+                 if args.before else "")
               + f"  checks {checks[case]}")
     result = {"machine": machine(), "quick": args.quick, "repeats": repeats, "sizes": SIZES[size],
+              "blas_threads": args.blas_threads, "load_average": os.getloadavg(),
               "before": args.before, "cases": rows}
     write_results(result, os.path.join(HERE, "results", "small-quick.json" if args.quick else "small.json"))
 

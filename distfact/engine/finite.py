@@ -14,11 +14,16 @@ import numpy as np
 import scipy.sparse as sp
 
 
+# Up to this size an array is checked first by its sum of squares: one BLAS dot, below the size at which OpenBLAS
+# starts threads for it, and half the time of ``isfinite(array).all()``.
+DOT_CHECK_MAX_SIZE = 8192
+
+
 def finite_array(array: np.ndarray) -> bool:
-    """Whether a floating-point array holds no NaN and no infinity. Its sum of squares (one BLAS dot, no temporary)
-    is finite unless it does or its values are beyond 1e154 (then the exact test decides): the engine checks
-    every block's factor and statistics on every pass (issue 19)."""
-    if array.size and math.isfinite(np.vdot(array, array)):
+    """Whether a floating-point array holds no NaN and no infinity. The sum of squares of a small array is finite
+    unless it does or its values are beyond 1e154 (then the exact test decides): the engine checks every block's
+    factor and statistics on every pass, and small fits make many small ones (issue 19)."""
+    if 0 < array.size <= DOT_CHECK_MAX_SIZE and math.isfinite(np.vdot(array, array)):
         return True
     return bool(np.isfinite(array).all())
 

@@ -15,6 +15,7 @@ allocation, each of them at a 64-byte boundary in it.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -29,8 +30,27 @@ def address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
+# Arrays this module made (aligned by construction) by id, as weak references: an array a pass aligned is
+# often aligned again (a pass's arguments, a local factor at its next use), and knowing it costs less than
+# its address. The reference, not the id, says it is the same array (ids are reused). Without a lock: a
+# concurrent purge may drop an entry, which only means one more look at an address.
+_made: dict[int, weakref.ref] = {}
+_MADE_PURGE_AT = 4096
+
+
+def _remember(array: np.ndarray) -> np.ndarray:
+    global _made
+    if len(_made) >= _MADE_PURGE_AT:
+        _made = {key: ref for key, ref in list(_made.items()) if ref() is not None}
+    _made[id(array)] = weakref.ref(array)
+    return array
+
+
 def is_aligned(array: np.ndarray) -> bool:
     """C-contiguous, starting at a 64-byte boundary."""
+    ref = _made.get(id(array))
+    if ref is not None and ref() is array:
+        return True
     return array.flags.c_contiguous and address(array) % ALIGNMENT == 0
 
 
@@ -53,8 +73,11 @@ def empty_aligned(shape, dtype) -> np.ndarray:
 def aligned_copy(array: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``array`` at a 64-byte boundary."""
     out = empty_aligned(array.shape, array.dtype)
-    np.copyto(out, array)
-    return out
+    out[...] = array
+    return _remember(out)
+
+
+CONTAINERS = (dict, list, tuple)
 
 
 def aligned(value):
@@ -63,22 +86,21 @@ def aligned(value):
     as it is when none of its items was copied, else rebuilt around the copies."""
     if isinstance(value, np.ndarray):
         return value if is_aligned(value) else aligned_copy(value)
-    pending: dict[int, np.ndarray] = {}
+    if not isinstance(value, CONTAINERS):
+        return value
+    pending: list[np.ndarray] = []
     _collect_unaligned(value, pending)
     if not pending:
         return value
-    return _with_copies(value, _copies(list(pending.values())))
+    return _with_copies(value, _copies(pending))
 
 
-def _collect_unaligned(value, pending: dict) -> None:
-    if isinstance(value, np.ndarray):
-        if not is_aligned(value):
-            pending[id(value)] = value
-    elif isinstance(value, dict):
-        for item in value.values():
-            _collect_unaligned(item, pending)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
+def _collect_unaligned(container, pending: list) -> None:
+    for item in container.values() if isinstance(container, dict) else container:
+        if isinstance(item, np.ndarray):
+            if not is_aligned(item):
+                pending.append(item)
+        elif isinstance(item, CONTAINERS):
             _collect_unaligned(item, pending)
 
 
@@ -86,8 +108,11 @@ def _copies(arrays: list) -> dict[int, np.ndarray]:
     """Aligned copies of ``arrays`` by id: the small ones cut from one allocation, the others each in its own."""
     out, shared = {}, []
     for array in arrays:
+        if id(array) in out:
+            continue
         if array.nbytes < SHARED_BELOW_BYTES and not array.dtype.hasobject:
             shared.append(array)
+            out[id(array)] = None
         else:
             out[id(array)] = aligned_copy(array)
     if shared:
@@ -96,28 +121,31 @@ def _copies(arrays: list) -> dict[int, np.ndarray]:
         start = 0
         for array, span in zip(shared, spans):
             copy = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
-            np.copyto(copy, array)
-            out[id(array)] = copy
+            copy[...] = array
+            out[id(array)] = _remember(copy)
             start += span
     return out
 
 
-def _with_copies(value, copies: dict):
-    """``value`` with the arrays of ``copies`` replaced; containers rebuilt only where something was."""
-    if isinstance(value, np.ndarray):
-        return copies.get(id(value), value)
-    if isinstance(value, dict):
-        out = None
-        for key, item in value.items():
+def _with_copies(container, copies: dict):
+    """``container`` with the arrays of ``copies`` replaced; containers rebuilt only where something was."""
+    is_dict = isinstance(container, dict)
+    pairs = container.items() if is_dict else enumerate(container)
+    changed = None
+    for key, item in pairs:
+        if isinstance(item, np.ndarray):
+            new = copies.get(id(item), item)
+        elif isinstance(item, CONTAINERS):
             new = _with_copies(item, copies)
-            if new is not item:
-                if out is None:
-                    out = dict(value)
-                out[key] = new
-        return value if out is None else out
-    if isinstance(value, (list, tuple)):
-        items = [_with_copies(item, copies) for item in value]
-        if all(new is old for new, old in zip(items, value)):
-            return value
-        return items if type(value) is list else type(value)(items)
-    return value
+        else:
+            continue
+        if new is not item:
+            if changed is None:
+                changed = {}
+            changed[key] = new
+    if changed is None:
+        return container
+    if is_dict:
+        return {**container, **changed}
+    items = [changed.get(index, item) for index, item in enumerate(container)]
+    return items if type(container) is list else type(container)(items)
