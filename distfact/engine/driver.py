@@ -145,6 +145,7 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
     a resumed state is checked against the global state they give (:func:`check_restored`)."""
     began = time.perf_counter()
     state = None
+    checked = None  # the last global state checked for non-finite values (None: a restored one, never checked here)
     if resume and checkpointer is not None:
         found = checkpointer.restore(executor, lambda saved: check_restored(saved, method, data, global_args or {}))
         if found is not None:
@@ -161,7 +162,7 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             if isinstance(started, tuple):  # an initialisation whose last pass already gave the statistics
                 global_state, stats = started
             else:
-                global_state = started
+                global_state = checked = started
                 check_global(global_state, 0, "the initial global state")
                 stats = executor.run_pass(method.block_stats, shipped(method, global_state), update=False)
             value, per_group = method.objective(global_state, stats, data)
@@ -170,6 +171,7 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             raise exc.at(0, data.group_names) from None
         state = FitState(global_state, stats, [value], [per_group])
         logger.info("pass 0: objective %.6g", value)
+    columns = hasattr(method, "column_step")
     while state.iteration < max_iter and not state.converged:
         started = time.perf_counter()
         if time_limit is not None and started - began >= time_limit:
@@ -178,14 +180,17 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             break
         iteration = state.iteration + 1
         try:
+            # what a step leaves as it was (the same object) was checked already
             state.global_state = aligned(method.global_step(state.global_state, state.stats, data))
-            check_global(state.global_state, iteration)
+            check_global(state.global_state, iteration, checked=checked)
+            checked = state.global_state
             state.stats = executor.run_pass(method.local_step, shipped(method, state.global_state), update=True)
-            if hasattr(method, "column_step"):
+            if columns:
                 pieces, column_stats = executor.run_column_pass(method.column_step,
                                                                 shipped(method, state.global_state))
                 state.global_state = aligned(method.assemble_columns(state.global_state, pieces))
-                check_global(state.global_state, iteration)
+                check_global(state.global_state, iteration, checked=checked)
+                checked = state.global_state
                 state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
             value, per_group = method.objective(state.global_state, state.stats, data)
             check_objective(value, per_group, data.group_names, iteration)

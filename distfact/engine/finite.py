@@ -14,22 +14,51 @@ import numpy as np
 import scipy.sparse as sp
 
 
+# Up to this size an array is checked first by its sum of squares: one BLAS dot, below the size at which OpenBLAS
+# starts threads for it, and half the time of ``isfinite(array).all()``.
+DOT_CHECK_MAX_SIZE = 8192
+
+
+def finite_array(array: np.ndarray) -> bool:
+    """Whether a floating-point array holds no NaN and no infinity. The sum of squares of a small array is finite
+    unless it does or its values are beyond 1e154 (then the exact test decides): the engine checks every block's
+    factor and statistics on every pass, and small fits make many small ones (issue 19)."""
+    if 0 < array.size <= DOT_CHECK_MAX_SIZE and math.isfinite(np.vdot(array, array)):
+        return True
+    return bool(np.isfinite(array).all())
+
+
 def first_nonfinite(value, name: str = "") -> str | None:
     """The name (``key``, ``key[i]``) of the first floating-point array or number in ``value`` (also inside dicts,
     lists, tuples, sparse matrices) holding a NaN or an infinity; None if all are finite."""
+    path = _nonfinite_path(value)
+    if path is None:
+        return None
+    for indexed, key in path:
+        name = f"{name}[{key}]" if indexed else (f"{name}/{key}" if name else str(key))
+    return name
+
+
+def _nonfinite_path(value) -> list | None:
+    """The steps (whether an index of a list or tuple, and the index or key), innermost last, leading to the first
+    non-finite entry of ``value``; None if none. Names are only made once one is found."""
     if isinstance(value, np.ndarray):
-        return None if value.dtype.kind != "f" or np.isfinite(value).all() else name
+        return None if value.dtype.kind != "f" or finite_array(value) else []
     if isinstance(value, dict):
-        items = ((f"{name}/{key}" if name else str(key), item) for key, item in value.items())
+        indexed, items = False, value.items()
     elif isinstance(value, (list, tuple)):
-        items = ((f"{name}[{i}]", item) for i, item in enumerate(value))
+        indexed, items = True, enumerate(value)
     elif isinstance(value, (float, np.floating)):
-        return None if math.isfinite(value) else name
+        return None if math.isfinite(value) else []
     elif sp.issparse(value):
-        return first_nonfinite(value.data, name)
+        return _nonfinite_path(value.data)
     else:
         return None
-    return next((found for key, item in items if (found := first_nonfinite(item, key)) is not None), None)
+    for key, item in items:
+        path = _nonfinite_path(item)
+        if path is not None:
+            return [(indexed, key), *path]
+    return None
 
 
 class NonFiniteError(ValueError):
@@ -70,8 +99,11 @@ def check_block(block, local=None, stats=None, local_name: str = "its local fact
         raise NonFiniteError(f"statistic {found!r}", block)
 
 
-def check_global(state: dict, iteration: int, where: str = "the global step") -> None:
-    """On the driver, after a global step (or the start)."""
+def check_global(state: dict, iteration: int, where: str = "the global step", checked: dict | None = None) -> None:
+    """On the driver, after a global step (or the start). ``checked``: a global state already checked, whose
+    entries ``state`` holds as the same objects (what the step left as it was) are not checked again."""
+    if checked is not None:
+        state = {key: item for key, item in state.items() if checked.get(key) is not item}
     found = first_nonfinite(state)
     if found is not None:
         raise NonFiniteError(f"{found!r}", where=where, iteration=iteration)
@@ -81,7 +113,7 @@ def check_objective(value: float, per_group, group_names, iteration: int) -> Non
     """On the driver, after a pass: the objective and its per-group terms (a vector per group, or per group and
     run: then the first group whose term is non-finite is named)."""
     per_group = np.asarray(per_group, dtype=np.float64).ravel()
-    if np.isfinite(value) and np.isfinite(per_group).all():
+    if math.isfinite(value) and finite_array(per_group):
         return
     bad = np.flatnonzero(~np.isfinite(per_group))
     if bad.size and per_group.size % len(group_names) == 0:

@@ -6,35 +6,146 @@ statistics coming back) sit at arbitrary offsets. Aligning every input of a bloc
 of the global step makes a result independent of where it ran. Dense blocks of X are
 aligned once, where they are read or staged (``store/reading.py``, ``store/ingest.py``), so that the passes
 never copy them.
+
+Small fits align tens of arrays per iteration (issue 19): an aligned array costs a look at its address, and
+the small arrays of one container (a block's statistics, a global state) that need copying share one aligned
+allocation, each of them at a 64-byte boundary in it.
 """
 
 from __future__ import annotations
 
+import math
+import weakref
+
 import numpy as np
 
 ALIGNMENT = 64
+#: arrays of a container below this size that need a copy share one allocation (larger ones get their own, so
+#: that no large array is held alive by a small one, nor all of a pass's large arrays copied at once)
+SHARED_BELOW_BYTES = 1 << 16
+
+
+def address(array: np.ndarray) -> int:
+    """Where ``array``'s data start (``__array_interface__`` is cheaper than ``ctypes.data``)."""
+    return array.__array_interface__["data"][0]
+
+
+# Arrays this module made (aligned by construction) by id, as weak references: an array a pass aligned is
+# often aligned again (a pass's arguments, a local factor at its next use), and knowing it costs less than
+# its address. The reference, not the id, says it is the same array (ids are reused). Without a lock: a
+# concurrent purge may drop an entry, which only means one more look at an address.
+_made: dict[int, weakref.ref] = {}
+_MADE_PURGE_AT = 4096
+
+
+def _remember(array: np.ndarray) -> np.ndarray:
+    global _made
+    if len(_made) >= _MADE_PURGE_AT:
+        _made = {key: ref for key, ref in list(_made.items()) if ref() is not None}
+    _made[id(array)] = weakref.ref(array)
+    return array
+
+
+def is_aligned(array: np.ndarray) -> bool:
+    """C-contiguous, starting at a 64-byte boundary."""
+    ref = _made.get(id(array))
+    if ref is not None and ref() is array:
+        return True
+    return array.flags.c_contiguous and address(array) % ALIGNMENT == 0
 
 
 def empty_aligned(shape, dtype) -> np.ndarray:
     """An uninitialised C-contiguous array whose data start at a 64-byte boundary."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    size, itemsize = math.prod(shape), dtype.itemsize
+    if itemsize and ALIGNMENT % itemsize == 0:  # a buffer of the dtype itself, cut at an item boundary
+        buffer = np.empty(size + ALIGNMENT // itemsize, dtype=dtype)
+        skip = (-address(buffer)) % ALIGNMENT
+        if skip % itemsize == 0:
+            return buffer[skip // itemsize:skip // itemsize + size].reshape(shape)
+    nbytes = size * itemsize
     buffer = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    offset = (-buffer.ctypes.data) % ALIGNMENT
+    offset = (-address(buffer)) % ALIGNMENT
     return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``array`` at a 64-byte boundary."""
+    out = empty_aligned(array.shape, array.dtype)
+    out[...] = array
+    return _remember(out)
+
+
+CONTAINERS = (dict, list, tuple)
 
 
 def aligned(value):
     """``value`` with every numpy array in it (also inside dicts, lists, tuples) C-contiguous at a
-    64-byte boundary: arrays already so are returned as they are, others copied."""
+    64-byte boundary: arrays already so are returned as they are, others copied; a container comes back
+    as it is when none of its items was copied, else rebuilt around the copies."""
     if isinstance(value, np.ndarray):
-        if value.ctypes.data % ALIGNMENT == 0 and value.flags.c_contiguous:
-            return value
-        out = empty_aligned(value.shape, value.dtype)
-        out[...] = value
-        return out
-    if isinstance(value, dict):
-        return {key: aligned(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(aligned(item) for item in value)
-    return value
+        return value if is_aligned(value) else aligned_copy(value)
+    if not isinstance(value, CONTAINERS):
+        return value
+    pending: list[np.ndarray] = []
+    _collect_unaligned(value, pending)
+    if not pending:
+        return value
+    return _with_copies(value, _copies(pending))
+
+
+def _collect_unaligned(container, pending: list) -> None:
+    for item in container.values() if isinstance(container, dict) else container:
+        if isinstance(item, np.ndarray):
+            if not is_aligned(item):
+                pending.append(item)
+        elif isinstance(item, CONTAINERS):
+            _collect_unaligned(item, pending)
+
+
+def _copies(arrays: list) -> dict[int, np.ndarray]:
+    """Aligned copies of ``arrays`` by id: the small ones cut from one allocation, the others each in its own."""
+    out, shared = {}, []
+    for array in arrays:
+        if id(array) in out:
+            continue
+        if array.nbytes < SHARED_BELOW_BYTES and not array.dtype.hasobject:
+            shared.append(array)
+            out[id(array)] = None
+        else:
+            out[id(array)] = aligned_copy(array)
+    if shared:
+        spans = [-(-array.nbytes // ALIGNMENT) * ALIGNMENT for array in shared]
+        buffer = empty_aligned(sum(spans), np.uint8)
+        start = 0
+        for array, span in zip(shared, spans):
+            copy = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+            copy[...] = array
+            out[id(array)] = _remember(copy)
+            start += span
+    return out
+
+
+def _with_copies(container, copies: dict):
+    """``container`` with the arrays of ``copies`` replaced; containers rebuilt only where something was."""
+    is_dict = isinstance(container, dict)
+    pairs = container.items() if is_dict else enumerate(container)
+    changed = None
+    for key, item in pairs:
+        if isinstance(item, np.ndarray):
+            new = copies.get(id(item), item)
+        elif isinstance(item, CONTAINERS):
+            new = _with_copies(item, copies)
+        else:
+            continue
+        if new is not item:
+            if changed is None:
+                changed = {}
+            changed[key] = new
+    if changed is None:
+        return container
+    if is_dict:
+        return {**container, **changed}
+    items = [changed.get(index, item) for index, item in enumerate(container)]
+    return items if type(container) is list else type(container)(items)

@@ -25,13 +25,19 @@ class WorkerLost(RuntimeError):
         self.n_workers = n_workers
 
 
-def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0):
+def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0, inputs_aligned=False):
     """What one task does: load X_b (and a spilled local factor) if needed, run ``fn``,
-    spill the new local factor if asked, key the statistics by group."""
+    spill the new local factor if asked, key the statistics by group.
+
+    ``inputs_aligned``: the given X_b and ``args`` are aligned already (the in-process executor aligns its
+    blocks once and the arguments once per pass, not once per block and pass)."""
     if X_b is None:
         X_b = reader(block)
-    X_b = X_b if sp.issparse(X_b) else aligned(X_b)
-    out = fn(X_b, aligned(materialise(local)), block, *aligned(args))
+        X_b = X_b if sp.issparse(X_b) else aligned(X_b)
+    elif not inputs_aligned:
+        X_b = X_b if sp.issparse(X_b) else aligned(X_b)
+        args = aligned(args)
+    out = fn(X_b, aligned(materialise(local)), block, *args)
     if update:
         new_local, stats = out
         check_block(block, new_local, stats)

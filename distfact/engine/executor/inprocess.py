@@ -7,6 +7,8 @@ import functools
 import os
 import threading
 
+import scipy.sparse as sp
+
 from ...kernels.memory import aligned
 from ..reduce import by_group, merge, tree_reduce
 from .base import (Executor, checkpoint_one, init_one, map_local_one, map_one, restore_one, run_block, run_column_block,
@@ -50,6 +52,9 @@ class InProcessExecutor(Executor):
         self.n_threads = n_threads or os.cpu_count() or 1
         self.reader = data.reader()
         self.locals: list = [None] * data.n_blocks
+        # blocks held in memory, each aligned here once (they are staged aligned: no copy) so that no pass checks them
+        self._resident = None if data._blocks is None else [block if sp.issparse(block) else aligned(block)
+                                                             for block in data._blocks]
         self._holds_blas = not self._serial()
         self._pool = None  # threads for the blocks of a pass, made at the first parallel pass
         if self._holds_blas:
@@ -88,16 +93,17 @@ class InProcessExecutor(Executor):
                                  for block in self.blocks])
 
     def run_pass(self, fn, *args, update: bool) -> list[dict]:
-        data_blocks = self.data._blocks
         self.generation += update
-        tasks = [functools.partial(run_block, fn, self.reader, block,
-                                   None if data_blocks is None else data_blocks[block.index],
-                                   self.locals[block.index], args, update, self.spill, self.generation)
+        args = aligned(args)  # once for all blocks; the resident blocks were aligned once when the executor began
+        resident = self._resident
+        tasks = [functools.partial(run_block, fn, self.reader, block, None if resident is None else resident[block.index],
+                                   self.locals[block.index], args, update, self.spill, self.generation,
+                                   resident is not None)
                  for block in self.blocks]
         results = self._map(tasks)
         self._count_pass()
-        if update:
-            self.locals = [r[0] for r in results]
+        if update:  # the new local factors aligned now, the small ones in one allocation, not each at its next use
+            self.locals = aligned([r[0] for r in results])
             results = [r[1] for r in results]
         return aligned(by_group(tree_reduce(results, merge), self.data.n_groups))
 
