@@ -70,6 +70,11 @@ def _add_scheduler_options(p):
     _add_tls_option(g)
 
 
+def _add_progress_option(p):
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (else a bar on a terminal, lines with rates and an ETA off one)")
+
+
 def _add_tls_option(p):
     p.add_argument("--tls-dir", metavar="DIR", help="connect over TLS with DIR/ca.pem, cert.pem, key.pem (made by "
                                                     "`distfact make-certs`; default: the Dask config's TLS settings)")
@@ -110,6 +115,7 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--signed", action="store_true",
                    help="allow negative values (arrays and tables; for --method multigroup-svd only)")
     p.add_argument("--overwrite", action="store_true")
+    _add_progress_option(p)
 
     p = sub.add_parser("info", help="groups, sizes, nnz and norms of a store")
     p.add_argument("store")
@@ -135,7 +141,7 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=COUNT, default=0,
                    help="checkpoint every K iterations (0: never), into .NAME.partial/checkpoints/ beside --output")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit from its newest checkpoint")
-    p.add_argument("--no-progress", action="store_true")
+    _add_progress_option(p)
     _add_scheduler_options(p)
 
     reports = {d.paper_report.flag: d for d in declarations.values() if d.paper_report is not None}
@@ -159,6 +165,7 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default="distfact-report",
                    help="output directory (new, empty or an earlier report, replaced with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --output")
+    _add_progress_option(p)
     _add_scheduler_options(p)
 
     p = sub.add_parser("run", help="run a pipeline spec (TOML): ingest -> fit -> evaluate -> report -> publish",
@@ -216,7 +223,8 @@ def cmd_ingest(args):
 
     # what a source's ingest counts: the bytes of a file read as text, else rows
     bytes_read = kind == "corpus" or (kind == "table" and not args.source.lower().endswith(PARQUET_SUFFIXES))
-    progress = Progress(what="read" if bytes_read else "rows", unit="B" if bytes_read else "rows")
+    progress = Progress(what="read" if bytes_read else "rows", unit="B" if bytes_read else "rows",
+                        shown=not args.no_progress)
     data = ingest_source(args.source, args.dest, group_column=args.group_column, groups_file=args.groups_file,
                          signed=args.signed, text_field=args.text_field, group_field=args.group_field,
                          vectorizer=args.vectorizer, max_features=args.max_features, block_rows=args.block_rows,
@@ -410,6 +418,7 @@ def cmd_report(args):
     data = open_store(args.path)
     options = {"rank": args.rank, "ranks": _parse_ranks(args.ranks), "seed": args.seed, "top": args.top,
                "image_shape": parse_image_shape(args.image_shape, data.shape[1]), "params": params,
+               "progress": not args.no_progress,
                "inputs": {**{i.name: i.default for i in declaration.fit_inputs}, **inputs}}
     name = os.path.basename(os.path.normpath(data.path))
     with OutputDir(args.output, "report", overwrite=args.overwrite) as out, \

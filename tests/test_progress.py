@@ -99,6 +99,9 @@ def test_ingest_of_a_table_counts_the_bytes_read(tmp_path):
     lines = [line for line in err.splitlines() if line.startswith("read ")]
     assert lines and lines[-1].startswith(f"read {size:.1f} MB/{size:.1f} MB in "), lines
     assert "MB/s" in lines[-1]
+    quiet_status, quiet = cli("ingest", table, tmp_path / "quiet", "--group-column", "g", "--no-progress",
+                              cwd=tmp_path)
+    assert quiet_status == 0 and not any(line.startswith("read ") for line in quiet.splitlines()), quiet
 
 
 def test_lines_say_rate_and_eta_and_restart_with_a_new_phase():

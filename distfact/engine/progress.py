@@ -49,6 +49,8 @@ class Progress:
     emit : callable or None
         Off a terminal, ``emit(line, fields)`` instead of writing the line (a pipeline's structured log), with
         ``fields`` the figures (done, total, rate, eta_seconds).
+    shown : bool
+        False: show nothing (a command's ``--no-progress``).
 
     The rate is measured from the first update (or from the start if there was one update only), so that
     start-up does not count as work; an amount done that goes back (a new phase of a fit, or a fit rerun after a
@@ -56,8 +58,9 @@ class Progress:
     """
 
     def __init__(self, total=None, what: str = "iteration", unit: str = "it", *, at_most: bool = False,
-                 stream=None, emit=None):
+                 stream=None, emit=None, shown: bool = True):
         self.total, self.what, self.unit, self.at_most, self.emit = total, what, unit, at_most, emit
+        self.shown = shown
         self.stream = stream if stream is not None else sys.stderr
         self.terminal = emit is None and is_terminal(self.stream)
         self.started = time.perf_counter()
@@ -69,6 +72,8 @@ class Progress:
     def update(self, done, note: str = "", total=None) -> None:
         """``done`` units of ``total`` (if given, else the last total) are done; ``note``: what else to show
         (the objective)."""
+        if not self.shown:
+            return
         now = time.perf_counter()
         if total is not None:
             self.total = total
@@ -92,6 +97,8 @@ class Progress:
 
     def close(self, note: str = "") -> None:
         """The work ended (complete or not): a last line with the time taken; ``note`` says how it ended."""
+        if not self.shown:
+            return
         now = time.perf_counter()
         if self.terminal and self.drawn:
             self._draw(now)

@@ -148,7 +148,7 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
         raise ValueError(f"ranks up to {ranks[-1]}: group {small[0][0]!r} has {small[0][1]} rows, fewer than the "
                          "rank (Fairer-NMF's E_l needs a rank-r NMF of every group)")
     params = options["params"]
-    progress = Progress(2, "sweep", "sweeps")  # Fairer-NMF's ranks, then NMF's
+    progress = Progress(2, "sweep", "sweeps", shown=options["progress"])  # Fairer-NMF's ranks, then NMF's
     rows = fairness_table(data, ranks=ranks, random_state=options["seed"], client=client,
                           progress=progress.update, **params)
     progress.close()

@@ -111,7 +111,7 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
     if labels is None:
         raise ValueError("the SSNMF report needs classes: --labels groups or a file of labels")
     model = SSNMF(options["rank"], random_state=options["seed"], **options["params"])
-    progress = show_iterations(model)
+    progress = show_iterations(model, shown=options["progress"])
     model.fit(data, y=labels, client=client)
     progress.close()
     return write_ssnmf_report(out_dir, model, top=options["top"], title=title)

@@ -137,7 +137,7 @@ def paper_report(data, options: dict, client, out_dir: str, title: str) -> dict:
     from ..estimators import StratifiedNMF
 
     model = StratifiedNMF(options["rank"], random_state=options["seed"], **options["params"])
-    progress = show_iterations(model)
+    progress = show_iterations(model, shown=options["progress"])
     model.fit(data, client=client)
     progress.close()
     return write_stratified_report(out_dir, model, image_shape=options["image_shape"], top=options["top"],

@@ -363,7 +363,7 @@ def test_data_whose_squares_overflow_are_refused_at_ingest(tmp_path, kind, spars
 def test_the_ingest_command_refuses_overflowing_data(tmp_path, capsys, kind):
     X, groups, place = overflowing(kind)
     np.savez(tmp_path / "x.npz", X=X, groups=groups)
-    assert cli_main(["ingest", str(tmp_path / "x.npz"), str(tmp_path / "x.zarr")]) == 2
+    assert cli_main(["ingest", str(tmp_path / "x.npz"), str(tmp_path / "x.zarr"), "--no-progress"]) == 2
     line = one_line_error(capsys.readouterr().err, "ingest")
     assert f"is too large for {X.dtype}" in line and "; scale X down" in line
     check_named_entry(line, X, groups, place)
