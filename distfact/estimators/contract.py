@@ -64,8 +64,8 @@ class PaperReport:
     """The paper's report of a method (``distfact report STORE --FLAG``): ``run(data, options, client, out_dir,
     title)`` fits what it needs and writes its tables, figures and page into ``out_dir``, returning their
     paths (``{"html": ..., "csv": ..., <figure>: ...}``). ``options`` holds the report's options (rank, ranks,
-    seed, top, image_shape; progress: False for `--no-progress`), the estimator parameters the user gave (``params``) and the fit inputs
-    (``inputs``)."""
+    seed, top, image_shape; progress, False for ``--no-progress``), the estimator parameters the user gave
+    (``params``) and the fit inputs (``inputs``)."""
 
     flag: str
     help: str
