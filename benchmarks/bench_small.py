@@ -8,7 +8,7 @@ Cases (each a whole fit, from the same start as its numpy peer; target: distfact
   nmf         NMF MU (Frobenius), 400 x 100 uniform, rank 5, 2,000 iterations (tol=0); the peer is the
               Lee-Seung loop, H then W, as the engine orders them.
   stratified  Stratified-NMF on the paper's synthetic set (4 strata of 100 x 100), rank 5, 10,000 iterations;
-              the peer is ``bench_stratified.dense_algorithm_1``, Algorithm 1 line by line.
+              the peer is ``dense_algorithm_1``, Algorithm 1 line by line.
   fairer      Fairer-NMF MU on UCI Heart Disease by sex (297 x 12), rank 5, defaults (5 runs per group for
               E_l, their stopping rule, then the scheme until eq. 10); the peer transcribes Algorithm 1
               (each run an MU loop stopping on its own) and Algorithm 3 with the same rules, so both stop at the
@@ -40,13 +40,38 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_nmf import machine, write_results  # noqa: E402
-from bench_stratified import dense_algorithm_1  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
 TARGET = 1.5
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAIRER_TOL, FAIRER_ESTIMATE_TOL, FAIRER_RUNS, FAIRER_FLOOR = 1e-5, 1e-4, 5, 0.01  # FairerNMF's defaults
+
+
+# ----------------------------------------------------------------------------------------------- numpy peers
+def dense_algorithm_1(strata_A, W, H, v, n_iter, M=2, eps=1e-9):
+    """Stratified-NMF's Algorithm 1 on dense per-stratum arrays, line by line; yields the seconds of each
+    iteration (bench_stratified.py now compares against a scipy.sparse transcription; this is the dense one)."""
+    colsums = [A.sum(axis=0) for A in strata_A]  # A(i)^T 1, constant
+    for _ in range(n_iter):
+        start = time.perf_counter()
+        for _ in range(M):  # line 5
+            v = [vi * c / (vi * A.shape[0] + H.T @ w.sum(axis=0) + eps)
+                 for A, c, vi, w in zip(strata_A, colsums, v, W)]
+        new_W = []
+        for A, vi, w in zip(strata_A, v, W):  # line 7
+            R = w @ H
+            R += vi
+            new_W.append(w * (A @ H.T) / (R @ H.T + eps))
+        W = new_W
+        numerator, denominator = 0.0, 0.0
+        for A, vi, w in zip(strata_A, v, W):  # line 8
+            R = w @ H
+            R += vi
+            numerator = numerator + w.T @ A
+            denominator = denominator + w.T @ R
+        H = H * numerator / (denominator + eps)
+        yield time.perf_counter() - start
 
 
 # ----------------------------------------------------------------------------------------------- problems

@@ -71,8 +71,8 @@ def frobenius_sq_errors(sq_norms, grams, H, HHt=None) -> np.ndarray:
     """‖X_l - W_l H‖_F^2 per group, without reading X, from its statistics ``grams`` = [(W_l^T X_l, W_l^T W_l)]
     and ‖X_l‖_F^2: ‖X_l‖^2 - 2 <W_l^T X_l, H> + <W_l^T W_l, H H^T>, in float64, clipped at 0 against round-off.
     ``HHt``: H H^T when the caller has it."""
-    H = np.asarray(H).astype(np.float64)
-    HHt = H @ H.T if HHt is None else np.asarray(HHt).astype(np.float64)
+    H = np.asarray(H, dtype=np.float64)  # no copy of float64 factors
+    HHt = H @ H.T if HHt is None else np.asarray(HHt, dtype=np.float64)
     errs = np.array([np.vdot(WtW, HHt) - 2.0 * np.vdot(WtX, H) for WtX, WtW in grams], dtype=np.float64)
     return np.maximum(errs + sq_norms, 0.0)
 

@@ -33,6 +33,7 @@ in the denominator floored at 1% of ||X_l|| (:func:`relative_change_below`).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,30 @@ def group_errors(sq_norms, WtX, WtW, H, HHt) -> np.ndarray:
     """||X_l - W_l H||_F from statistics (clipped at 0 against round-off)."""
     sq = sq_norms - 2.0 * np.vdot(WtX, H) + np.vdot(WtW, HHt)
     return np.sqrt(max(float(sq), 0.0))
+
+
+class LastErrors:
+    """The errors of the last (global state, statistics) pair a method computed them for: the driver asks the
+    objective for them and then the next global step, from the same two objects, so that they are computed
+    once per iteration (issue 19). Kept beside the methods, by method (weakly), not in them: a method's
+    ``__dict__`` is its parameters (a checkpoint's configuration, a saved model). Equal methods share an entry,
+    which is only ever used for the very same objects; one tuple, replaced whole, so concurrent fits cannot
+    mix their entries."""
+
+    def __init__(self):
+        self._entries = weakref.WeakKeyDictionary()
+
+    def get(self, method, G, stats, compute) -> np.ndarray:
+        """``compute()``, or what it gave last time for ``method`` and these very objects ``G`` and ``stats``."""
+        entry = self._entries.get(method)
+        if entry is not None and entry[0] is G and entry[1] is stats:
+            return entry[2]
+        errors = compute()
+        self._entries[method] = (G, stats, errors)
+        return errors
+
+
+LAST_ERRORS = LastErrors()
 
 
 # Errors below this share of ||X_l|| are measured against it by the stopping rules (``relative_change_below``).
@@ -131,10 +156,10 @@ class GroupErrorEstimate:
         return {"H": H, "HHt": H @ np.swapaxes(H, -1, -2), "scale": G["scale"], "r": relative, "done": done}
 
     def errors(self, G, stats, data) -> np.ndarray:
-        """||X_l - W_l^(t) H_l^(t)||_F, shape (L, T)."""
-        return np.array([[group_errors(sq, s["WtX"][t], s["WtW"][t], G["H"][g, t], G["HHt"][g, t])
-                          for t in range(self.n_estimates)]
-                         for g, (s, sq) in enumerate(zip(stats, data.group_sq_norms))])
+        """||X_l - W_l^(t) H_l^(t)||_F, shape (L, T) (the same array for the same ``G`` and ``stats``)."""
+        return LAST_ERRORS.get(self, G, stats, lambda: np.array([
+            [group_errors(sq, s["WtX"][t], s["WtW"][t], G["H"][g, t], G["HHt"][g, t]) for t in range(self.n_estimates)]
+            for g, (s, sq) in enumerate(zip(stats, data.group_sq_norms))]))
 
     def relative_errors(self, G, stats, data) -> np.ndarray:
         return self.errors(G, stats, data) / np.sqrt(data.group_sq_norms)[:, None]
@@ -184,8 +209,9 @@ class _FairerScheme:
         return {"WtX": WtX, "WtW": WtW}
 
     def errors(self, G, stats, data) -> np.ndarray:
-        return np.array([group_errors(sq, s["WtX"], s["WtW"], G["H"], G["HHt"])
-                         for s, sq in zip(stats, data.group_sq_norms)])
+        """||X_l - W_l H||_F per group (the same array for the same ``G`` and ``stats``)."""
+        return LAST_ERRORS.get(self, G, stats, lambda: np.array([group_errors(sq, s["WtX"], s["WtW"], G["H"], G["HHt"])
+                                                           for s, sq in zip(stats, data.group_sq_norms)]))
 
     def losses(self, G, stats, data) -> np.ndarray:
         """Relative reconstruction loss per group (Definition 4.1)."""
