@@ -17,6 +17,9 @@ import pytest
 
 from distfact.pipeline import SpecError, load_spec, run_pipeline
 
+# a complete checkpoint: its staging directory iter-NNNNNN.partial-<hex>/ holds COMMITTED before the rename
+COMMITTED_CHECKPOINT = "iter-" + "[0-9]" * 6 + "/COMMITTED"
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATE = "2026-11-22"
 SMALL = """
@@ -138,13 +141,13 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path):
                                stderr=subprocess.DEVNULL)
     partial = tmp_path / "cut" / "resumable" / f".{DATE}.partial" / "fit.partial" / "nmf-r8" / "checkpoints"
     deadline = time.time() + 300
-    while not list(partial.glob("*/COMMITTED")) and time.time() < deadline and process.poll() is None:
+    while not list(partial.glob(COMMITTED_CHECKPOINT)) and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     time.sleep(0.3)  # a few more iterations, mid-fit
     process.send_signal(signal.SIGKILL)
     process.wait()
     run_dir = tmp_path / "cut" / "resumable" / DATE
-    assert list(partial.glob("*/COMMITTED")) and not (run_dir / "fit").exists(), "the kill must land mid-fit"
+    assert list(partial.glob(COMMITTED_CHECKPOINT)) and not (run_dir / "fit").exists(), "the kill must land mid-fit"
     resumed = run("run", spec, "--output", tmp_path / "cut", "--date", DATE, "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "skip" in resumed.stderr and '"stage": "ingest", "event": "skip"' in resumed.stderr

@@ -18,6 +18,9 @@ import distfact
 from conftest import grouped_data
 from damage import assert_refused, cli, small_disk, snapshot
 
+# a complete checkpoint: its staging directory iter-NNNNNN.partial-<hex>/ holds COMMITTED before the rename
+COMMITTED_CHECKPOINT = "iter-" + "[0-9]" * 6 + "/COMMITTED"
+
 
 @pytest.fixture
 def store(tmp_path):
@@ -151,12 +154,12 @@ def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path):
     process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoints = tmp_path / ".cut.partial" / "checkpoints"
     deadline = time.time() + 300
-    while not list(checkpoints.glob("*/COMMITTED")) and process.poll() is None and time.time() < deadline:
+    while not list(checkpoints.glob(COMMITTED_CHECKPOINT)) and process.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the kill must land mid-fit"
-    assert not (tmp_path / "cut").exists() and list(checkpoints.glob("*/COMMITTED"))
+    assert not (tmp_path / "cut").exists() and list(checkpoints.glob(COMMITTED_CHECKPOINT))
     resumed = subprocess.run([sys.executable, "-m", "distfact.cli", "-v", *args[3:], "--resume"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr  # not started afresh
