@@ -392,14 +392,19 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         """The width of transform's output, which get_feature_names_out names (AttributeError until fitted)."""
         return self.components_.shape[0]
 
-    def _rows_for_fixed_H(self, X, groups, client, method, max_iter, tol):
+    def _rows_for_fixed_H(self, X, groups, client, method, max_iter, tol, local_inputs=None):
         """W for new rows with H = components_ fixed, by NMF's W solve (``method.solve_local`` of an
         :class:`~distfact.methods.nmf.NMFMethod`, from the constant start of its scale): one read of X,
-        rows in X's order. The caller checks that the estimator is fitted."""
+        rows in X's order. The caller checks that the estimator is fitted. ``local_inputs``: a function of the
+        grouped X giving per block the row-aligned inputs ``solve_local`` receives as the block's local state
+        (a mask), or None."""
         data = self._grouped(X, groups)
         self._check_width(data.shape[1])
+        inputs = None if local_inputs is None else local_inputs(data)
         executor = self._executor(data, client)
         try:
+            if inputs is not None:
+                executor.init_local(given_local, per_block=inputs)
             blocks = executor.map_blocks(method.solve_local, self.components_.astype(data.dtype, copy=False),
                                          method.init_scale(data), max_iter, tol)
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils._param_validation import StrOptions
 
 from ..engine.driver import initialise
@@ -10,6 +11,7 @@ from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
 from ..metrics import group_metric_frame, relative_error
 from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
+from .masks import block_masks, missing_entries, resolve_mask
 from .contract import POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
 INITS = ("random", "nndsvda", "custom")
@@ -124,20 +126,29 @@ class NMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, y=None, *, groups=None, W=None, H=None, client=None, W_out=None):
+    def fit(self, X, y=None, *, groups=None, mask=None, W=None, H=None, client=None, W_out=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with row ``groups``.
+
+        ``mask``: which entries of X are observed (``distfact.estimators.masks``): None (all), a non-negative
+        weight array or sparse matrix of X's shape (0 = missing), "nan" (X's NaN entries are missing) or
+        "nonzero" (the stored entries of a sparse X are the observed ones). The losses, the stopping rule and
+        the per-group metrics are then over the observed entries, weighted (see ``distfact.methods.nmf``);
+        the values of X at missing entries never change the factors. solver='mu' only.
 
         ``W_out``: a directory where the fitted W is written block by block, by the
         process holding each block (one Zarr array per block, in the store's row order).
         """
         self._ignore_y(y, groups)
-        self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H)
+        X, mask = resolve_mask(X, mask)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, mask=mask, W=W, H=H)
         return self
 
-    def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, client=None):
-        """Fit and return W (n_samples x r) in X's row order. This gathers W on the driver."""
+    def fit_transform(self, X, y=None, *, groups=None, mask=None, W=None, H=None, client=None):
+        """Fit (``mask`` as in :meth:`fit`) and return W (n_samples x r) in X's row order. This gathers W on
+        the driver."""
         self._ignore_y(y, groups)
-        return self._run_fit(X, groups, client, want_W=True, W=W, H=H)
+        X, mask = resolve_mask(X, mask)
+        return self._run_fit(X, groups, client, want_W=True, mask=mask, W=W, H=H)
 
     _custom_factors = ("W", "H")
 
@@ -147,28 +158,45 @@ class NMF(FactorEstimator):
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
     def _prepare(self, fit):
+        """The method, and the mask (``fit.inputs["mask"]``) cut per block: ``inputs["mask_blocks"]`` (None
+        without a mask) and its digest ``inputs["mask_digest"]``."""
         fit.method = NMFMethod(fit.rank, self.solver, self.beta_loss, float(self.tol), str(fit.data.dtype))
+        blocks, digest = block_masks(fit.data, fit.inputs.get("mask"))
+        if blocks is not None and self.solver != "mu":
+            raise ValueError(f"solver={self.solver!r} does not take a mask (masked HALS is not implemented); "
+                             "use solver='mu'")
+        fit.inputs.update(mask_blocks=blocks, mask_digest=digest)
+        self._masked_fit = blocks is not None  # for _outputs, which sees the executor only
 
     def _phases(self, fit):
         """One loop, from the random, NNDSVDa or given start."""
         method = fit.method
         config = {"estimator": "NMF", "method": method.__dict__, "init": self.init,
                   "random_state": self.random_state, "data": data_fingerprint(fit.data)}
+        if fit.inputs["mask_digest"] is not None:  # (unmasked fits keep their configuration, and checkpoints)
+            config["mask"] = fit.inputs["mask_digest"]
         yield Phase(method, self._start(method, fit), self.max_iter, config, cut_short=(
             f"NMF stopped at max_iter={self.max_iter} before every group's loss changed by less than "
             f"tol={self.tol}; raise NMF(max_iter=...)") if self.tol > 0 else None)
 
     def _start(self, method, fit):
-        data, executor = fit.data, fit.executor
+        data, executor, masks = fit.data, fit.executor, fit.inputs["mask_blocks"]
         if self.init == "random":
-            return lambda: initialise(method, data, executor, self.random_state)
+            return lambda: initialise(method, data, executor, self.random_state, masks)
         if self.init == "nndsvda":
-            return lambda: nndsvda_start(method, data, executor, self.random_state)
+            return lambda: nndsvda_start(method, data, executor, self.random_state, masks)
         W, H = fit.inputs["W"], fit.inputs["H"]
         if W is None or H is None:
             raise ValueError("init='custom' needs both W and H")
         H = check_factor(H, (method.n_components, data.shape[1]), "H", data.dtype)
-        return self._custom_start(data, executor, W, method.n_components, data.dtype, method.with_derived(H, data))
+        return self._custom_start(data, executor, W, method.n_components, data.dtype, method.with_derived(H, data),
+                                  masks)
+
+    def _outputs(self, data, executor, W_out, want_W):
+        """As every estimator's, after a masked fit's local states (W_b and the block's mask) are reduced to W_b."""
+        if self._masked_fit and (want_W or W_out is not None):
+            executor.map_local(_without_mask)
+        return super()._outputs(data, executor, W_out, want_W)
 
     def _set_results(self, fit, method, state):
         data = fit.data
@@ -181,18 +209,60 @@ class NMF(FactorEstimator):
         self.group_losses_ = state.group_objectives[-1]
         self.reconstruction_err_ = float(np.sqrt(2.0 * max(state.objectives[-1], 0.0)))
         self.group_errors_ = relative_error(method.squared_errors(state.global_state, state.stats, data),
-                                            data.group_sq_norms)
+                                            method.observed_sq_norms(state.stats, data))
         self.group_metrics_ = group_metric_frame(self.group_names_, {"relative_error": self.group_errors_,
                                                                      "objective": self.group_losses_})
 
     # ------------------------------------------------------------ transform
-    def transform(self, X, *, groups=None, client=None, max_iter=None):
+    def transform(self, X, *, groups=None, client=None, max_iter=None, mask=None):
         """W for new X with H = components_ fixed (one read of X; rows solved independently, by the fit's
         solver and loss, at most ``max_iter`` iterations (default: the estimator's) until W changes by less
-        than the estimator's ``tol`` relative)."""
+        than the estimator's ``tol`` relative). ``mask`` (as in :meth:`fit`): W fitted to the observed entries
+        only, by weighted MU (solver='mu')."""
         self._check_fitted()
+        X, mask = resolve_mask(X, mask)
+        return self._masked_rows(X, groups, client, max_iter, mask)
+
+    def _masked_rows(self, X, groups, client, max_iter, mask):
+        """W for X with H fixed, over the entries ``mask`` (resolved) observes."""
+        if mask is not None and self.solver != "mu":
+            raise ValueError(f"this NMF was fitted with solver={self.solver!r}, which does not take a mask "
+                             "(masked HALS is not implemented)")
         return self._rows_for_fixed_H(X, groups, client, self._method, self.max_iter if max_iter is None else max_iter,
-                                      self.tol)
+                                      self.tol, lambda data: block_masks(data, mask)[0])
+
+    def impute(self, X, *, mask="nan", groups=None, client=None, max_iter=None):
+        """X with its missing entries filled from W H, W fitted to X's observed entries with H = components_
+        fixed (a masked :meth:`transform`); observed entries are returned as given.
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features), dense
+            The table with holes (a sparse X would be densified by filling it: refused).
+        mask : "nan" or weight array, default "nan"
+            The missing entries: X's NaN entries ("nan"), or those of weight 0.
+
+        Returns
+        -------
+        ndarray (n_samples, n_features)
+            X (as float) with every missing entry replaced by (W H)_ij.
+        """
+        self._check_fitted()
+        if sp.issparse(X) or (isinstance(mask, str) and mask == "nonzero"):
+            raise ValueError("impute fills every missing entry, which makes a sparse X dense; give a dense X, or "
+                             "use transform(X, mask=...) and inverse_transform on the rows you need")
+        values = np.array(X, dtype=self.components_.dtype)  # a copy: the output
+        X, resolved = resolve_mask(values, mask)
+        if resolved is None:
+            return values
+        W = np.asarray(self._masked_rows(X, groups, client, max_iter, resolved))
+        rows, cols = missing_entries(resolved)
+        values[rows, cols] = np.einsum("ij,ji->i", W[rows], self.components_[:, cols])
+        return values
+
+
+def _without_mask(local, block):
+    return local["W"]
 
 
 def _nmf_facts(model) -> dict:

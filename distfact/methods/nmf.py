@@ -18,6 +18,27 @@ Errors come from the statistics, without another pass (DESIGN §1):
 (for float32 data the first cancels to noise below a relative error of ~1e-3, so the pass also
 accumulates ||X_b - W_b H||^2 directly in float64: one more product per dense block, O(nnz r) for CSR.)
 Stopping rule: every group's loss changed by less than ``tol`` relative to its previous value.
+
+With a mask (weights M >= 0, 0 = missing; ``fit(X, mask=...)``) the losses are over the observed entries,
+
+    frobenius:          L = 1/2 sum_ij m_ij (x_ij - (WH)_ij)^2           (1/2 ||M o (X - W H)||_F^2 for 0/1 M)
+    kullback-leibler:   L = sum_ij m_ij (x_ij log(x_ij / (WH)_ij) - x_ij + (WH)_ij)
+
+and Lee & Seung's updates above become their weighted forms (M enters where the all-ones matrix was):
+
+    global step   H <- H * (W^T (M o X)) / (W^T (M o W H))          (MU, Frobenius)
+                  H <- H * (W^T (M o X / WH)) / (W^T M)             (MU, KL)
+    local step    W_b <- W_b * ((M_b o X_b) H^T) / ((M_b o W_b H) H^T)   (MU, Frobenius)
+                  W_b <- W_b * ((M_b o X_b / W_b H) H^T) / (M_b H^T)      (MU, KL)
+    statistics    per group l: W_l^T (M_l o X_l), and W^T (M o W H) as (W^T W) H + WtMWH_adj, sum m x^2
+                  (Frobenius); W_l^T (M_l o X_l / W_l H), W_l^T M_l, sum m x log(x / wh), sum m x (KL)
+    errors        sum m (x - wh)^2 = sum m x^2 - 2 <W^T (M o X), H> + <W^T W, H H^T> + <WtMWH_adj, H>
+                  D_KL over observed = sum m x log(x / wh) - sum m x + <W^T M, H>
+
+Each block's mask travels with its W_b in its local state, in the sparse form that stores fewer entries
+(``kernels/masked.py``): a masked block's local state is the dict {"W": W_b, form: P_b}. The stopping rule,
+the objective and the per-group ``relative_error`` (sqrt(sum m (x - wh)^2 / sum m x^2)) of a masked fit are
+over the observed entries. HALS with a mask is not implemented (refused by the estimator).
 """
 
 from __future__ import annotations
@@ -26,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import masked as km
 from ..kernels import nmf as k
 from ..metrics import frobenius_sq_errors
 from .stopping import groups_relative_change_below
@@ -56,7 +78,8 @@ class NMFMethod:
 
     # -- initialisation ------------------------------------------------------
     def init_scale(self, data) -> float:
-        """sqrt(mean(X) / r), the scale of scikit-learn's random initialisation."""
+        """sqrt(mean(X) / r), the scale of scikit-learn's random initialisation (of X as stored: for a masked fit
+        of X in memory, with its missing entries zeroed by fit)."""
         m, n = data.shape
         return float(np.sqrt(data.group_totals.sum() / (m * n) / self.n_components))
 
@@ -64,9 +87,11 @@ class NMFMethod:
         H = self.init_scale(data) * np.abs(rng.standard_normal((self.n_components, data.shape[1])))
         return self.with_derived(H.astype(self.dtype), data)
 
-    def initial_local(self, block, global_state, rows):
-        W = global_state["scale"] * np.abs(rows.standard_normal(self.n_components))
-        return W.astype(self.dtype)
+    def initial_local(self, block, global_state, rows, inputs=None):
+        """W_b from the block's random rows; with ``inputs`` (a masked fit: the block's mask), the local state
+        {**inputs, "W": W_b}."""
+        W = (global_state["scale"] * np.abs(rows.standard_normal(self.n_components))).astype(self.dtype)
+        return W if inputs is None else {**inputs, "W": W}
 
     def with_derived(self, H, data=None, scale=None):
         """Global state: H plus what every block needs from it, computed once on the driver."""
@@ -76,6 +101,8 @@ class NMFMethod:
     # -- pass ---------------------------------------------------------------
     def block_stats(self, X_b, W_b, block, G):
         """Statistics of the block for (W_b, H) (pass 0)."""
+        if isinstance(W_b, dict):
+            return self._masked_stats(km.BlockTerms(X_b, W_b["W"], G["H"], *km.mask_of(W_b)))
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         stats = {"WtX": WtX, "WtW": WtW}
         if self.kl:
@@ -84,6 +111,8 @@ class NMFMethod:
 
     def local_step(self, X_b, W_b, block, G):
         """Update W_b for the current H, then emit the block's statistics for the new W_b."""
+        if isinstance(W_b, dict):
+            return self._masked_local_step(X_b, W_b, block, G)
         if self.kl:
             W_new, WtR, Wsum, xlogx = k.kl_local(X_b, W_b, G["H"])
             WtX, WtW = k.frobenius_stats(X_b, W_new)
@@ -94,6 +123,25 @@ class NMFMethod:
         if sq_err:  # float32: from the same tiles of X_b as the products
             stats["sq_err"] = np.float64(sq_err[0])
         return W_new, stats
+
+    def _masked_local_step(self, X_b, local, block, G):
+        """A masked block: W_b by weighted MU over its observed entries, then its statistics."""
+        if self.solver != "mu":
+            raise ValueError("a mask needs solver='mu' (masked HALS is not implemented)")
+        form, P = km.mask_of(local)
+        if self.kl:
+            terms = km.kl_local(X_b, local["W"], G["H"], form, P)
+        else:
+            terms = km.frobenius_local(X_b, local["W"], G["H"], G["HHt"], form, P)
+        return {**local, "W": terms.W}, self._masked_stats(terms)
+
+    def _masked_stats(self, terms):
+        """A masked block's statistics at (W_b, H): the Frobenius ones (the H update of 'frobenius', and the
+        ``relative_error`` metric whatever the loss) and, for KL, the KL ones."""
+        stats = km.frobenius_stats(terms, self._float32)
+        if self.kl:
+            stats.update(km.kl_block_stats(terms))
+        return stats
 
     @property
     def _float32(self) -> bool:
@@ -111,7 +159,11 @@ class NMFMethod:
         """H update from the statistics summed over all groups."""
         total = {name: sum(s[name] for s in stats) for name in stats[0]}
         H = G["H"]
-        if self.kl:
+        if "WtM" in total:
+            H = km.kl_h_update(H, total["WtR"], total["WtM"])
+        elif "WtMWH_adj" in total:
+            H = km.mu_h_update(H, total["WtX"], total["WtW"], total["WtMWH_adj"])
+        elif self.kl:
             H = k.kl_h_update(H, total["WtR"], total["Wsum"])
         elif self.solver == "mu":
             H = k.mu_h_update(H, total["WtX"], total["WtW"])
@@ -123,13 +175,26 @@ class NMFMethod:
     @staticmethod
     def squared_errors(G, stats, data) -> np.ndarray:
         """||X_l - W_l H||_F^2 per group, from the statistics (clipped at 0 against round-off);
-        for float32 data, from the residuals accumulated in float64."""
+        for float32 data, from the residuals accumulated in float64. Masked: sum m (x - wh)^2 over the
+        observed entries."""
         if "sq_err" in stats[0]:
-            return np.array([float(s["sq_err"]) for s in stats])
+            return np.array([max(float(s["sq_err"]), 0.0) for s in stats])
+        if "Mxx" in stats[0]:
+            return km.sq_errors(G, stats)
         return frobenius_sq_errors(data.group_sq_norms, [(s["WtX"], s["WtW"]) for s in stats], G["H"], G["HHt"])
 
+    @staticmethod
+    def observed_sq_norms(stats, data) -> np.ndarray:
+        """||X_l||_F^2 over the observed entries (sum m x^2; all of X_l without a mask): what ``relative_error``
+        is relative to."""
+        if "Mxx" in stats[0]:
+            return np.array([float(s["Mxx"]) for s in stats])
+        return data.group_sq_norms
+
     def objective(self, G, stats, data):
-        if self.kl:
+        if "WtM" in stats[0]:
+            losses = km.kl_objectives(G, stats)
+        elif self.kl:
             Hsum = G["H"].sum(axis=1)
             losses = np.array([float(s["xlogx"]) - total + float(s["Wsum"] @ Hsum.astype(np.float64))
                                for s, total in zip(stats, data.group_totals)])
@@ -141,9 +206,15 @@ class NMFMethod:
         return groups_relative_change_below(group_objectives, self.tol)
 
     # -- transform ------------------------------------------------------------
-    def solve_local(self, X_b, _local, block, H, scale, max_iter, tol):
-        """W_b for a fixed H (transform), from one read of X_b, starting from W_b = ``scale``."""
+    def solve_local(self, X_b, local, block, H, scale, max_iter, tol):
+        """W_b for a fixed H (transform), from one read of X_b, starting from W_b = ``scale``; with a mask
+        (``local``: the block's mask), over its observed entries by weighted MU."""
         W_b = np.full((block.n_rows, H.shape[0]), scale, dtype=H.dtype)
+        if isinstance(local, dict):
+            if self.solver != "mu":
+                raise ValueError("a mask needs solver='mu' (masked HALS is not implemented)")
+            return km.solve_w(X_b, W_b, H, *km.mask_of(local), self.kl, max_iter, tol)
         if self.kl:
             return k.kl_solve_w(X_b, W_b, H, max_iter, tol)
         return k.frobenius_solve_w(X_b, W_b, H, self.solver, max_iter, tol)
+

@@ -15,12 +15,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.driver import BlockSeeds
+from ..kernels.masked import zeroed
 
 N_POWER_PASSES = 4
 OVERSAMPLING = 10
 
 
-def _gram_times(X_b, _local, block, Q):
+def _block_inputs(block, inputs):
+    """A block's local state before W exists: its own inputs."""
+    return inputs
+
+
+def _gram_times(X_b, local, block, Q):
+    X_b = zeroed(X_b, local)
     return {"Y": np.asarray(X_b.T @ (X_b @ Q))}
 
 
@@ -28,17 +35,18 @@ def _left_vectors(X_b, V, s):
     return np.asarray(X_b @ V) / s
 
 
-def _part_norms(X_b, _local, block, V, s):
-    U = _left_vectors(X_b, V, s)
+def _part_norms(X_b, local, block, V, s):
+    U = _left_vectors(zeroed(X_b, local), V, s)
     return {"pos": (np.maximum(U, 0) ** 2).sum(axis=0), "neg": (np.minimum(U, 0) ** 2).sum(axis=0)}
 
 
-def _nndsvda_rows(X_b, _local, block, V, s, use_pos, norms, lbd, fill, method, G):
-    U = _left_vectors(X_b, V, s)
+def _nndsvda_rows(X_b, inputs, block, V, s, use_pos, norms, lbd, fill, method, G):
+    U = _left_vectors(zeroed(X_b, inputs), V, s)
     W = np.where(use_pos, np.maximum(U, 0), np.maximum(-U, 0)) / norms * lbd
     W[:, 0] = np.sqrt(s[0]) * np.abs(U[:, 0])
     W = np.where(W < np.finfo(W.dtype).eps, fill, W).astype(method.dtype)
-    return W, method.block_stats(X_b, W, block, G)
+    local = W if inputs is None else {**inputs, "W": W}
+    return local, method.block_stats(X_b, local, block, G)
 
 
 def top_right_singular(data, executor, r: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -55,8 +63,12 @@ def top_right_singular(data, executor, r: int, rng) -> tuple[np.ndarray, np.ndar
     return Q @ Z[:, order], np.sqrt(np.maximum(ritz[order], np.finfo(np.float64).tiny))
 
 
-def nndsvda_start(method, data, executor, random_state):
-    """Initialise the executor's W blocks and return (global state, pass-0 statistics)."""
+def nndsvda_start(method, data, executor, random_state, local_inputs=None):
+    """Initialise the executor's W blocks and return (global state, pass-0 statistics). ``local_inputs``: per
+    block, row-aligned inputs (a masked fit's masks) that join W_b in its local state; the SVD is then that of X
+    with its missing entries as zeros."""
+    if local_inputs is not None:
+        executor.init_local(_block_inputs, per_block=local_inputs)
     rng = BlockSeeds(random_state).global_rng()
     r = method.n_components
     V, s = top_right_singular(data, executor, r, rng)

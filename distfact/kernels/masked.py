@@ -1,0 +1,283 @@
+"""Masked (weighted) NMF products and updates on one row block; pure numeric, no Dask.
+
+A block's mask M_b (weights, 0 = missing) comes in one of two sparse forms, whichever stores fewer entries
+(``estimators/masks.py`` chooses per block):
+
+    "observed"     P = M_b itself (CSR of the weights): few entries observed
+    "complement"   P = C_b, the CSR of 1 - m_ij at the entries whose weight is not 1: few entries masked
+
+Every masked product costs O(stored entries of P x r) on top of the unmasked one (complement) or in place of
+it (observed), never a dense product with M_b:
+
+    (M o X) H^T   = P_x H^T                     | X H^T - P_x H^T
+    (M o WH) H^T  = P_wh H^T                    | W (H H^T) - P_wh H^T
+    W^T (M o X)   = W^T P_x                     | W^T X - W^T P_x
+    W^T (M o WH)  = W^T P_wh                    | (W^T W) H - W^T P_wh
+    M H^T, W^T M  = P H^T, W^T P                | 1 H^T - P H^T, (W^T 1) 1^T - W^T P
+
+where P_x and P_wh are P's pattern holding p_ij x_ij and p_ij (WH)_ij (for KL, P_q holds p_ij x_ij / (WH)_ij
+with WH floored as in the unmasked ratio). Denominators are floored at the dtype's machine epsilon, as in
+``kernels/nmf.py``: with an empty complement every expression above is the unmasked one minus exact zeros.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from .nmf import kl_ratio, kl_stats, residual_sq_norm
+from .products import block_times_ht, floor_eps, gram, sparse_wt_times_block, wh_at_nonzeros, wt_times_block
+
+OBSERVED = "mask_observed"
+COMPLEMENT = "mask_complement"
+FORMS = (OBSERVED, COMPLEMENT)
+
+
+@numba.njit(nogil=True, cache=True)
+def _csr_positions_at(indptr, indices, x_indptr, x_indices):
+    """Where each stored entry of one CSR pattern is stored in another (sorted column indices), -1 where it is not:
+    a binary search per entry within the row."""
+    out = np.full(indices.shape[0], -1, dtype=np.int64)
+    for i in range(indptr.shape[0] - 1):
+        lo, hi = x_indptr[i], x_indptr[i + 1]
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            a, b = lo, hi
+            while a < b:
+                mid = (a + b) // 2
+                if x_indices[mid] < j:
+                    a = mid + 1
+                else:
+                    b = mid
+            if a < hi and x_indices[a] == j:
+                out[p] = a
+    return out
+
+
+def _sorted_csr(X) -> sp.csr_matrix:
+    X = sp.csr_matrix(X)
+    return X if X.has_sorted_indices else X.sorted_indices()
+
+
+def positions_at(pattern: sp.csr_matrix, X) -> np.ndarray:
+    """For each stored entry of ``pattern`` (CSR), its index in the CSR X's ``data`` (-1 where X stores none)."""
+    return _csr_positions_at(pattern.indptr, pattern.indices, X.indptr, X.indices)
+
+
+def values_at(pattern: sp.csr_matrix, X) -> np.ndarray:
+    """X's values at the stored entries of ``pattern`` (CSR), in ``pattern.data``'s order (0 where a sparse X
+    stores nothing): O(stored entries of the pattern), X never densified."""
+    if sp.issparse(X):
+        X = _sorted_csr(X)
+        where = positions_at(pattern, X)
+        return np.where(where >= 0, X.data[np.maximum(where, 0)], np.zeros((), X.dtype)) if X.nnz else \
+            np.zeros(pattern.nnz, X.dtype)
+    return np.asarray(X)[_pattern_rows(pattern), pattern.indices]
+
+
+def _pattern_rows(P: sp.csr_matrix) -> np.ndarray:
+    return np.repeat(np.arange(P.shape[0]), np.diff(P.indptr))
+
+
+def observed_block(X, form: str, P: sp.csr_matrix):
+    """(X_b, x): X_b with 0 at the entries of weight 0 (X_b itself unless it holds a non-zero there: a copy made
+    only then, e.g. when one X serves models of different masks), and its values at P's entries. So every product
+    of a masked block sees the same X_b whatever X held at its missing entries."""
+    x = values_at(P, X)
+    if form == OBSERVED:  # P holds the observed entries only: X elsewhere is never read
+        return X, x
+    missing = (P.data == 1) & (x != 0)
+    if not missing.any():
+        return X, x
+    x = np.where(missing, np.zeros((), x.dtype), x)
+    if sp.issparse(X):
+        X = _sorted_csr(X).copy()
+        X.data[positions_at(P, X)[missing]] = 0
+        X.eliminate_zeros()
+    else:
+        X = np.array(X, copy=True)
+        X[_pattern_rows(P)[missing], P.indices[missing]] = 0
+    return X, x
+
+
+def zeroed(X, local):
+    """X_b with 0 at its missing entries when ``local`` is a masked block's local state (else X_b)."""
+    return observed_block(X, *mask_of(local))[0] if isinstance(local, dict) else X
+
+
+def on_pattern(P: sp.csr_matrix, values) -> sp.csr_matrix:
+    """A CSR matrix with P's pattern holding ``values``."""
+    return sp.csr_matrix((values, P.indices, P.indptr), shape=P.shape)
+
+
+def mask_of(local: dict) -> tuple[str, sp.csr_matrix]:
+    """(form, P) of a masked block's local state."""
+    for form in FORMS:
+        if form in local:
+            return form, local[form]
+    raise ValueError(f"a masked block's local state holds none of {FORMS}: {sorted(local)}")
+
+
+def _sums(X) -> tuple[float, float]:
+    """(sum x^2, sum x) of a block, in float64."""
+    values = (X.data if sp.issparse(X) else X).reshape(-1)
+    return float(np.einsum("i,i->", values, values, dtype=np.float64)), float(values.sum(dtype=np.float64))
+
+
+class BlockTerms:
+    """One masked block at (W_b, H): X_b with its missing entries zeroed and its values x at P's entries
+    (:func:`observed_block`), P's weights p (in W's dtype) and W H at P's entries. ``base``: terms of the same
+    block at another W, whose X_b and x are reused."""
+
+    def __init__(self, X, W, H, form: str, P: sp.csr_matrix, base: BlockTerms | None = None):
+        self.W, self.H, self.form, self.P = W, H, form, P
+        self.X, x = (base.X, base.x) if base is not None else observed_block(X, form, P)
+        self.x = x.astype(W.dtype, copy=False)
+        self.p = P.data.astype(W.dtype, copy=False)
+        self.wh = wh_at_nonzeros(P, W, H)
+
+    @property
+    def observed(self) -> bool:
+        return self.form == OBSERVED
+
+    def weighted(self, values) -> sp.csr_matrix:
+        return on_pattern(self.P, self.p * values)
+
+    def ratio(self) -> sp.csr_matrix:
+        """P_q: p x / max(wh, eps) on P's pattern (the masked part of the KL ratio)."""
+        return self.weighted(self.x / np.maximum(self.wh, floor_eps(self.W.dtype)))
+
+    def sq_residual(self) -> float:
+        """sum over P of p (x - wh)^2, in float64."""
+        d = self.x.astype(np.float64) - self.wh.astype(np.float64)
+        return float(np.dot(self.p.astype(np.float64), d * d))
+
+    def weighted_xlogx(self) -> np.float64:
+        """sum over P's entries with x > 0 of p x log(x / wh), in float64 (wh floored)."""
+        pos = self.x > 0
+        x, wh = self.x[pos], np.maximum(self.wh[pos], floor_eps(self.W.dtype))
+        return np.float64(np.dot((self.p[pos] * x).astype(np.float64), np.log(x / wh).astype(np.float64)))
+
+    def observed_sums(self) -> tuple[float, float]:
+        """(sum m x^2, sum m x) over the block, in float64: over P for the observed form, the block's sums less
+        P's for the complement form."""
+        p, x = self.p.astype(np.float64), self.x.astype(np.float64)
+        on_p = float(np.dot(p, x * x)), float(np.dot(p, x))
+        if self.observed:
+            return on_p
+        block = _sums(self.X)
+        return block[0] - on_p[0], block[1] - on_p[1]
+
+
+# --------------------------------------------------------------------- Frobenius
+def frobenius_numerator(terms: BlockTerms):
+    """(M o X) H^T, fixed while H is."""
+    masked = terms.weighted(terms.x) @ terms.H.T
+    return masked if terms.observed else block_times_ht(terms.X, terms.H) - masked
+
+
+def frobenius_w_update(HHt, num, terms: BlockTerms):
+    """Weighted MU: W <- W * ((M o X) H^T) / ((M o W H) H^T), ``terms`` at the current W."""
+    W = terms.W
+    masked = terms.weighted(terms.wh) @ terms.H.T
+    den = masked if terms.observed else W @ HHt - masked
+    return W * num / np.maximum(den, floor_eps(W.dtype))
+
+
+def frobenius_local(X, W, H, HHt, form: str, P) -> BlockTerms:
+    """Masked local step for sum m (x - wh)^2: W_b by weighted MU; returns the block's terms at the new W_b."""
+    terms = BlockTerms(X, W, H, form, P)
+    return BlockTerms(X, frobenius_w_update(HHt, frobenius_numerator(terms), terms), H, form, P, terms)
+
+
+def frobenius_stats(terms: BlockTerms, residual: bool) -> dict:
+    """The block's statistics at (W_b, H) for the H update and the errors over observed entries:
+    ``WtX`` = W^T (M o X), ``WtW`` (W^T W for the complement form, zeros for the observed one) and ``WtMWH_adj``
+    such that W^T (M o W H) = WtW H + WtMWH_adj, and ``Mxx`` = sum m x^2. With ``residual``: ``sq_err`` =
+    sum m (x - wh)^2 accumulated in float64 (float32 data)."""
+    W, X = terms.W, terms.X
+    WtPx, WtPwh = sparse_wt_times_block(W, terms.weighted(terms.x)), sparse_wt_times_block(W, terms.weighted(terms.wh))
+    Mxx = np.float64(terms.observed_sums()[0])
+    if terms.observed:
+        r = W.shape[1]
+        stats = {"WtX": WtPx, "WtW": np.zeros((r, r), W.dtype), "WtMWH_adj": WtPwh, "Mxx": Mxx}
+    else:
+        stats = {"WtX": wt_times_block(W, X) - WtPx, "WtW": gram(W), "WtMWH_adj": -WtPwh, "Mxx": Mxx}
+    if residual:
+        masked = terms.sq_residual()
+        stats["sq_err"] = np.float64(masked if terms.observed else residual_sq_norm(X, W, terms.H) - masked)
+    return stats
+
+
+def mu_h_update(H, WtX, WtW, WtMWH_adj):
+    """Weighted MU for H: H <- H * (W^T (M o X)) / (W^T (M o W H)), from the statistics summed over blocks."""
+    return H * WtX / np.maximum(WtW @ H + WtMWH_adj, floor_eps(H.dtype))
+
+
+def sq_errors(G, stats) -> np.ndarray:
+    """sum over group l's observed entries of m (x - wh)^2, from its statistics (float64, clipped at 0):
+    sum m x^2 - 2 <W^T (M o X), H> + <W^T W, H H^T> + <WtMWH_adj, H>."""
+    H = np.asarray(G["H"], dtype=np.float64)
+    HHt = np.asarray(G["HHt"], dtype=np.float64)
+    return np.array([max(float(s["Mxx"]) - 2.0 * np.vdot(s["WtX"], H) + np.vdot(s["WtW"], HHt)
+                         + np.vdot(s["WtMWH_adj"], H), 0.0) for s in stats])
+
+
+# --------------------------------------------------------- Kullback-Leibler
+def kl_w_update(terms: BlockTerms):
+    """Weighted KL MU: W <- W * ((M o X / WH) H^T) / (M H^T), ``terms`` at the current W."""
+    W, H = terms.W, terms.H
+    masked_num, masked_den = terms.ratio() @ H.T, on_pattern(terms.P, terms.p) @ H.T
+    if terms.observed:
+        num, den = masked_num, masked_den
+    else:
+        num = block_times_ht(kl_ratio(terms.X, W, H)[0], H) - masked_num
+        den = H.sum(axis=1)[None, :] - masked_den
+    return W * num / np.maximum(den, floor_eps(W.dtype))
+
+
+def kl_local(X, W, H, form: str, P) -> BlockTerms:
+    """Masked local step for the KL divergence over observed entries; returns the block's terms at the new W_b."""
+    terms = BlockTerms(X, W, H, form, P)
+    return BlockTerms(X, kl_w_update(terms), H, form, P, terms)
+
+
+def kl_block_stats(terms: BlockTerms) -> dict:
+    """The KL statistics at (W_b, H) over observed entries: ``WtR`` = W^T (M o X / WH), ``WtM`` = W^T M (r x n),
+    ``xlogx`` = sum m x log(x / wh) over observed x > 0 and ``Mx`` = sum m x."""
+    W = terms.W
+    WtQ, WtP = sparse_wt_times_block(W, terms.ratio()), sparse_wt_times_block(W, on_pattern(terms.P, terms.p))
+    xlogx, Mx = terms.weighted_xlogx(), np.float64(terms.observed_sums()[1])
+    if terms.observed:
+        return {"WtR": WtQ, "WtM": WtP, "xlogx": xlogx, "Mx": Mx}
+    WtR, Wsum, full_xlogx = kl_stats(terms.X, W, terms.H)
+    return {"WtR": WtR - WtQ, "WtM": Wsum[:, None] - WtP, "xlogx": np.float64(full_xlogx - xlogx), "Mx": Mx}
+
+
+def kl_h_update(H, WtR, WtM):
+    """Weighted KL MU for H: H <- H * (W^T (M o X / WH)) / (W^T M)."""
+    return H * WtR / np.maximum(WtM, floor_eps(H.dtype))
+
+
+def kl_objectives(G, stats) -> np.ndarray:
+    """Generalised KL over each group's observed entries: sum m x log(x / wh) - sum m x + <W^T M, H>."""
+    H = np.asarray(G["H"], dtype=np.float64)
+    return np.array([float(s["xlogx"]) - float(s["Mx"]) + np.vdot(np.asarray(s["WtM"], dtype=np.float64), H)
+                     for s in stats])
+
+
+# --------------------------------------------------------------------- transform
+def solve_w(X, W, H, form: str, P, kl: bool, n_iter: int, tol: float):
+    """W_b for fixed H over the observed entries (masked transform), by weighted MU from W: X_b's values at
+    P's entries are gathered once (and (M o X) H^T formed once for the Frobenius loss)."""
+    HHt = H @ H.T
+    terms = BlockTerms(X, W, H, form, P)
+    num = None if kl else frobenius_numerator(terms)
+    for _ in range(n_iter):
+        previous = W
+        W = kl_w_update(terms) if kl else frobenius_w_update(HHt, num, terms)
+        if np.linalg.norm(W - previous) <= tol * max(np.linalg.norm(W), floor_eps(W.dtype)):
+            break
+        terms = BlockTerms(X, W, H, form, P, terms)
+    return W
