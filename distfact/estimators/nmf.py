@@ -96,6 +96,12 @@ class NMF(FactorEstimator):
 
     Notes
     -----
+    With ``fit(X, mask=M)`` (weights, 0 = missing; or "nan", "nonzero") the loss above, the stopping rule,
+    ``objective_history_``, ``reconstruction_err_`` and every per-group metric are over the observed entries,
+    weighted: 1/2 sum m (x - wh)^2 and sum m (x log(x / wh) - x + wh), ``relative_error`` sqrt(sum m (x - wh)^2 /
+    sum m x^2) (``distfact.methods.nmf`` writes out the weighted updates). ``impute(X)`` fills X's missing
+    entries from W H.
+
     scikit-learn's conventions (all of distfact's estimators): ``get_feature_names_out()`` gives ``nmf0``,
     ``nmf1``, ... and ``set_output(transform="pandas")`` applies to ``transform`` and ``fit_transform``; no
     ``score`` (as scikit-learn's NMF): ``GridSearchCV`` needs a ``scoring``; with metadata routing enabled,
@@ -133,7 +139,7 @@ class NMF(FactorEstimator):
         weight array or sparse matrix of X's shape (0 = missing), "nan" (X's NaN entries are missing) or
         "nonzero" (the stored entries of a sparse X are the observed ones). The losses, the stopping rule and
         the per-group metrics are then over the observed entries, weighted (see ``distfact.methods.nmf``);
-        the values of X at missing entries never change the factors. solver='mu' only.
+        the values of X at missing entries never change the factors.
 
         ``W_out``: a directory where the fitted W is written block by block, by the
         process holding each block (one Zarr array per block, in the store's row order).
@@ -162,9 +168,6 @@ class NMF(FactorEstimator):
         without a mask) and its digest ``inputs["mask_digest"]``."""
         fit.method = NMFMethod(fit.rank, self.solver, self.beta_loss, float(self.tol), str(fit.data.dtype))
         blocks, digest = block_masks(fit.data, fit.inputs.get("mask"))
-        if blocks is not None and self.solver != "mu":
-            raise ValueError(f"solver={self.solver!r} does not take a mask (masked HALS is not implemented); "
-                             "use solver='mu'")
         fit.inputs.update(mask_blocks=blocks, mask_digest=digest)
         self._masked_fit = blocks is not None  # for _outputs, which sees the executor only
 
@@ -218,16 +221,13 @@ class NMF(FactorEstimator):
         """W for new X with H = components_ fixed (one read of X; rows solved independently, by the fit's
         solver and loss, at most ``max_iter`` iterations (default: the estimator's) until W changes by less
         than the estimator's ``tol`` relative). ``mask`` (as in :meth:`fit`): W fitted to the observed entries
-        only, by weighted MU (solver='mu')."""
+        only, by weighted MU (whatever the solver)."""
         self._check_fitted()
         X, mask = resolve_mask(X, mask)
         return self._masked_rows(X, groups, client, max_iter, mask)
 
     def _masked_rows(self, X, groups, client, max_iter, mask):
         """W for X with H fixed, over the entries ``mask`` (resolved) observes."""
-        if mask is not None and self.solver != "mu":
-            raise ValueError(f"this NMF was fitted with solver={self.solver!r}, which does not take a mask "
-                             "(masked HALS is not implemented)")
         return self._rows_for_fixed_H(X, groups, client, self._method, self.max_iter if max_iter is None else max_iter,
                                       self.tol, lambda data: block_masks(data, mask)[0])
 

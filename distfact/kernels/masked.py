@@ -224,6 +224,96 @@ def sq_errors(G, stats) -> np.ndarray:
                          + np.vdot(s["WtMWH_adj"], H), 0.0) for s in stats])
 
 
+# --------------------------------------------------------------------- weighted HALS
+@numba.njit(nogil=True, cache=True)
+def _add_outer(G, c, v):
+    """G += c v v^T."""
+    for a in range(v.shape[0]):
+        for b in range(v.shape[0]):
+            G[a, b] += c * v[a] * v[b]
+
+
+@numba.njit(nogil=True, cache=True)
+def _sweep(f, b, G, floor):
+    """One HALS sweep, in place, over the r entries of a row f of W (or a column of H) with its own Gram G and
+    right-hand side b: ``f_k <- max(0, f_k + (b_k - f G[:, k]) / G[k, k])``, skipped where G[k, k] <= floor[k]."""
+    for k in range(f.shape[0]):
+        gkk = G[k, k]
+        if gkk <= floor[k]:
+            continue
+        acc = b[k]
+        for q in range(f.shape[0]):
+            acc -= f[q] * G[q, k]
+        value = f[k] + acc / gkk
+        f[k] = value if value > 0.0 else 0.0
+
+
+@numba.njit(nogil=True, cache=True)
+def _hals_rows(indptr, indices, p, Ht, HHt, complement, B, W, eps):
+    """Weighted HALS over W's rows, in place: row i's Gram G_i = H diag(m_i) H^T, formed from P's row i (HHt less
+    the complement's terms, or the observed terms alone), then one sweep (B = (M o X) H^T), skipped where
+    G_i[k, k] is 0: for the complement form, at most the round-off of its difference, (n + entries) eps HHt[k, k]."""
+    m, r = W.shape
+    G = np.empty((r, r), dtype=W.dtype)
+    floor = np.zeros(r, dtype=W.dtype)
+    sign = -1.0 if complement else 1.0
+    for i in range(m):
+        if complement:
+            G[:] = HHt
+            for k in range(r):
+                floor[k] = (Ht.shape[0] + indptr[i + 1] - indptr[i]) * eps * HHt[k, k]
+        else:
+            G[:] = 0.0
+        for q in range(indptr[i], indptr[i + 1]):
+            _add_outer(G, sign * p[q], Ht[indices[q]])
+        _sweep(W[i], B[i], G, floor)
+
+
+@numba.njit(nogil=True, cache=True)
+def _column_grams(indptr, indices, p, W, sign, n_cols):
+    """sign * sum_i p_ij w_i w_i^T for every column j, over P's entries: (n_cols, r, r)."""
+    out = np.zeros((n_cols, W.shape[1], W.shape[1]), dtype=W.dtype)
+    for i in range(indptr.shape[0] - 1):
+        for q in range(indptr[i], indptr[i + 1]):
+            _add_outer(out[indices[q]], sign * p[q], W[i])
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _hals_columns(Ht, WtXt, WtW, column_grams, noise):
+    """Weighted HALS over H's columns, in place on H^T: column j's Gram G_j = W^T diag(m_j) W = WtW +
+    column_grams[j], then one sweep (b_j = (W^T (M o X))[:, j], row j of ``WtXt``), skipped where G_j[k, k] is at
+    most the round-off of the difference, ``noise`` WtW[k, k]."""
+    floor = noise * np.diag(WtW).copy()
+    for j in range(Ht.shape[0]):
+        _sweep(Ht[j], WtXt[j], WtW + column_grams[j], floor)
+
+
+def hals_local(X, W, H, HHt, form: str, P) -> BlockTerms:
+    """Masked local step by weighted HALS (one sweep per row of W_b); returns the block's terms at the new W_b."""
+    terms = BlockTerms(X, W, H, form, P)
+    W_new = np.array(W, copy=True)
+    _hals_rows(P.indptr, P.indices, terms.p, np.ascontiguousarray(H.T), np.ascontiguousarray(HHt),
+               not terms.observed, np.ascontiguousarray(frobenius_numerator(terms)), W_new, floor_eps(W.dtype))
+    return BlockTerms(X, W_new, H, form, P, terms)
+
+
+def column_grams(terms: BlockTerms) -> np.ndarray:
+    """``WtMW_cols`` (n, r, r): W^T diag(m_j) W = WtW + WtMW_cols[j] for each column j (``frobenius_stats``'s WtW)."""
+    W = np.ascontiguousarray(terms.W)
+    return _column_grams(terms.P.indptr, terms.P.indices, terms.p, W, 1.0 if terms.observed else -1.0,
+                         terms.P.shape[1])
+
+
+def hals_h_update(H, WtX, WtW, WtMW_cols, n_rows: int):
+    """Weighted HALS for H, one sweep per column, from the statistics summed over blocks (``n_rows``: X's, which
+    bounds the round-off of WtW + WtMW_cols[j])."""
+    Ht = np.array(H.T, order="C")
+    _hals_columns(Ht, np.ascontiguousarray(WtX.T), np.ascontiguousarray(WtW), np.ascontiguousarray(WtMW_cols),
+                  n_rows * floor_eps(H.dtype))
+    return np.ascontiguousarray(Ht.T)
+
+
 # --------------------------------------------------------- Kullback-Leibler
 def kl_w_update(terms: BlockTerms):
     """Weighted KL MU: W <- W * ((M o X / WH) H^T) / (M H^T), ``terms`` at the current W."""

@@ -38,7 +38,19 @@ and Lee & Seung's updates above become their weighted forms (M enters where the 
 Each block's mask travels with its W_b in its local state, in the sparse form that stores fewer entries
 (``kernels/masked.py``): a masked block's local state is the dict {"W": W_b, form: P_b}. The stopping rule,
 the objective and the per-group ``relative_error`` (sqrt(sum m (x - wh)^2 / sum m x^2)) of a masked fit are
-over the observed entries. HALS with a mask is not implemented (refused by the estimator).
+over the observed entries.
+
+HALS with a mask (weighted HALS, Frobenius): each row of W and each column of H has its own Gram,
+
+    local step    per row i: G_i = H diag(m_i) H^T, b_i = (m_i o x_i) H^T,
+                  w_ik <- max(0, w_ik + (b_ik - w_i G_i[:, k]) / G_i[k, k]),  k = 1..r
+    global step   per column j: G_j = W^T diag(m_j) W, b_j = W^T (m_j o x_j),
+                  h_kj <- max(0, h_kj + (b_kj - G_j[k, :] h_j) / G_j[k, k]),  k = 1..r
+    statistics    W^T (M o X), and G_j = WtW + WtMW_cols[j] (an n x r x r statistic per group: O(n r^2) memory)
+
+each G formed from the mask's stored entries (O(entries x r^2) per pass); an update is skipped where G[k, k] is 0,
+and for a G formed as a difference (the complement form: H H^T less the missing entries' terms) where G[k, k] is
+within its round-off bound ((terms) x eps x the undiminished diagonal), as the transcription's exact zero would be.
 """
 
 from __future__ import annotations
@@ -125,14 +137,13 @@ class NMFMethod:
         return W_new, stats
 
     def _masked_local_step(self, X_b, local, block, G):
-        """A masked block: W_b by weighted MU over its observed entries, then its statistics."""
-        if self.solver != "mu":
-            raise ValueError("a mask needs solver='mu' (masked HALS is not implemented)")
+        """A masked block: W_b by weighted MU (or HALS) over its observed entries, then its statistics."""
         form, P = km.mask_of(local)
         if self.kl:
             terms = km.kl_local(X_b, local["W"], G["H"], form, P)
         else:
-            terms = km.frobenius_local(X_b, local["W"], G["H"], G["HHt"], form, P)
+            update = km.hals_local if self.solver == "hals" else km.frobenius_local
+            terms = update(X_b, local["W"], G["H"], G["HHt"], form, P)
         return {**local, "W": terms.W}, self._masked_stats(terms)
 
     def _masked_stats(self, terms):
@@ -141,6 +152,8 @@ class NMFMethod:
         stats = km.frobenius_stats(terms, self._float32)
         if self.kl:
             stats.update(km.kl_block_stats(terms))
+        elif self.solver == "hals":
+            stats["WtMW_cols"] = km.column_grams(terms)
         return stats
 
     @property
@@ -161,6 +174,8 @@ class NMFMethod:
         H = G["H"]
         if "WtM" in total:
             H = km.kl_h_update(H, total["WtR"], total["WtM"])
+        elif "WtMW_cols" in total:
+            H = km.hals_h_update(H, total["WtX"], total["WtW"], total["WtMW_cols"], data.shape[0])
         elif "WtMWH_adj" in total:
             H = km.mu_h_update(H, total["WtX"], total["WtW"], total["WtMWH_adj"])
         elif self.kl:
@@ -211,8 +226,6 @@ class NMFMethod:
         (``local``: the block's mask), over its observed entries by weighted MU."""
         W_b = np.full((block.n_rows, H.shape[0]), scale, dtype=H.dtype)
         if isinstance(local, dict):
-            if self.solver != "mu":
-                raise ValueError("a mask needs solver='mu' (masked HALS is not implemented)")
             return km.solve_w(X_b, W_b, H, *km.mask_of(local), self.kl, max_iter, tol)
         if self.kl:
             return k.kl_solve_w(X_b, W_b, H, max_iter, tol)
