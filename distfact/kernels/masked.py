@@ -26,8 +26,9 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from .nmf import frobenius_stats as unmasked_stats
 from .nmf import kl_ratio, kl_stats, residual_sq_norm
-from .products import block_times_ht, floor_eps, gram, sparse_wt_times_block, wh_at_nonzeros, wt_times_block
+from .products import block_times_ht, floor_eps, sparse_wt_times_block, wh_at_nonzeros
 
 OBSERVED = "mask_observed"
 COMPLEMENT = "mask_complement"
@@ -203,7 +204,8 @@ def frobenius_stats(terms: BlockTerms, residual: bool) -> dict:
         r = W.shape[1]
         stats = {"WtX": WtPx, "WtW": np.zeros((r, r), W.dtype), "WtMWH_adj": WtPwh, "Mxx": Mxx}
     else:
-        stats = {"WtX": wt_times_block(W, X) - WtPx, "WtW": gram(W), "WtMWH_adj": -WtPwh, "Mxx": Mxx}
+        WtX, WtW = unmasked_stats(X, W)  # the unmasked pass's own products (tiled for a large dense block)
+        stats = {"WtX": WtX - WtPx, "WtW": WtW, "WtMWH_adj": -WtPwh, "Mxx": Mxx}
     if residual:
         masked = terms.sq_residual()
         stats["sq_err"] = np.float64(masked if terms.observed else residual_sq_norm(X, W, terms.H) - masked)
