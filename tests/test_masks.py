@@ -393,3 +393,15 @@ def test_nndsvda_start_with_a_mask():
     M = make_mask("complement")
     model = NMF(RANK, init="nndsvda", max_iter=50, random_state=0).fit(X, groups=groups, mask=M)
     assert np.all(model.group_errors_ < 0.1)
+
+
+def test_nonzero_is_the_stored_pattern():
+    X, groups = low_rank(density=0.3)
+    S = sp.csr_matrix(X)
+    fits = [NMF(RANK, beta_loss="kullback-leibler", max_iter=5, tol=0, random_state=0, block_rows=16).fit(
+        S, groups=groups, mask=mask) for mask in ("nonzero", (S != 0).astype(float))]
+    np.testing.assert_array_equal(fits[0].components_, fits[1].components_)
+    W0, H0 = start()
+    model = NMF(RANK, init="custom", max_iter=4, tol=0, block_rows=16)
+    W = model.fit_transform(S, groups=groups, mask="nonzero", W=W0, H=H0)
+    np.testing.assert_allclose(W, weighted_mu(X, (X != 0) * 1.0, W0, H0, 4)[0], rtol=1e-10)

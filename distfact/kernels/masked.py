@@ -71,6 +71,9 @@ def values_at(pattern: sp.csr_matrix, X) -> np.ndarray:
     stores nothing): O(stored entries of the pattern), X never densified."""
     if sp.issparse(X):
         X = _sorted_csr(X)
+        if X.nnz == pattern.nnz and np.array_equal(X.indptr, pattern.indptr) and \
+                np.array_equal(X.indices, pattern.indices):  # X's own pattern (mask="nonzero")
+            return X.data
         where = positions_at(pattern, X)
         return np.where(where >= 0, X.data[np.maximum(where, 0)], np.zeros((), X.dtype)) if X.nnz else \
             np.zeros(pattern.nnz, X.dtype)
