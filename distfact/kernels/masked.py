@@ -132,14 +132,26 @@ def _sums(X) -> tuple[float, float]:
 class BlockTerms:
     """One masked block at (W_b, H): X_b with its missing entries zeroed and its values x at P's entries
     (:func:`observed_block`), P's weights p (in W's dtype) and W H at P's entries. ``base``: terms of the same
-    block at another W, whose X_b and x are reused."""
+    block at another W, whose X_b, x and block sums are reused. ``X_sums``: (sum x^2, sum x) of the zeroed X_b
+    in float64 when known (a block's constant, kept in its local state after its first step: see
+    :attr:`X_sums`)."""
 
-    def __init__(self, X, W, H, form: str, P: sp.csr_matrix, base: BlockTerms | None = None):
+    def __init__(self, X, W, H, form: str, P: sp.csr_matrix, base: BlockTerms | None = None, X_sums=None):
         self.W, self.H, self.form, self.P = W, H, form, P
-        self.X, x = (base.X, base.x) if base is not None else observed_block(X, form, P)
+        if base is not None:
+            self.X, x, self._X_sums = base.X, base.x, base._X_sums
+        else:
+            (self.X, x), self._X_sums = observed_block(X, form, P), X_sums
         self.x = x.astype(W.dtype, copy=False)
         self.p = P.data.astype(W.dtype, copy=False)
         self.wh = wh_at_nonzeros(P, W, H)
+
+    @property
+    def X_sums(self) -> np.ndarray:
+        """(sum x^2, sum x) of the zeroed X_b, float64 (computed once: one more read of X_b)."""
+        if self._X_sums is None:
+            self._X_sums = np.array(_sums(self.X))
+        return self._X_sums
 
     @property
     def observed(self) -> bool:
@@ -170,8 +182,8 @@ class BlockTerms:
         on_p = float(np.dot(p, x * x)), float(np.dot(p, x))
         if self.observed:
             return on_p
-        block = _sums(self.X)
-        return block[0] - on_p[0], block[1] - on_p[1]
+        block = self.X_sums
+        return float(block[0]) - on_p[0], float(block[1]) - on_p[1]
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -189,10 +201,11 @@ def frobenius_w_update(HHt, num, terms: BlockTerms):
     return W * num / np.maximum(den, floor_eps(W.dtype))
 
 
-def frobenius_local(X, W, H, HHt, form: str, P) -> BlockTerms:
-    """Masked local step for sum m (x - wh)^2: W_b by weighted MU; returns the block's terms at the new W_b."""
-    terms = BlockTerms(X, W, H, form, P)
-    return BlockTerms(X, frobenius_w_update(HHt, frobenius_numerator(terms), terms), H, form, P, terms)
+def frobenius_local(terms: BlockTerms, HHt) -> BlockTerms:
+    """Masked local step for sum m (x - wh)^2 from the block's terms at W_b: W_b by weighted MU; returns the
+    block's terms at the new W_b."""
+    W_new = frobenius_w_update(HHt, frobenius_numerator(terms), terms)
+    return BlockTerms(terms.X, W_new, terms.H, terms.form, terms.P, terms)
 
 
 def frobenius_stats(terms: BlockTerms, residual: bool) -> dict:
@@ -294,13 +307,13 @@ def _hals_columns(Ht, WtXt, WtW, column_grams, noise):
         _sweep(Ht[j], WtXt[j], WtW + column_grams[j], floor)
 
 
-def hals_local(X, W, H, HHt, form: str, P) -> BlockTerms:
-    """Masked local step by weighted HALS (one sweep per row of W_b); returns the block's terms at the new W_b."""
-    terms = BlockTerms(X, W, H, form, P)
-    W_new = np.array(W, copy=True)
+def hals_local(terms: BlockTerms, HHt) -> BlockTerms:
+    """Masked local step by weighted HALS (one sweep per row of W_b) from the block's terms at W_b; returns the
+    block's terms at the new W_b."""
+    W_new, P, H = np.array(terms.W, copy=True), terms.P, terms.H
     _hals_rows(P.indptr, P.indices, terms.p, np.ascontiguousarray(H.T), np.ascontiguousarray(HHt),
-               not terms.observed, np.ascontiguousarray(frobenius_numerator(terms)), W_new, floor_eps(W.dtype))
-    return BlockTerms(X, W_new, H, form, P, terms)
+               not terms.observed, np.ascontiguousarray(frobenius_numerator(terms)), W_new, floor_eps(W_new.dtype))
+    return BlockTerms(terms.X, W_new, H, terms.form, P, terms)
 
 
 def column_grams(terms: BlockTerms) -> np.ndarray:
@@ -332,10 +345,10 @@ def kl_w_update(terms: BlockTerms):
     return W * num / np.maximum(den, floor_eps(W.dtype))
 
 
-def kl_local(X, W, H, form: str, P) -> BlockTerms:
-    """Masked local step for the KL divergence over observed entries; returns the block's terms at the new W_b."""
-    terms = BlockTerms(X, W, H, form, P)
-    return BlockTerms(X, kl_w_update(terms), H, form, P, terms)
+def kl_local(terms: BlockTerms) -> BlockTerms:
+    """Masked local step for the KL divergence over observed entries from the block's terms at W_b; returns the
+    block's terms at the new W_b."""
+    return BlockTerms(terms.X, kl_w_update(terms), terms.H, terms.form, terms.P, terms)
 
 
 def kl_block_stats(terms: BlockTerms) -> dict:

@@ -114,7 +114,8 @@ class NMFMethod:
     def block_stats(self, X_b, W_b, block, G):
         """Statistics of the block for (W_b, H) (pass 0)."""
         if isinstance(W_b, dict):
-            return self._masked_stats(km.BlockTerms(X_b, W_b["W"], G["H"], *km.mask_of(W_b)))
+            return self._masked_stats(km.BlockTerms(X_b, W_b["W"], G["H"], *km.mask_of(W_b),
+                                                    X_sums=W_b.get("X_sums")))
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         stats = {"WtX": WtX, "WtW": WtW}
         if self.kl:
@@ -139,12 +140,16 @@ class NMFMethod:
     def _masked_local_step(self, X_b, local, block, G):
         """A masked block: W_b by weighted MU (or HALS) over its observed entries, then its statistics."""
         form, P = km.mask_of(local)
+        terms = km.BlockTerms(X_b, local["W"], G["H"], form, P, X_sums=local.get("X_sums"))
         if self.kl:
-            terms = km.kl_local(X_b, local["W"], G["H"], form, P)
+            terms = km.kl_local(terms)
         else:
-            update = km.hals_local if self.solver == "hals" else km.frobenius_local
-            terms = update(X_b, local["W"], G["H"], G["HHt"], form, P)
-        return {**local, "W": terms.W}, self._masked_stats(terms)
+            terms = (km.hals_local if self.solver == "hals" else km.frobenius_local)(terms, G["HHt"])
+        stats = self._masked_stats(terms)
+        local = {**local, "W": terms.W}
+        if form == km.COMPLEMENT:  # X_b's sums, a constant, computed in its first step: kept with the block
+            local["X_sums"] = terms.X_sums
+        return local, stats
 
     def _masked_stats(self, terms):
         """A masked block's statistics at (W_b, H): the Frobenius ones (the H update of 'frobenius', and the
