@@ -17,7 +17,7 @@ import numpy as np
 
 from ..engine import fit as run_loop
 from ..engine.driver import IterationInfo
-from ..engine.many import ManyModels, SharedLocals, model_local
+from ..engine.many import ManyModels, SharedLocals, split_models
 from .base import FactorEstimator, Phase, check_new_directory, survives_worker_loss, warn_if_cut_short
 
 #: parameters that decide how X is cut into blocks and where the local factors live: one value for all models
@@ -248,4 +248,4 @@ class GatheredLocals:
         self.gathered, self.model = gathered, model
 
     def local_factors(self) -> list:
-        return [model_local(local, self.model) for local in self.gathered]
+        return [split_models(local).get(self.model) for local in self.gathered]
