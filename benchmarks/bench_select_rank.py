@@ -12,8 +12,9 @@ interleaved, medians of the repeats:
   sweep        ``fit_many`` of the same 50 models with the same masks (the fits alone)
   separate     the 50 models fitted one by one, each with its fold's mask (what one would do without a sweep)
 
-Case ``store``: 8,000 x 500 float64 dense store on disk (blocks of 500 rows, 4 groups), 20 iterations. Case
-``small`` (--quick): 400 x 60 in memory. Results: benchmarks/results/select_rank.json.
+Case ``store``: 6,000 x 400 float64 dense store on disk (blocks of 500 rows, 4 groups), 20 iterations; about 2 GB
+of memory (SSNMF keeps each model's block rows of its mask, as CSR, beside its W). Case ``small`` (--quick):
+400 x 60 in memory. Results: benchmarks/results/select_rank.json (--quick: select_rank_quick.json).
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def main():
     else:
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
             path = os.path.join(tmp, "x.zarr")
-            from_arrays(rng.random((8_000, 500)), np.repeat(["a", "b", "c", "d"], 2_000), path=path,
+            from_arrays(rng.random((6_000, 400)), np.repeat(["a", "b", "c", "d"], 1_500), path=path,
                         block_rows=500)
-            print("store: 8,000 x 500 dense store on disk, 20 iterations")
+            print("store: 6,000 x 400 dense store on disk, 20 iterations")
             results["cases"]["store"] = case(open_store(path), 20, repeats=3)
     name = "select_rank_quick.json" if args.quick else "select_rank.json"
     write_results(results, os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name))
