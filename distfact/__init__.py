@@ -14,6 +14,7 @@ _PUBLIC = {
                                                          "MultigroupSVD", "SSNMFClassifier")},
     "load": ("distfact.estimators.persistence", "load"),
     "fit_many": ("distfact.estimators.sweep", "fit_many"),
+    "select_rank": ("distfact.estimators.select", "select_rank"),
     **{name: ("distfact.store", name) for name in ("GroupedMatrix", "from_arrays", "from_corpus", "from_table")},
     "open": ("distfact.store", "open_store"),
 }

@@ -1,4 +1,4 @@
-"""The ``distfact`` command line: ingest, info, fit, report, demo.
+"""The ``distfact`` command line: ingest, info, fit, report, select-rank, run, demo.
 
 Bad input exits with status 2 and a message naming the problem and where.
 """
@@ -166,6 +166,29 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                    help="output directory (new, empty or an earlier report, replaced with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --output")
     _add_progress_option(p)
+    _add_scheduler_options(p)
+
+    p = sub.add_parser("select-rank", help="choose the rank by masked cross-validation (held-out entries)",
+                       description="Hold out random observed entries of the store (--holdout of them per fold, any "
+                                   "entry of a dense store, stored entries of a sparse one), fit every rank of "
+                                   "--ranks on the rest in one sweep (X read once per iteration for all ranks and "
+                                   "folds), and print the held-out error per rank and the rank --rule chooses. "
+                                   "Methods whose fit takes a mask only.")
+    p.add_argument("store")
+    p.add_argument("--method", default="nmf", choices=list(declarations) or None,
+                   help="; ".join(f"{name}: {d.summary}" for name, d in declarations.items()))
+    p.add_argument("--ranks", required=True, help="the ranks compared: FIRST:LAST (inclusive)")
+    p.add_argument("--n-splits", type=_number(int, 2), default=5, help="folds (at least 2)")
+    p.add_argument("--holdout", type=_number(float, 0.0, strict=True), default=0.1,
+                   help="share of the observed entries each fold holds out, in (0, 1); n-splits x holdout <= 1")
+    p.add_argument("--rule", choices=["min", "one_se", "worst_group"], default="min",
+                   help="min: lowest mean held-out error; one_se: smallest rank within one standard error of it; "
+                        "worst_group: lowest held-out error of the worst group")
+    p.add_argument("--seed", type=COUNT, default=0, help="root seed of the held-out entries, and the models' "
+                                                         "random_state")
+    _add_method_options(p, declarations)
+    p.add_argument("--output", "-o", help="write the table (rank, fold, group, train_error, heldout_error) to this "
+                                          "CSV file (written aside and renamed into place)")
     _add_scheduler_options(p)
 
     p = sub.add_parser("run", help="run a pipeline spec (TOML): ingest -> fit -> evaluate -> report -> publish",
@@ -431,6 +454,36 @@ def cmd_report(args):
     print(f"wrote {final['html']}{tables} and the figures in {args.output}")
 
 
+def cmd_select_rank(args):
+    from .engine.cluster import client_for
+    from .estimators.select import select_rank
+    from .reports.terminal import format_table
+    from .store import open_store
+
+    declaration = _method(args.method)
+    if "mask" not in inspect.signature(declaration.estimator.fit).parameters:
+        takers = [name for name, d in _methods().items() if "mask" in inspect.signature(d.estimator.fit).parameters]
+        raise ValueError(f"{declaration.name} takes no mask (its estimator's fit has none), and select-rank holds "
+                         f"entries out with one; methods that take a mask: {', '.join(takers) or 'none'}")
+    params, inputs = _given(args, declaration)
+    data = open_store(args.store)
+    ranks = _parse_ranks(args.ranks)
+    model = declaration.make(ranks[0], params, random_state=args.seed)
+    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
+        arguments = declaration.fit_arguments(model, inputs, data, client)
+        result = select_rank(model, data, ranks=ranks, n_splits=args.n_splits, holdout=args.holdout,
+                             random_state=args.seed, rule=args.rule, **arguments)
+    if args.output:
+        from .outputs import write_text
+
+        write_text(args.output, result.table.to_csv(index=False))
+    print(format_table([{**row, "chosen": "<-" if row["rank"] == result.rank_ else ""}
+                        for row in result.summary.to_dict("records")]))
+    print(f"chosen rank ({args.rule}): {result.rank_}; "
+          + ", ".join(f"{rule}: {rank}" for rule, rank in result.choices.items())
+          + (f"; wrote {args.output}" if args.output else ""))
+
+
 def cmd_run(args):
     from .pipeline import RunLocked, StageFailed, run_pipeline
 
@@ -483,10 +536,11 @@ def main(argv=None) -> int:
     internal error (with its traceback: please report it); ``--debug`` shows the traceback of any error."""
     words = sys.argv[1:] if argv is None else list(argv)
     command = next((word for word in words if not word.startswith("-")), None)
-    args = _parser(with_methods=command in ("fit", "report")).parse_args(argv)
+    args = _parser(with_methods=command in ("fit", "report", "select-rank")).parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report, "run": cmd_run,
+    commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report,
+                "select-rank": cmd_select_rank, "run": cmd_run,
                 "demo": cmd_demo, "warmup": cmd_warmup, "make-certs": cmd_make_certs}
     try:
         return commands[args.command](args) or 0

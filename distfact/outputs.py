@@ -96,10 +96,16 @@ def write_json(path, doc, indent: int | None = 2) -> None:
         text = json.dumps(doc, indent=indent, allow_nan=False, default=_json_default)
     except ValueError as exc:
         raise ValueError(f"{path}: not written: {exc} (a result holds NaN or an infinity)") from None
+    write_text(path, text + "\n")
+
+
+def write_text(path, text: str) -> None:
+    """``text`` written aside and renamed into place (a reader never sees a partly written file)."""
+    path = os.fspath(path)
     aside = f"{path}.partial-{uuid.uuid4().hex[:8]}"
     try:
         with open(aside, "w") as f:
-            f.write(text + "\n")
+            f.write(text)
         os.replace(aside, path)
     except BaseException:
         with contextlib.suppress(OSError):

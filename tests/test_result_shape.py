@@ -79,7 +79,7 @@ def fit(name):
                                random_state=0)
         mask = (np.random.default_rng(5).random(X.shape) < 0.8).astype(float) if "masked" in name else None
         y = labels_of(groups) if len(model_name) == 2 else None
-        W = model.fit_transform(X, y=y, groups=groups, data_mask=mask)
+        W = model.fit_transform(X, y=y, groups=groups, mask=mask)
         WH = W @ model.components_
         if model_name == "FF":
             Y = np.eye(2)[y]

@@ -43,7 +43,7 @@ def test_iterates_equal_the_papers_updates(model, masks):
     X, groups, y, data_mask, label_mask, start = problem(1, masks=masks)
     Y = np.eye(K)[y]
     est = distfact.SSNMF(R, model=model, lam=0.7, init="custom", max_iter=6, tol=0, block_rows=9)
-    W = est.fit_transform(X, Y=Y, data_mask=data_mask, label_mask=label_mask, W=start[0], H=start[1],
+    W = est.fit_transform(X, Y=Y, mask=data_mask, label_mask=label_mask, W=start[0], H=start[1],
                           B=start[2], groups=groups)
     W_ref, H_ref, B_ref, history = reference(X, Y, start, model, 0.7, data_mask, label_mask)
     np.testing.assert_allclose(W, W_ref, rtol=1e-10)
@@ -58,7 +58,7 @@ def test_iterates_equal_the_papers_updates(model, masks):
 def test_without_targets_it_is_nmf_with_a_data_mask(loss, masks):
     X, groups, _, data_mask, _, start = problem(2, masks=masks)
     est = distfact.SSNMF(R, model=loss * 2, init="custom", max_iter=5, tol=0, block_rows=11)
-    W = est.fit_transform(X, data_mask=data_mask, W=start[0], H=start[1])
+    W = est.fit_transform(X, mask=data_mask, W=start[0], H=start[1])
     W_ref, H_ref, _, history = reference(X, None, start, loss + "?", 1.0, data_mask, n_iter=5)
     np.testing.assert_allclose(W, W_ref, rtol=1e-10)
     np.testing.assert_allclose(est.components_, H_ref, rtol=1e-10)
@@ -74,17 +74,30 @@ def test_sparse_dense_and_implicit_explicit_masks_agree(model):
     for data, mask in ((X, None), (sp.csr_matrix(X), None), (sp.csr_matrix(X), np.ones_like(X)),
                        (X, sp.csr_matrix(np.ones_like(X)))):
         est = distfact.SSNMF(R, **kwargs)
-        W = est.fit_transform(data, y=y, data_mask=mask, W=start[0], H=start[1], B=start[2])
+        W = est.fit_transform(data, y=y, mask=mask, W=start[0], H=start[1], B=start[2])
         fits.append((W, est.components_, est.B_, est.loss_history_))
     for other in fits[1:]:
         for ours, theirs in zip(fits[0], other):
             np.testing.assert_allclose(ours, theirs, rtol=1e-10)
 
 
+def test_data_mask_is_the_former_name_of_mask():
+    X, groups, y, data_mask, _, _ = problem(6, masks=True)
+    est = distfact.SSNMF(R, model="FF", max_iter=4, tol=0, random_state=2)
+    W = est.fit_transform(X, y=y, mask=data_mask)
+    with pytest.warns(FutureWarning, match="data_mask is now called mask"):
+        W_old = est.fit_transform(X, y=y, data_mask=data_mask)
+    assert np.array_equal(W, W_old)
+    with pytest.warns(FutureWarning, match="called mask"):
+        assert np.array_equal(est.transform(X, data_mask=data_mask), est.transform(X, mask=data_mask))
+    with pytest.raises(ValueError, match="as mask only"):
+        est.fit(X, y=y, mask=data_mask, data_mask=data_mask)
+
+
 def test_ff_objective_is_non_increasing_and_random_start_is_reproducible():
     X, groups, y, data_mask, label_mask, _ = problem(4, masks=True)
     fits = [distfact.SSNMF(R, model="FF", lam=1.0, max_iter=40, tol=0, random_state=5).fit(
-        X, y=y, data_mask=data_mask, label_mask=label_mask, groups=groups) for _ in range(2)]
+        X, y=y, mask=data_mask, label_mask=label_mask, groups=groups) for _ in range(2)]
     F = fits[0].loss_history_[:, 0]
     assert np.all(np.diff(F) <= 1e-12 * F[:-1]) and F[-1] < F[0]
     assert np.array_equal(fits[0].components_, fits[1].components_)
@@ -163,7 +176,7 @@ def test_transform_f_is_exact_nnls_per_row():
     (dict(Y=np.ones((M, 2)), y=np.zeros(M)), "either Y .* or y"),
     (dict(y=np.zeros(M - 1)), "one label per row"),
     (dict(y=np.full(M, -1)), "no labelled row"),
-    (dict(y=np.zeros(M), data_mask=np.ones((M, N + 1))), "data_mask has shape"),
+    (dict(y=np.zeros(M), mask=np.ones((M, N + 1))), "mask has shape"),
     (dict(y=np.zeros(M), label_mask=np.ones((M, 3))), "label_mask has shape"),
     (dict(label_mask=np.ones((M, 1))), "label_mask needs Y or y"),
 ])
@@ -183,7 +196,7 @@ def test_bad_parameters_are_refused():
 
 def _fit_ssnmf(data, y, data_mask, client=None, **kwargs):
     est = distfact.SSNMF(R, model="DF", max_iter=6, tol=0, random_state=3, **kwargs)
-    W = est.fit_transform(data, y=y, data_mask=data_mask, client=client)
+    W = est.fit_transform(data, y=y, mask=data_mask, client=client)
     return W, est.components_, est.B_, est.loss_history_
 
 
@@ -220,7 +233,7 @@ def test_transform_with_a_data_mask_equals_the_masked_updates():
     """Section 2.3 with missing data: the masked reconstruction's updates, H fixed, each block's own mask rows."""
     X, groups, y, data_mask, _, _ = problem(12, masks=True)
     est = distfact.SSNMF(R, model="DF", max_iter=20, tol=0, random_state=2, block_rows=8).fit(X, y=y)
-    W = est.transform(X, data_mask=data_mask, max_iter=7, tol=0)
+    W = est.transform(X, mask=data_mask, max_iter=7, tol=0)
     H, W_ref = est.components_, np.ones((M, R))
     for _ in range(7):  # the I-divergence S update of Algorithm 2 without the label term, rows as samples
         Q = (data_mask * X) / (1e-10 + data_mask * (W_ref @ H)) * data_mask

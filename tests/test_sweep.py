@@ -1,12 +1,14 @@
 """Many models in the same passes (issue 19): ``distfact.fit_many`` against each model fitted alone (the oracle: the
 estimator's own ``fit``, a second code path), passes and store reads counted."""
 
+import inspect
 import os
 import threading
 import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import distfact.store.reading as reading
 from distfact import (NMF, SSNMF, FairerNMF, MultigroupSVD, StratifiedNMF, WeightedL1NMF, fit_many, from_arrays,
@@ -90,22 +92,75 @@ def counted_reads(monkeypatch):
     return count
 
 
-def test_a_sweep_of_ten_ranks_reads_X_once_per_iteration(tmp_path, counted_reads):
-    """10 ranks, 30 iterations each (tol=0): 31 passes over the store on disk (pass 0 and one per iteration),
-    each reading every block once; the same fits one by one read it 10 times as often."""
+def fold_masks(n_folds: int, seed: int = 7) -> list:
+    """Binary masks of X's shape, one per fold (dense, sparse, and one fold without a mask)."""
+    rng = np.random.default_rng(seed)
+    masks = [(rng.random(X.shape) >= 0.1).astype(float) for _ in range(n_folds)]
+    return [sp.csr_matrix(mask) if f % 2 else mask for f, mask in enumerate(masks)]
+
+
+#: (template, per-model masks or None): the 10 ranks of issue 19, and 10 ranks x 5 folds of issue 20
+COUNTED = {"10 ranks": (NMF(max_iter=30, tol=0, n_threads=1), None),
+           "10 ranks x 5 folds": (SSNMF(1, model="FF", max_iter=30, tol=0, n_threads=1), fold_masks(5))}
+
+
+@pytest.mark.parametrize("case", list(COUNTED))
+def test_a_sweep_of_ten_ranks_reads_X_once_per_iteration(tmp_path, counted_reads, case):
+    """10 ranks (x 5 folds, each model with its fold's mask), 30 iterations each (tol=0): 31 passes over the
+    store on disk (pass 0 and one per iteration), each reading every block once; the same fits one by one read
+    it 10 (50) times as often, and each is bitwise its model of the sweep."""
+    template, masks = COUNTED[case]
+    folds = [None] if masks is None else masks
     store = from_arrays(X, GROUPS, path=str(tmp_path / "x.zarr"), block_rows=40)
     n_blocks = len(store.blocks)
     data = open_store(str(tmp_path / "x.zarr"))
     counted_reads["reads"] = 0
-    swept = fit_many(NMF(max_iter=30, tol=0, n_threads=1), data, ranks=range(1, 11), seeds=[0])
+    swept = fit_many(template, data, ranks=range(1, 11), seeds=[0], masks=masks)
+    assert len(swept) == 10 * len(folds)
     assert swept[0].sweep_passes_ == 31
     assert counted_reads["reads"] == 31 * n_blocks
-    assert [m.n_passes_ for m in swept] == [31] * 10
+    assert [m.n_passes_ for m in swept] == [31] * len(swept)
     counted_reads["reads"] = 0
-    alone = [NMF(r, max_iter=30, tol=0, n_threads=1, random_state=0).fit(data) for r in range(1, 11)]
-    assert counted_reads["reads"] == 10 * 31 * n_blocks
+    mask_inputs = [{} if mask is None else {"mask": mask} for mask in folds]
+    alone = [alone_like(template, model).fit(data, **inputs)
+             for inputs, model in zip([inputs for inputs in mask_inputs for _ in range(10)], swept)]
+    assert counted_reads["reads"] == len(swept) * 31 * n_blocks
+    assert [(m.n_components, m.random_state) for m in alone] == [(r, 0) for _ in folds for r in range(1, 11)]
     for model, oracle in zip(swept, alone):
         assert_bitwise_equal(model, oracle)
+
+
+MASKED = [SSNMF(1, model="FF", max_iter=40), SSNMF(1, model="FD", max_iter=20),
+          pytest.param(NMF(max_iter=40), marks=pytest.mark.skipif(
+              "mask" not in inspect.signature(NMF.fit).parameters, reason="NMF.fit takes no mask yet"))]
+
+
+@pytest.mark.parametrize("template", MASKED, ids=["ssnmf-F", "ssnmf-D", "nmf"])
+def test_each_model_with_its_own_mask_is_bitwise_its_fit_alone(template):
+    """Masks x ranks x seeds (masks outermost), W returned: each model, and its W, is bitwise its fit alone
+    (``fit_transform``) with its mask; a fold without a mask is the unmasked fit."""
+    masks = fold_masks(2) + [None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        swept, Ws = fit_many(template, X, groups=GROUPS, ranks=[1, 3], seeds=[0, 5], masks=masks, return_W=True)
+        alone = [alone_like(template, model) for model in swept]
+        W_alone = [oracle.fit_transform(X, groups=GROUPS, **({} if masks[i // 4] is None else
+                                                              {"mask": masks[i // 4]}))
+                   for i, oracle in enumerate(alone)]
+    assert [(m.n_components, m.random_state) for m in swept] == [(1, 0), (1, 5), (3, 0), (3, 5)] * 3
+    for model, oracle, W, W_oracle in zip(swept, alone, Ws, W_alone):
+        assert_bitwise_equal(model, oracle)
+        assert W.dtype == W_oracle.dtype and np.array_equal(W, W_oracle)
+    assert not np.array_equal(Ws[0], Ws[8])  # the masks changed the fits
+
+
+def test_masks_need_a_fit_that_takes_one():
+    with pytest.raises(TypeError, match="StratifiedNMF.fit takes no argument 'mask'"):
+        fit_many(StratifiedNMF(2), X, groups=GROUPS, masks=fold_masks(2))
+    with pytest.raises(ValueError, match="one per model"):
+        fit_many([SSNMF(2, model="FF"), SSNMF(3, model="FF")], X, groups=GROUPS, masks=fold_masks(1))
+    with pytest.raises(ValueError, match="not both"):
+        fit_many(SSNMF(2, model="FF"), X, groups=GROUPS, masks=fold_masks(2), mask=fold_masks(1)[0])
 
 
 def test_a_frozen_model_costs_no_work(tmp_path):

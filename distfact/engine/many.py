@@ -39,28 +39,38 @@ from .finite import NonFiniteError, check_objective
 
 # -- a block's local state: the models' parts side by side -------------------------------------------------------
 
+def split_models(local) -> dict:
+    """Every model's part of a block's joint local state, by model index (an array, or a dict of named parts), in
+    one scan of its names (no model's part is copied)."""
+    parts = {}
+    for name, value in (local or {}).items():
+        model, dot, part = name.partition(".")
+        if dot:
+            parts.setdefault(int(model), {})[part] = value
+        else:
+            parts[int(model)] = value
+    return parts
+
+
+def join_models(parts: dict) -> dict:
+    """The joint local state of the models' parts (the inverse of :func:`split_models`)."""
+    out = {}
+    for i, part in parts.items():
+        if isinstance(part, dict):
+            out.update({f"{i}.{name}": value for name, value in part.items()})
+        else:
+            out[str(i)] = part
+    return out
+
+
 def model_local(local, i: int):
     """Model ``i``'s local state in a block's joint local state (None before it has one)."""
-    if local is None:
-        return None
-    key = str(i)
-    if key in local:
-        return local[key]
-    prefix = f"{i}."
-    parts = {name[len(prefix):]: value for name, value in local.items() if name.startswith(prefix)}
-    return parts or None
+    return split_models(local).get(i)
 
 
 def with_model_local(local, i: int, new) -> dict:
     """The joint local state with model ``i``'s part replaced by ``new`` (an array, or a dict of named parts)."""
-    key, prefix = str(i), f"{i}."
-    out = {} if local is None else {name: value for name, value in local.items()
-                                    if name != key and not name.startswith(prefix)}
-    if isinstance(new, dict):
-        out.update({f"{prefix}{name}": value for name, value in new.items()})
-    else:
-        out[key] = new
-    return out
+    return join_models({**split_models(local), i: new})
 
 
 def model_stats(stats: list[dict], n_models: int) -> list[list[dict]]:
@@ -88,15 +98,14 @@ class PerModel:
 
     def __call__(self, X_b, local, block, shipped_states: dict):
         update = self.hook == "local_step"
-        stats = {}
+        stats, parts = {}, split_models(local)  # split once: k models cost O(k) name lookups, not O(k^2)
         for key, G in shipped_states.items():
             i = int(key)
-            out = getattr(self.methods[i], self.hook)(X_b, model_local(local, i), block, G)
+            out = getattr(self.methods[i], self.hook)(X_b, parts.get(i), block, G)
             if update:
-                new, out = out
-                local = with_model_local(local, i, new)
+                parts[i], out = out
             stats.update(_prefixed(i, out))
-        return (local, stats) if update else stats
+        return (join_models(parts), stats) if update else stats
 
 
 @dataclass(frozen=True)
@@ -106,10 +115,10 @@ class PerModelColumns:
     methods: tuple
 
     def __call__(self, Xc, W, column_block, shipped_states: dict):
-        pieces, stats = {}, {}
+        pieces, stats, parts = {}, {}, split_models(W)
         for key, G in shipped_states.items():
             i = int(key)
-            pieces[key], out = self.methods[i].column_step(Xc, model_local(W, i), column_block, G)
+            pieces[key], out = self.methods[i].column_step(Xc, parts.get(i), column_block, G)
             stats.update(_prefixed(i, out))
         return pieces, stats
 
@@ -262,18 +271,19 @@ def init_models(block, requests: tuple, *own):
     """A block's joint local state from the models' ``init_local`` calls (``own``: the block's inputs of those
     that have per-block inputs, in request order)."""
     inputs = iter(own[0] if own else ())
-    local = None
+    parts = {}
     for request in requests:
         extra = (next(inputs),) if request.per_block is not None else ()
-        local = with_model_local(local, request.model, request.fn(block, *request.args, *extra))
-    return local
+        parts[request.model] = request.fn(block, *request.args, *extra)
+    return join_models(parts)
 
 
 def add_models(local, block, requests: tuple):
     """``init_models`` on a block that already has a joint local state (the models' other parts are kept)."""
+    parts = split_models(local)
     for request in requests:
-        local = with_model_local(local, request.model, request.fn(block, *request.args))
-    return local
+        parts[request.model] = request.fn(block, *request.args)
+    return join_models(parts)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import numbers
+import warnings
 from numbers import Real
 
 import numpy as np
@@ -20,6 +21,7 @@ from sklearn.utils import column_or_1d
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 
+from .._warnings import user_stacklevel
 from ..engine.driver import initialise
 from ..methods.ssnmf import MODELS, SSNMFMethod
 from ..metrics import group_metric_frame, relative_error, relative_to
@@ -40,6 +42,18 @@ def _check_weights(values, shape, name: str):
         raise ValueError(f"{name} has NaN or infinite values")
     if (data < 0).any():
         raise ValueError(f"{name} has negative values; it must be non-negative")
+
+
+def renamed_mask(mask, data_mask):
+    """``mask``, or the same given under its former name ``data_mask`` (with a FutureWarning naming ``mask``,
+    the name every method's fit takes)."""
+    if data_mask is None:
+        return mask
+    if mask is not None:
+        raise ValueError("give the data mask as mask only (data_mask is its former name)")
+    warnings.warn("SSNMF's data_mask is now called mask (one name for every method); data_mask will be removed",
+                  FutureWarning, stacklevel=user_stacklevel())
+    return data_mask
 
 
 def one_hot(y, n_rows: int):
@@ -152,22 +166,23 @@ class SSNMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, Y=None, y=None, data_mask=None, label_mask=None, W=None, H=None, B=None, groups=None,
-            client=None, W_out=None):
+    def fit(self, X, Y=None, y=None, mask=None, label_mask=None, W=None, H=None, B=None, groups=None,
+            client=None, W_out=None, *, data_mask=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with targets Y
         (n_samples x n_targets, non-negative; regression allowed) or class labels y (-1: unlabelled),
-        or neither (NMF with a data mask). ``data_mask`` (n_samples x n_features, sparse or dense) and
-        ``label_mask`` (n_samples x n_targets) weight the entries; all ones when None. W (X's row order),
-        H, B: init='custom'. ``groups``: row labels for per-group losses."""
-        self._run_fit(X, groups, client, want_W=False, W_out=W_out, Y=Y, y=y, data_mask=data_mask,
+        or neither (NMF with a data mask). ``mask`` (n_samples x n_features, sparse or dense; 0: missing) and
+        ``label_mask`` (n_samples x n_targets) weight the entries; all ones when None (``data_mask``: the
+        former name of ``mask``, accepted with a FutureWarning). W (X's row order), H, B: init='custom'.
+        ``groups``: row labels for per-group losses."""
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, Y=Y, y=y, mask=mask, data_mask=data_mask,
                       label_mask=label_mask, W=W, H=H, B=B)
         return self
 
-    def fit_transform(self, X, Y=None, y=None, data_mask=None, label_mask=None, W=None, H=None, B=None,
-                      groups=None, client=None):
+    def fit_transform(self, X, Y=None, y=None, mask=None, label_mask=None, W=None, H=None, B=None,
+                      groups=None, client=None, *, data_mask=None):
         """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
-        return self._run_fit(X, groups, client, want_W=True, Y=Y, y=y, data_mask=data_mask, label_mask=label_mask,
-                             W=W, H=H, B=B)
+        return self._run_fit(X, groups, client, want_W=True, Y=Y, y=y, mask=mask, data_mask=data_mask,
+                             label_mask=label_mask, W=W, H=H, B=B)
 
     _custom_factors = ("W", "H", "B")
 
@@ -182,7 +197,7 @@ class SSNMF(FactorEstimator):
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
-    def _local_inputs(self, data, Y, y, data_mask, label_mask):
+    def _local_inputs(self, data, Y, y, mask, label_mask):
         """Per block, in the store's row order: the rows of Y, of the label mask and of the data mask."""
         m, n = data.shape
         if Y is not None and y is not None:
@@ -201,15 +216,15 @@ class SSNMF(FactorEstimator):
             _check_weights(label_mask, Y.shape, "label_mask")
         if labelled is not None and not labelled.all():  # unlabelled rows weigh nothing in the label term
             label_mask = (np.ones_like(Y) if label_mask is None else label_mask) * labelled[:, None]
-        if data_mask is not None:
-            data_mask = sp.csr_matrix(data_mask, dtype=np.float64)
-            _check_weights(data_mask, (m, n), "data_mask")
-            data_mask.sum_duplicates()
-            data_mask.eliminate_zeros()
+        if mask is not None:
+            mask = sp.csr_matrix(mask, dtype=np.float64)
+            _check_weights(mask, (m, n), "mask")
+            mask.sum_duplicates()
+            mask.eliminate_zeros()
         stored = data.row_index()
         inputs = [{} for _ in data.blocks]
         digest = hashlib.sha1()  # identifies the targets and masks in a checkpoint's configuration
-        for name, values in (("Y", Y), ("L", label_mask), ("M", data_mask)):
+        for name, values in (("Y", Y), ("L", label_mask), ("M", mask)):
             if values is not None:
                 values = values[stored]
                 for part in ((values.data, values.indices, values.indptr) if sp.issparse(values) else (values,)):
@@ -221,7 +236,8 @@ class SSNMF(FactorEstimator):
     def _prepare(self, fit):
         """The targets and masks, per block; the model (R alone without targets) and its method."""
         inputs = fit.inputs
-        local, n_targets, classes, digest = self._local_inputs(fit.data, inputs["Y"], inputs["y"], inputs["data_mask"],
+        mask = renamed_mask(inputs["mask"], inputs.pop("data_mask", None))
+        local, n_targets, classes, digest = self._local_inputs(fit.data, inputs["Y"], inputs["y"], mask,
                                                                inputs["label_mask"])
         inputs.update(local=local, n_targets=n_targets, classes=classes, digest=digest)
         model = self.model if n_targets else self.model[0]
@@ -285,14 +301,14 @@ class SSNMF(FactorEstimator):
         self._set_run_facts(method, data, state, fit.executor)
 
     # ------------------------------------------------------------ transform
-    def transform(self, X, data_mask=None, *, groups=None, client=None, max_iter=500, tol=1e-6):
+    def transform(self, X, mask=None, *, groups=None, client=None, max_iter=500, tol=1e-6, data_mask=None):
         """W for new rows with H fixed (Section 2.3, step 2): exact non-negative least squares per row
         for a Frobenius reconstruction, multiplicative updates of the I-divergence (or masked Frobenius)
         otherwise; one read of X."""
         self._check_fitted()
         data = self._grouped(X, groups)
         self._check_width(data.shape[1])
-        inputs = self._local_inputs(data, None, None, data_mask, None)[0]
+        inputs = self._local_inputs(data, None, None, renamed_mask(mask, data_mask), None)[0]
         executor = self._executor(data, client)
         try:
             executor.init_local(given_local, per_block=inputs)  # each block's rows of the mask, where it runs

@@ -17,14 +17,15 @@ import numpy as np
 
 from ..engine import fit as run_loop
 from ..engine.driver import IterationInfo
-from ..engine.many import ManyModels, SharedLocals
+from ..engine.many import ManyModels, SharedLocals, split_models
 from .base import FactorEstimator, Phase, check_new_directory, survives_worker_loss, warn_if_cut_short
 
 #: parameters that decide how X is cut into blocks and where the local factors live: one value for all models
 SHARED_PARAMETERS = ("block_rows", "n_threads", "local_memory_budget", "column_blocks")
 
 
-def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, client=None, W_out=None, **fit_inputs) -> list:
+def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, masks=None, client=None, W_out=None,
+             return_W=False, **fit_inputs):
     """Fit several models in the same passes over X: a rank sweep, or the same rank from several seeds.
 
     Every pass reads each block of X once for all the models (a sweep of k models reads X once per iteration,
@@ -43,17 +44,28 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, client=None, 
         The models' ``n_components`` (default: the estimator's).
     seeds : iterable of int, optional
         The models' ``random_state`` (default: the estimator's); one model per (rank, seed), ranks outermost.
+    masks : list, optional
+        Per-model data masks, each what the estimator's ``fit`` takes as ``mask`` (a weight array or sparse
+        matrix of X's shape, 0: missing; None: no mask), given to that model alone (the folds of a
+        cross-validation). With one estimator, an outer axis: one model per (mask, rank, seed), masks
+        outermost, so model ``(f * len(ranks) + i) * len(seeds) + j`` has mask ``f``, rank ``i`` and seed ``j``;
+        with a list of models, one mask per model. All the models still share every pass over X. A TypeError if
+        the estimator's ``fit`` takes no ``mask``.
     W_out : list of paths, optional
         One new or empty directory per model, where its W is written block by block (as by ``fit(W_out=...)``).
+    return_W : bool
+        Also return each model's W (n_samples x rank, X's row order, gathered as ``fit_transform`` gathers it).
     **fit_inputs
-        The estimator's own ``fit`` arguments (SSNMF's ``Y``, ``y``, masks), the same for every model.
+        The estimator's own ``fit`` arguments (SSNMF's ``Y``, ``y``, ``mask``), the same for every model.
 
     Returns
     -------
     list of FactorEstimator
-        The fitted models, in the order of ``estimator`` if a list, else of (rank, seed). Each has the attributes
-        of its fit alone (``n_passes_``: the passes it took part in, as many as alone) and ``sweep_passes_``, the
-        passes over X of the whole sweep.
+        The fitted models, in the order of ``estimator`` if a list, else of (mask, rank, seed). Each has the
+        attributes of its fit alone (``n_passes_``: the passes it took part in, as many as alone) and
+        ``sweep_passes_``, the passes over X of the whole sweep.
+    list of ndarray
+        With ``return_W``: the models' W, in the same order.
 
     Notes
     -----
@@ -61,24 +73,33 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, client=None, 
     built as they are); MultigroupSVD is refused (one fit at the largest rank gives every smaller rank).
     Not in a sweep: checkpoints (``checkpoint_dir``) and init='custom' (per-model starts).
     """
+    if masks is not None and "mask" in fit_inputs:
+        raise ValueError("give either mask (the same for every model) or masks (one per model), not both")
     if isinstance(estimator, (list, tuple)):
         if ranks is not None or seeds is not None:
             raise ValueError("give ranks and seeds with one estimator (a template), not with a list of models")
         models = list(estimator)
+        if masks is not None and len(masks) != len(models):
+            raise ValueError(f"masks gives {len(masks)} masks for {len(models)} models (one per model)")
+        model_masks = masks
     else:
         params = estimator.get_params(deep=False)
         ranks = [params.get("n_components")] if ranks is None else list(ranks)
         seeds = [params.get("random_state")] if seeds is None else list(seeds)
+        folds = [None] if masks is None else list(masks)
         models = [type(estimator)(**{**params, "n_components": rank, "random_state": seed})
-                  for rank in ranks for seed in seeds]
+                  for _ in folds for rank in ranks for seed in seeds]
+        model_masks = None if masks is None else [mask for mask in folds for _ in ranks for _ in seeds]
     if W_out is not None and len(W_out) != len(models):
         raise ValueError(f"W_out gives {len(W_out)} directories for {len(models)} models")
+    shared_inputs = fit_arguments(models[0], fit_inputs if masks is None else {**fit_inputs, "mask": None})
+    inputs = [shared_inputs] * len(models) if masks is None else \
+        [{**shared_inputs, "mask": mask} for mask in model_masks]
     sweep = Sweep(models)
-    sweep.fit(X, groups, client, [None] * len(models) if W_out is None else list(W_out),
-              fit_arguments(models[0], fit_inputs))
+    Ws = sweep.fit(X, groups, client, [None] * len(models) if W_out is None else list(W_out), inputs, return_W)
     for model in models:
         model.worker_losses_ = sweep.worker_losses_
-    return models
+    return (models, Ws) if return_W else models
 
 
 def can_sweep(kind: type) -> bool:
@@ -130,16 +151,16 @@ class Sweep:
     _executor = FactorEstimator._executor  # reads local_memory_budget, n_threads and _workers_before_loss
 
     @survives_worker_loss
-    def fit(self, X, groups, client, W_outs: list, fit_inputs: dict) -> None:
-        """The models' fits in shared passes; checked first, as each model's ``fit`` checks (no pass for a bad
-        input)."""
+    def fit(self, X, groups, client, W_outs: list, fit_inputs: list, want_W: bool = False) -> list | None:
+        """The models' fits in shared passes (``fit_inputs``: each model's ``fit`` arguments); checked first, as
+        each model's ``fit`` checks (no pass for a bad input). Returns the models' W if ``want_W``."""
         for W_out in W_outs:
             check_new_directory(W_out, "W_out")
-        deadlines = [model._check_fit(fit_inputs) for model in self.models]
+        deadlines = [model._check_fit(inputs) for model, inputs in zip(self.models, fit_inputs)]
         data = self.models[0]._grouped(X, groups)
         fits = []
-        for model, deadline in zip(self.models, deadlines):
-            fit = model._fit_run(fits[0].data if fits else data, dict(fit_inputs), deadline)
+        for model, deadline, inputs in zip(self.models, deadlines, fit_inputs):
+            fit = model._fit_run(fits[0].data if fits else data, dict(inputs), deadline)
             if fits and fit.data is not fits[0].data:
                 raise ValueError("the models of this sweep need different forms of X; fit them one by one")
             fits.append(fit)
@@ -167,10 +188,15 @@ class Sweep:
                 if len(following) != len(generators):
                     raise RuntimeError("the models of this sweep ran different numbers of phases")
                 phases = following
+            gathered = executor.local_factors() if want_W else None  # once for all the models
+            Ws = []
             for model, fit, phase, state, W_out in zip(self.models, fits, phases, states, W_outs):
                 model._set_results(fit, phase.method, state)
                 model.sweep_passes_ = executor.n_passes
-                model._outputs(fit.data, fit.executor, W_out, False)
+                view = fit.executor if gathered is None or W_out is not None else \
+                    GatheredLocals(gathered, fit.executor.model)
+                Ws.append(model._outputs(fit.data, view, W_out, want_W))
+            return Ws if want_W else None
         finally:
             executor.close()
 
@@ -212,3 +238,14 @@ class Sweep:
                         info.iteration, phases[i].max_iter, record.objectives[-1], record.group_objectives[-1],
                         info.seconds, shared.views[i].n_passes + many.passes(i)))
         return callback
+
+
+class GatheredLocals:
+    """A model's local factors from the sweep's, gathered once for all its models (what an estimator's
+    ``_outputs`` reads to return W; k models' W cost one gather, not k)."""
+
+    def __init__(self, gathered: list, model: int):
+        self.gathered, self.model = gathered, model
+
+    def local_factors(self) -> list:
+        return [split_models(local).get(self.model) for local in self.gathered]

@@ -167,12 +167,12 @@ def test_a_damaged_chunk_of_a_sparse_mask_in_an_ssnmf_checkpoint(tmp_path):
     Xs, y = rng.random((60, 10)), rng.integers(0, 3, 60)
     mask = sp.csr_matrix(rng.random((60, 10)) < 0.8, dtype=np.float64)
     kwargs = dict(model="FF", tol=0, random_state=2, block_rows=12, checkpoint_every=2)
-    reference = distfact.SSNMF(3, max_iter=8, **kwargs).fit(Xs, y=y, data_mask=mask)
+    reference = distfact.SSNMF(3, max_iter=8, **kwargs).fit(Xs, y=y, mask=mask)
     run = tmp_path / "run"
-    distfact.SSNMF(3, max_iter=4, checkpoint_dir=run, **kwargs).fit(Xs, y=y, data_mask=mask)
+    distfact.SSNMF(3, max_iter=4, checkpoint_dir=run, **kwargs).fit(Xs, y=y, mask=mask)
     os.remove(checkpoint(run, 4) / "local" / "000002" / "M" / "data" / "c" / "0")
     with pytest.warns(DamagedCheckpointWarning, match=r"block 2's local factor: .*'000002/M/data' has crc32c"):
-        resumed = distfact.SSNMF(3, max_iter=8, checkpoint_dir=run, resume=True, **kwargs).fit(Xs, y=y, data_mask=mask)
+        resumed = distfact.SSNMF(3, max_iter=8, checkpoint_dir=run, resume=True, **kwargs).fit(Xs, y=y, mask=mask)
     assert np.array_equal(resumed.components_, reference.components_) and np.array_equal(resumed.B_, reference.B_)
 
 

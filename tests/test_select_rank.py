@@ -1,0 +1,202 @@
+"""``distfact.select_rank`` (issue 20): held-out entries independent of the blocks, the errors against a numpy
+recomputation from each (rank, fold) model fitted alone with its mask, the rules against brute force on hand-made
+tables, the known rank of synthetic data found, bad input, and ``distfact select-rank`` end to end."""
+
+import inspect
+import itertools
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+import distfact
+from distfact import NMF, SSNMF, StratifiedNMF, select_rank
+from distfact.estimators.select import RULES, choose_rank, fold_masks, rank_summary
+from distfact.store.coerce import as_grouped
+
+from conftest import grouped_data
+
+X, GROUPS = grouped_data(m=90, n=16, n_groups=3)
+XS, _ = grouped_data(m=90, n=16, n_groups=3, density=0.4)
+XS = sp.csr_matrix(XS)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_held_out_entries_do_not_depend_on_the_blocks(sparse):
+    """Two block sizes (and the store's row order for scattered groups): the same held-out entries, folds
+    disjoint, about ``holdout`` of the candidates each; a sparse X holds out stored entries only."""
+    data = XS if sparse else X
+    masks = [fold_masks(as_grouped(data, GROUPS, block_rows=rows), None, 11, 0.15, 4) for rows in (7, 50)]
+    for a, b in zip(*masks):
+        assert np.array_equal(a, b)
+    held = np.stack([mask == 0 for mask in masks[0]])
+    assert held.sum(axis=0).max() == 1  # disjoint folds
+    candidates = XS.toarray() != 0 if sparse else np.ones(X.shape, dtype=bool)
+    assert not held[:, ~candidates].any()
+    share = held.sum(axis=(1, 2)) / candidates.sum()
+    assert np.all(np.abs(share - 0.15) < 0.05), share
+    other = fold_masks(as_grouped(data, GROUPS, block_rows=7), None, 12, 0.15, 4)  # another seed, other entries
+    assert not np.array_equal(other[0], masks[0][0])
+
+
+def numpy_errors(X, groups, mask, base, W, H):
+    """Per group (sorted names): the held-out and train errors of one model, by dense numpy."""
+    Xd = X.toarray() if sp.issparse(X) else X
+    O = np.ones(X.shape) if base is None else (base.toarray() if sp.issparse(base) else base)
+    M = mask.toarray() if sp.issparse(mask) else mask
+    held = O * ((M == 0) & (O > 0))
+    train = O * (M > 0)
+    sq = (Xd - W @ H) ** 2
+    out = {}
+    for g in sorted(set(groups)):
+        rows = groups == g
+        out[g] = ((train[rows] * sq[rows]).sum() / (train[rows] * Xd[rows] ** 2).sum(),
+                  (held[rows] * sq[rows]).sum() / (held[rows] * Xd[rows] ** 2).sum())
+    return out
+
+
+WEIGHTS = np.random.default_rng(3).choice([0.0, 0.5, 1.0, 2.0], size=X.shape, p=[0.2, 0.2, 0.4, 0.2])
+SCORED = {"dense": (X, None), "sparse": (XS, None), "sparse-nonzero": (XS, "nonzero"),
+          "dense-weights": (X, WEIGHTS), "dense-sparse-weights": (X, sp.csr_matrix(WEIGHTS)),
+          "sparse-weights": (XS, WEIGHTS)}
+
+
+@pytest.mark.parametrize("case", list(SCORED))
+def test_errors_equal_a_numpy_recomputation_from_each_model_fitted_alone(case):
+    data, mask = SCORED[case]
+    template = SSNMF(1, model="FF", max_iter=15, tol=0, random_state=4, block_rows=20)
+    result = select_rank(template, data, groups=GROUPS, ranks=[2, 3], n_splits=3, holdout=0.2, random_state=9,
+                         mask=mask)
+    assert len(result.table) == 2 * 3 * 3
+    base = (XS != 0).astype(float) if isinstance(mask, str) else mask
+    folds = fold_masks(as_grouped(data, GROUPS), None if base is None else
+                       (sp.csr_matrix(base) if sp.issparse(base) else base), 9, 0.2, 3)
+    for fold, fold_mask in enumerate(folds):
+        for rank in (2, 3):
+            alone = SSNMF(rank, model="FF", max_iter=15, tol=0, random_state=4, block_rows=20)
+            W = alone.fit_transform(data, groups=GROUPS, mask=fold_mask)
+            expected = numpy_errors(data, GROUPS, fold_mask, base, W, alone.components_)
+            rows = result.table[(result.table["rank"] == rank) & (result.table["fold"] == fold)]
+            for _, row in rows.iterrows():
+                np.testing.assert_allclose((row.train_error, row.heldout_error), expected[row.group], rtol=1e-9)
+
+
+def brute_force(table: pd.DataFrame, rule: str) -> int:
+    """The rule, by loops over the table's rows."""
+    ranks, folds, groups = (sorted(set(table[c])) for c in ("rank", "fold", "group"))
+    cell = {(r, f, g): e for r, f, g, e in zip(table["rank"], table["fold"], table["group"], table["heldout_error"])}
+    fold_means = {r: [sum(cell[r, f, g] for g in groups) / len(groups) for f in folds] for r in ranks}
+    mean = {r: sum(v) / len(v) for r, v in fold_means.items()}
+    se = {r: (sum((v - mean[r]) ** 2 for v in fold_means[r]) / (len(folds) - 1)) ** 0.5 / len(folds) ** 0.5
+          for r in ranks}
+    worst = {r: max(sum(cell[r, f, g] for f in folds) / len(folds) for g in groups) for r in ranks}
+    if rule == "worst_group":
+        return min(ranks, key=lambda r: (worst[r], r))
+    best = min(ranks, key=lambda r: (mean[r], r))
+    if rule == "min":
+        return best
+    return min(r for r in ranks if mean[r] <= mean[best] + se[best])
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_rules_equal_brute_force_on_hand_made_tables(seed):
+    rng = np.random.default_rng(seed)
+    ranks, folds, groups = list(range(2, 2 + rng.integers(2, 7))), range(rng.integers(2, 5)), ["x", "y", "z"]
+    rows = list(itertools.product(ranks, folds, groups))
+    curve = {r: rng.random() for r in ranks}  # a per-rank level, noise per fold and group on top
+    table = pd.DataFrame(rows, columns=["rank", "fold", "group"])
+    table["heldout_error"] = [curve[r] + 0.3 * rng.random() for r, _, _ in rows]
+    table["train_error"] = 0.0
+    summary = rank_summary(table)
+    for rule in RULES:
+        assert choose_rank(summary, rule) == brute_force(table, rule), rule
+
+
+def test_the_rules_on_a_table_where_they_differ():
+    """Groups x (large) and y (small): the mean is lowest at rank 3, rank 2 is within one standard error, the
+    small group is best served at rank 5."""
+    heldout = {2: [(0.29, 0.58), (0.30, 0.58)], 3: [(0.28, 0.58), (0.29, 0.59)], 5: [(0.42, 0.50), (0.43, 0.51)]}
+    table = pd.DataFrame([(r, f, g, 0.0, e[f][k]) for r, e in heldout.items() for f in (0, 1)
+                          for k, g in enumerate("xy")], columns=["rank", "fold", "group", "train_error", "heldout_error"])
+    summary = rank_summary(table)
+    assert [choose_rank(summary, rule) for rule in RULES] == [3, 2, 5]
+    assert summary.set_index("rank").loc[3, "worst_group"] == "y"
+
+
+def low_rank(seed: int, m=200, n=50, rank=4, noise=0.05):
+    """Sparse non-negative factors (distinct components) times each other, plus Gaussian noise, clipped at 0."""
+    rng = np.random.default_rng(seed)
+    W = rng.random((m, rank)) * (rng.random((m, rank)) < 0.5)
+    H = rng.random((rank, n)) * (rng.random((rank, n)) < 0.5)
+    return np.maximum(W @ H + noise * rng.standard_normal((m, n)), 0), rng.choice(["a", "b", "c"], size=m)
+
+
+ESTIMATORS = [SSNMF(1, model="FF", max_iter=300, tol=0, random_state=0),  # MU: 300 iterations converge the true rank
+              pytest.param(NMF(max_iter=300, tol=0, random_state=0), marks=pytest.mark.skipif(
+                  "mask" not in inspect.signature(NMF.fit).parameters, reason="NMF.fit takes no mask yet"))]
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=["ssnmf-F", "nmf"])
+@pytest.mark.parametrize("seed", [0, 1, 4])
+def test_min_picks_the_known_rank_of_low_rank_data_plus_noise(estimator, seed):
+    X_known, groups = low_rank(seed)
+    result = select_rank(estimator, X_known, groups=groups, ranks=range(2, 7), random_state=seed)
+    assert result.rank_ == result.choices["min"] == 4, result.summary
+    assert result.rule == "min" and result.random_state_ == seed
+    by_rank = result.table.groupby("rank")
+    assert np.all(np.diff(by_rank["train_error"].mean().to_numpy()) < 0)  # training always improves with rank
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(ranks=[0, 2]), ValueError, "ranks must be integers in \\[1, min"),
+    (dict(ranks=[2, 17]), ValueError, "\\[1, 16\\], got 17"),
+    (dict(ranks=[]), ValueError, "got 'none'"),
+    (dict(ranks=[2], holdout=1.0), ValueError, "holdout must be a fraction in \\(0, 1\\)"),
+    (dict(ranks=[2], holdout=0), ValueError, "holdout must be"),
+    (dict(ranks=[2], n_splits=1), ValueError, "n_splits must be an integer >= 2"),
+    (dict(ranks=[2], n_splits=5, holdout=0.3), ValueError, "n_splits \\* holdout must be <= 1"),
+    (dict(ranks=[2], rule="best"), ValueError, "rule must be one of"),
+    (dict(ranks=[2], mask="nonzero"), ValueError, "needs a sparse X"),
+    (dict(ranks=[2], mask=np.ones((3, 3))), ValueError, "mask has shape"),
+])
+def test_bad_input_is_refused_before_any_fit(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        select_rank(SSNMF(1, model="FF"), X, groups=GROUPS, **kwargs)
+
+
+def test_an_estimator_without_a_mask_is_refused_by_name():
+    with pytest.raises(ValueError, match="StratifiedNMF takes no mask"):
+        select_rank(StratifiedNMF(2), X, groups=GROUPS, ranks=[2])
+
+
+def test_mask_nan_holds_out_observed_entries_only():
+    X_nan = X.copy()
+    X_nan[np.random.default_rng(2).random(X.shape) < 0.1] = np.nan
+    result = select_rank(SSNMF(1, model="FF", max_iter=10, random_state=0), X_nan, groups=GROUPS, ranks=[2], n_splits=2,
+                         random_state=1, mask="nan")
+    reference = select_rank(SSNMF(1, model="FF", max_iter=10, random_state=0), np.nan_to_num(X_nan), groups=GROUPS, ranks=[2],
+                            n_splits=2, random_state=1, mask=(~np.isnan(X_nan)).astype(float))
+    pd.testing.assert_frame_equal(result.table, reference.table)
+
+
+def test_the_command_line_end_to_end(tmp_path):
+    X_known, groups = low_rank(0, m=120, n=30, rank=3)
+    distfact.from_arrays(X_known, groups, path=str(tmp_path / "x.zarr"), block_rows=25)
+    out = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method",
+                          "ssnmf", "--labels", "none", "--model", "FF", "--max-iter", "100", "--tol", "0", "--ranks",
+                          "1:5", "--rule", "one_se", "--seed", "3", "--output", tmp_path / "table.csv"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert list(table.columns) == ["rank", "fold", "group", "train_error", "heldout_error"]
+    assert len(table) == 5 * 5 * 3
+    expected = select_rank(SSNMF(1, model="FF", max_iter=100, tol=0, random_state=3),
+                           distfact.open(str(tmp_path / "x.zarr")), ranks=range(1, 6), rule="one_se", random_state=3)
+    np.testing.assert_allclose(table["heldout_error"], expected.table["heldout_error"], rtol=1e-12)
+    assert f"chosen rank (one_se): {expected.rank_}" in out.stdout and expected.choices["min"] == 3
+    refused = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method",
+                              "stratified-nmf", "--ranks", "1:3"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "stratified-nmf takes no mask" in refused.stderr
