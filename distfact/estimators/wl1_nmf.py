@@ -44,6 +44,10 @@ class WeightedL1NMF(FactorEstimator):
     (``GroupedMatrix.with_column_blocks``; for a store on disk it is written into the store).
     Computed in float64. See ``distfact.methods.wl1_nmf`` for the steps and equation numbers.
 
+    ``fit(X, mask=...)`` weights the entries (0: missing; ``"nan"``, ``"nonzero"``, or an array or sparse
+    matrix of weights): sum_{x > 0} m |X - WH| + lam sum_{x = 0} m (WH), at O(r (nnz + masked entries)) per
+    iteration; the losses and errors below are then over the weighted entries (docs/wl1-nmf.md, "Masks").
+
     Parameters
     ----------
     n_components : int
