@@ -6,6 +6,7 @@ to X's values at masked entries, the checkpoint's mask identity, bad masks."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import zarr
 
 import distfact
 from conftest import grouped_data
@@ -188,11 +189,19 @@ def test_w_out_holds_w_alone(tmp_path):
     W = model.fit_transform(X, groups=groups, mask="nonzero")
     distfact.WeightedL1NMF(RANK, max_iter=2, tol=0, random_state=0, block_rows=10).fit(
         X, groups=groups, mask="nonzero", W_out=tmp_path / "W")
-    import zarr
     stored = np.concatenate([zarr.open_array(tmp_path / "W" / name)[...]
                              for name in sorted(p.name for p in (tmp_path / "W").iterdir() if p.is_dir())])
     store_order = distfact.from_arrays(X, groups, block_rows=10).row_index()
     assert np.array_equal(stored, W[store_order])
+
+
+def test_a_masked_model_saves_and_transforms(tmp_path):
+    X, groups = data(seed=22)
+    model = distfact.WeightedL1NMF(RANK, max_iter=2, tol=0, random_state=0).fit(X, groups=groups, mask="nonzero")
+    model.save(tmp_path / "model.npz")
+    loaded = distfact.load(tmp_path / "model.npz")
+    assert np.array_equal(loaded.transform(X, max_iter=3), model.transform(X, max_iter=3))
+    assert loaded.group_metrics_.equals(model.group_metrics_)
 
 
 @pytest.mark.parametrize("mask, message", [
