@@ -102,18 +102,22 @@ def lad_brute_force(x, y):
     return float(candidates[np.flatnonzero(values <= values.min())[0]])
 
 
-def wl1_dense_cd(X, W, H, lam, n_iter):
-    """Plain coordinate descent for sum_nz |X - WH| + lam sum_zeros (WH) (Seraghiti et al., 2026, eq. 5.1):
-    all of W (row by row, entry by entry), then all of H (column by column), every scalar subproblem
-    written on the whole row / column of X (zeros with weight lam) and solved by brute force."""
+def wl1_dense_cd(X, W, H, lam, n_iter, M=None):
+    """Plain coordinate descent for sum_nz M |X - WH| + lam sum_zeros M (WH) (Seraghiti et al., 2026, eq. 5.1;
+    entry weights M, all ones when None): all of W (row by row, entry by entry), then all of H (column by
+    column), every scalar subproblem written on the whole row / column of X (zeros with weight lam M, non-zeros
+    with weight M) and solved by brute force."""
     W, H = W.astype(np.float64).copy(), H.astype(np.float64).copy()
     m, r = W.shape
     nz = X != 0
     weight = np.where(nz, 1.0, lam)
+    if M is not None:
+        weight = weight * M
+    M = np.ones_like(weight) if M is None else M
 
     def objective():
         R = X - W @ H
-        return np.abs(R[nz]).sum() + lam * (W @ H)[~nz].sum()
+        return (M * np.abs(R))[nz].sum() + lam * (M * (W @ H))[~nz].sum()
 
     history = [objective()]
     for _ in range(n_iter):

@@ -48,11 +48,12 @@ from ..methods.fairer_nmf import FairerAM, FairerMU
 from ..methods.nmf import NMFMethod
 from ..methods.ssnmf import SSNMFMethod
 from ..methods.stratified_nmf import StratifiedMU
-from ..methods.wl1_nmf import WeightedL1SCD
+from ..methods.wl1_nmf import MaskedWeightedL1SCD, WeightedL1SCD
 
 FORMAT = "distfact.model"
 FORMAT_VERSION = 1
-METHODS = {cls.__name__: cls for cls in (NMFMethod, FairerMU, FairerAM, StratifiedMU, WeightedL1SCD, SSNMFMethod)}
+METHODS = {cls.__name__: cls for cls in (NMFMethod, FairerMU, FairerAM, StratifiedMU, WeightedL1SCD, MaskedWeightedL1SCD,
+                                          SSNMFMethod)}
 FITTED_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*_")
 SECTIONS = ("params", "attributes", "frames", "methods", "estimators")
 FRAME_DTYPES = ("str", "object", "bool", "int64", "float64")

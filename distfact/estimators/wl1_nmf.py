@@ -17,10 +17,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from .._warnings import user_stacklevel
 from ..engine.driver import initialise
-from ..methods.wl1_nmf import HALSStart, WeightedL1SCD, l1_balance, scale_columns
+from ..methods.wl1_nmf import (HALSStart, MaskedWeightedL1SCD, WeightedL1SCD, l1_balance, mask_local, scale_columns,
+                                weighted_group_sums)
 from ..metrics import group_metric_frame, relative_error, relative_to
 from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
+from ._wl1_mask import block_forms, mask_digest, resolve_wl1_mask  # issue 20's masks.py at merge
 from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
 from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
@@ -41,6 +43,10 @@ class WeightedL1NMF(FactorEstimator):
     and per-group L1 errors come from sums accumulated in the sweeps. The CSC copy is built once
     (``GroupedMatrix.with_column_blocks``; for a store on disk it is written into the store).
     Computed in float64. See ``distfact.methods.wl1_nmf`` for the steps and equation numbers.
+
+    ``fit(X, mask=...)`` weights the entries (0: missing; ``"nan"``, ``"nonzero"``, or an array or sparse
+    matrix of weights): sum_{x > 0} m |X - WH| + lam sum_{x = 0} m (WH), at O(r (nnz + masked entries)) per
+    iteration; the losses and errors below are then over the weighted entries (docs/wl1-nmf.md, "Masks").
 
     Parameters
     ----------
@@ -133,18 +139,27 @@ class WeightedL1NMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, y=None, *, groups=None, W=None, H=None, client=None, W_out=None):
+    def fit(self, X, y=None, *, groups=None, mask=None, W=None, H=None, client=None, W_out=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with optional row
         ``groups`` (for per-group errors). ``W`` (in X's row order) and ``H``: init='custom'.
-        ``W_out``: a directory where W is written block by block (one Zarr array per block)."""
+        ``W_out``: a directory where W is written block by block (one Zarr array per block).
+
+        ``mask``: entry weights m_ij >= 0 (0: missing) for X in memory: an array or sparse matrix of X's shape
+        (a sparse one's unstored entries weigh 0), ``"nan"`` (X's NaN entries are missing) or ``"nonzero"``
+        (only the stored entries of a sparse X are observed: the zeros' term vanishes). The objective becomes
+        sum_{x > 0} m |X - WH| + lam sum_{x = 0} m (WH), and every error and loss is over the weighted
+        entries (relative to sum m x and sum m x^2 per group); X's values at weight-0 entries are never used
+        (the HALS start sees them as 0). All weights 1: the unmasked fit, bitwise."""
         self._ignore_y(y, groups)
-        self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H)
+        X, weights = resolve_wl1_mask(X, mask)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H, mask=weights)
         return self
 
-    def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, client=None):
-        """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
+    def fit_transform(self, X, y=None, *, groups=None, mask=None, W=None, H=None, client=None):
+        """Fit and return W (n_samples x r) in X's row order (gathered on the driver); ``mask`` as in ``fit``."""
         self._ignore_y(y, groups)
-        return self._run_fit(X, groups, client, want_W=True, W=W, H=H)
+        X, weights = resolve_wl1_mask(X, mask)
+        return self._run_fit(X, groups, client, want_W=True, W=W, H=H, mask=weights)
 
     _custom_factors = ("W", "H")
 
@@ -170,12 +185,24 @@ class WeightedL1NMF(FactorEstimator):
         return super()._grouped(X, groups)
 
     def _prepare(self, fit):
-        """X with CSC column blocks (checked first: nothing is written for bad input), and sCD."""
-        data = fit.data
-        if data.group_totals.sum() <= 0:
-            raise ValueError("X is all zeros: weighted L1-NMF needs at least one positive entry")
+        """X with CSC column blocks (checked first: nothing is written for bad input), and sCD; with a mask,
+        each block's mask form (``fit.inputs["masks"]``: the blocks' ``mask_local`` parts) and masked sCD."""
+        data, weights = fit.data, fit.inputs["mask"]
+        if weights is None:
+            if data.group_totals.sum() <= 0:
+                raise ValueError("X is all zeros: weighted L1-NMF needs at least one positive entry")
+            method = WeightedL1SCD(fit.rank, float(self.lam), float(self.tol))
+        else:
+            forms = block_forms(data, weights)
+            totals, sq_norms = weighted_group_sums(data, forms)
+            if totals.sum() <= 0:
+                raise ValueError("X has no positive entry of positive weight: weighted L1-NMF needs one")
+            method = MaskedWeightedL1SCD(fit.rank, float(self.lam), float(self.tol), tuple(totals.tolist()),
+                                         tuple(sq_norms.tolist()))
+            fit.inputs.update(masks=[mask_local(block, *form) for block, form in zip(data.blocks, forms)],
+                              mask_digest=mask_digest(forms))
         fit.data = self._with_column_blocks(data)
-        fit.method = WeightedL1SCD(fit.rank, float(self.lam), float(self.tol))
+        fit.method = method
 
     def _with_column_blocks(self, data) -> GroupedMatrix:
         if data.in_memory:
@@ -199,21 +226,24 @@ class WeightedL1NMF(FactorEstimator):
         method = fit.method
         config = {"estimator": "WeightedL1NMF", "method": method.__dict__, "init": self.init,
                   "hals_iter": self.hals_iter, "random_state": self.random_state, "data": data_fingerprint(fit.data)}
+        if fit.inputs["mask"] is not None:
+            config["mask"] = fit.inputs["mask_digest"]
         yield Phase(method, self._start(method, fit, config), self.max_iter, config, checkpoint="scd", cut_short=(
             f"WeightedL1NMF stopped at max_iter={self.max_iter} before the normalised objective changed by less "
             f"than tol={self.tol}; raise WeightedL1NMF(max_iter=...)") if self.tol > 0 else None)
 
     def _start(self, method, fit, config):
-        data, executor = fit.data, fit.executor
+        data, executor, masks = fit.data, fit.executor, fit.inputs.get("masks")
         if self.init == "random":
-            return lambda: initialise(method, data, executor, self.random_state)
+            return lambda: initialise(method, data, executor, self.random_state, masks)
         if self.init == "hals":
             return self._hals_start(method, fit, config)
         W, H = fit.inputs["W"], fit.inputs["H"]
         if W is None or H is None:
             raise ValueError("init='custom' needs both W and H")
         H = check_factor(H, (method.n_components, data.shape[1]), "H", np.float64)
-        return self._custom_start(data, executor, W, method.n_components, np.float64, method.with_derived(H, data))
+        return self._custom_start(data, executor, W, method.n_components, np.float64, method.with_derived(H, data),
+                                  masks)
 
     def _hals_start(self, method, fit, config) -> Phase:
         """Section 7's start: ``hals_iter`` HALS iterations from NMF's random start, then l1 balancing."""
@@ -222,15 +252,24 @@ class WeightedL1NMF(FactorEstimator):
 
         def balanced(state):
             d, H = l1_balance(state.global_state["H"], sum(s["Wsum"] for s in state.stats))
-            executor.map_local(scale_columns, d)
+            if fit.inputs["mask"] is None:
+                executor.map_local(scale_columns, d)
+            else:  # sCD's local state: W_b beside the block's mask
+                executor.map_local(_scaled_beside_mask, d, fit.inputs["masks"])
             return method.with_derived(H, data)
         return Phase(hals, lambda: initialise(hals, data, executor, self.random_state), self.hals_iter, config,
                      checkpoint="start", callback=False, then=balanced)
 
+    def _outputs(self, data, executor, W_out, want_W):
+        """As every estimator's; a masked fit's local states hold the blocks' masks beside W, dropped first."""
+        if isinstance(self._method, MaskedWeightedL1SCD):  # (set by _set_results, which runs first)
+            executor.map_local(_factor_only)
+        return super()._outputs(data, executor, W_out, want_W)
+
     def _set_results(self, fit, method, state):
         data = fit.data
         G = state.global_state
-        totals = data.group_totals
+        totals = method.group_totals(data)
 
         def per_group_sum(values):
             return relative_to(values, totals)
@@ -244,7 +283,7 @@ class WeightedL1NMF(FactorEstimator):
         self.reconstruction_err_ = float(l1_errors.sum())
         self.objective_history_ = np.vstack(state.group_objectives).sum(axis=1)
         self.group_metrics_ = group_metric_frame(self.group_names_, {
-            "relative_error": relative_error(method.squared_errors(G, state.stats, data), data.group_sq_norms),
+            "relative_error": relative_error(method.squared_errors(G, state.stats, data), method.group_sq_norms(data)),
             "relative_l1_error": self.group_errors_, "objective": state.group_objectives[-1]})
         self.timed_out_ = state.timed_out
         self._set_run_facts(method, data, state, fit.executor)
@@ -265,6 +304,16 @@ class WeightedL1NMF(FactorEstimator):
         finally:
             executor.close()
         return self._rows_in_caller_order(data, blocks)
+
+
+def _scaled_beside_mask(W_b, block, d, masks):
+    """After the HALS start of a masked fit: W_b's columns times d, beside the block's mask."""
+    return {**masks[block.index], "W": scale_columns(W_b, block, d)}
+
+
+def _factor_only(local, block):
+    """W_b of a masked fit's local state."""
+    return local["W"]
 
 
 def _wl1_facts(model) -> dict:  # the L1 error ||X - WH||_1; the groups' relative_l1_error is its share
