@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
+import distfact
 from distfact import NMF
 from distfact.estimators.masks import ComplementMask, block_masks, resolve_mask
 from distfact.kernels.masked import COMPLEMENT, OBSERVED
@@ -181,17 +182,20 @@ def test_values_at_missing_entries_never_change_the_fit(loss, sparse, kind):
 
 @LOSSES
 @LAYOUTS
-def test_a_mask_in_the_kernels_ignores_values_at_missing_entries(loss, sparse):
-    """One X serving models of different masks (fit_many) reaches the blocks unzeroed: the kernels zero it (a copy)
-    and give bitwise the fit on the zeroed X (from the same start: a random start's scale is the mean of X as
-    stored)."""
+@pytest.mark.parametrize("init", ["custom", "random"])
+def test_a_mask_in_the_kernels_ignores_values_at_missing_entries(loss, sparse, init, tmp_path):
+    """X that fit does not zero (a GroupedMatrix, a store on disk; one X serving models of different masks in
+    fit_many) reaches the blocks as it is: the kernels zero it (a copy), and a random start's scale is the mean of
+    X over the observed entries, so the fit is bitwise the fit on the zeroed X."""
     X, groups, M = case(sparse, "mixed")
     W0, H0 = start()
     fits = []
-    for values in (np.where(M == 0, 0.0, X), np.where(M == 0, 7.0, X)):
-        data = as_grouped(sp.csr_matrix(values) if sparse else values, groups, block_rows=10)
-        fits.append(NMF(RANK, beta_loss=loss, init="custom", max_iter=5, tol=0).fit(  # a GroupedMatrix: not zeroed
-            data, mask=M, W=W0, H=H0))
+    for name, values in (("zeroed", np.where(M == 0, 0.0, X)), ("sevens", np.where(M == 0, 7.0, X))):
+        values = sp.csr_matrix(values) if sparse else values
+        data = as_grouped(values, groups, block_rows=10) if init == "custom" else distfact.from_arrays(
+            values, groups, tmp_path / f"{name}.zarr", block_rows=10).path
+        fits.append(NMF(RANK, beta_loss=loss, init=init, max_iter=5, tol=0, random_state=0).fit(
+            data, mask=M, **({"W": W0, "H": H0} if init == "custom" else {})))
     np.testing.assert_array_equal(fits[0].components_, fits[1].components_)
     np.testing.assert_array_equal(fits[0].objective_history_, fits[1].objective_history_)
 

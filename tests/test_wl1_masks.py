@@ -10,7 +10,8 @@ import zarr
 
 import distfact
 from conftest import grouped_data
-from distfact.estimators._wl1_mask import block_forms, resolve_wl1_mask
+from distfact.estimators.masks import block_masks, resolve_mask
+from distfact.kernels.masked import COMPLEMENT, OBSERVED
 from oracles import wl1_dense_cd
 
 M_ROWS, N_COLS, RANK = 36, 22, 3
@@ -53,12 +54,13 @@ def custom_start(seed, m=M_ROWS, n=N_COLS):
 
 
 def forms_of(X, groups, M, block_rows):
-    X, weights = resolve_wl1_mask(X, M)
-    return {form for form, _ in block_forms(distfact.from_arrays(X, groups, block_rows=block_rows), weights)}
+    X, weights = resolve_mask(X, M)
+    blocks, _ = block_masks(distfact.from_arrays(X, groups, block_rows=block_rows), weights)
+    return {form for entry in blocks for form in entry}
 
 
-@pytest.mark.parametrize("make_mask, forms", [(few_masked, {"complement"}), (few_observed, {"observed"}),
-                                              (mixed, {"complement", "observed"})])
+@pytest.mark.parametrize("make_mask, forms", [(few_masked, {COMPLEMENT}), (few_observed, {OBSERVED}),
+                                              (mixed, {COMPLEMENT, OBSERVED})])
 @pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
 @pytest.mark.parametrize("dense", [False, True])
 def test_masked_iterates_equal_brute_force_coordinate_descent(make_mask, forms, lam, dense):
@@ -206,11 +208,11 @@ def test_a_masked_model_saves_and_transforms(tmp_path):
 
 @pytest.mark.parametrize("mask, message", [
     (np.ones((3, 3)), "mask has shape"),
-    ("zeros", "mask must be an array of weights"),
+    ("zeros", "mask must be None, a weight array"),
     (-np.ones((M_ROWS, N_COLS)), "negative weights"),
-    (np.full((M_ROWS, N_COLS), np.nan), "NaN or infinite"),
+    (np.full((M_ROWS, N_COLS), np.nan), "mask holds NaN"),
     (np.zeros((M_ROWS, N_COLS)), "no positive entry of positive weight"),
-    (np.full((M_ROWS, N_COLS), "a"), "numeric weights"),
+    (np.full((M_ROWS, N_COLS), "a"), "give numbers"),
 ])
 def test_bad_masks_are_refused(mask, message):
     X, groups = data(seed=18)
@@ -223,8 +225,10 @@ def test_masks_it_cannot_take_are_refused(tmp_path):
     with pytest.raises(ValueError, match="needs a sparse X"):
         distfact.WeightedL1NMF(RANK).fit(X.toarray(), groups=groups, mask="nonzero")
     store = distfact.from_arrays(X, groups, tmp_path / "x.zarr")
-    with pytest.raises(ValueError, match="only with X in memory"):
+    with pytest.raises(ValueError, match="needs X in memory"):
         distfact.WeightedL1NMF(RANK).fit(store.path, mask="nonzero")
+    with pytest.raises(ValueError, match="only with X in memory"):
+        distfact.WeightedL1NMF(RANK).fit(store.path, mask=X.toarray() > 0)
     Xn = X.toarray()
     Xn[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):  # NaN without mask='nan' stays an error

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from ..kernels.masked import COMPLEMENT, OBSERVED, values_at
+from ..kernels.masked import COMPLEMENT, OBSERVED, observed_block, values_at
 from ..store.coerce import checked_matrix
 
 KINDS = ("nan", "nonzero")
@@ -248,3 +248,16 @@ def missing_entries(mask) -> tuple[np.ndarray, np.ndarray]:
         observed[mask.nonzero()] = True
         return np.nonzero(~observed)
     return np.nonzero(mask == 0)
+
+
+def observed_total(data, mask_blocks) -> float:
+    """sum of X over the observed entries (X read as 0 at the missing ones), block by block in the store's order:
+    the same number whether or not X was zeroed there (one X serves every fold of ``fit_many``). Reads each block
+    of X once (no pass of the engine: for a store, one read before the fit starts)."""
+    total = 0.0
+    for block, entry in zip(data.blocks, mask_blocks):
+        (form, P), = entry.items()
+        X_b, x = observed_block(data.load_block(block.index), form, P)
+        values = x if form == OBSERVED else (X_b.data if sp.issparse(X_b) else X_b)  # observed: P's entries only
+        total += float(values.sum(dtype=np.float64))
+    return total

@@ -11,7 +11,7 @@ from ..methods.nmf import NMFMethod
 from ..methods.nmf_init import nndsvda_start
 from ..metrics import group_metric_frame, relative_error
 from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
-from .masks import block_masks, missing_entries, resolve_mask
+from .masks import block_masks, missing_entries, observed_total, resolve_mask
 from .contract import POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
 INITS = ("random", "nndsvda", "custom")
@@ -166,15 +166,18 @@ class NMF(FactorEstimator):
     def _prepare(self, fit):
         """The method, and the mask (``fit.inputs["mask"]``) cut per block: ``inputs["mask_blocks"]`` (None
         without a mask) and its digest ``inputs["mask_digest"]``."""
-        fit.method = NMFMethod(fit.rank, self.solver, self.beta_loss, float(self.tol), str(fit.data.dtype))
         blocks, digest = block_masks(fit.data, fit.inputs.get("mask"))
+        x_total = None if blocks is None else observed_total(fit.data, blocks)
+        fit.method = NMFMethod(fit.rank, self.solver, self.beta_loss, float(self.tol), str(fit.data.dtype), x_total)
         fit.inputs.update(mask_blocks=blocks, mask_digest=digest)
         self._masked_fit = blocks is not None  # for _outputs, which sees the executor only
 
     def _phases(self, fit):
         """One loop, from the random, NNDSVDa or given start."""
         method = fit.method
-        config = {"estimator": "NMF", "method": method.__dict__, "init": self.init,
+        # x_total comes from X and the mask, which the data fingerprint and the mask's digest identify
+        described = {name: value for name, value in method.__dict__.items() if name != "x_total"}
+        config = {"estimator": "NMF", "method": described, "init": self.init,
                   "random_state": self.random_state, "data": data_fingerprint(fit.data)}
         if fit.inputs["mask_digest"] is not None:  # (unmasked fits keep their configuration, and checkpoints)
             config["mask"] = fit.inputs["mask_digest"]
@@ -196,10 +199,16 @@ class NMF(FactorEstimator):
                                   masks)
 
     def _outputs(self, data, executor, W_out, want_W):
-        """As every estimator's, after a masked fit's local states (W_b and the block's mask) are reduced to W_b."""
-        if self._masked_fit and (want_W or W_out is not None):
+        """As every estimator's; a masked fit's local states hold the block's mask beside W_b: W alone is gathered
+        (``want_W``) or written (``W_out``)."""
+        if not self._masked_fit:
+            return super()._outputs(data, executor, W_out, want_W)
+        if want_W:
+            return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
+        if W_out is not None:
             executor.map_local(_without_mask)
-        return super()._outputs(data, executor, W_out, want_W)
+            self._save_local_factors(executor, W_out)
+        return None
 
     def _set_results(self, fit, method, state):
         data = fit.data

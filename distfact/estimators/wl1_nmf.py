@@ -22,7 +22,7 @@ from ..methods.wl1_nmf import (HALSStart, MaskedWeightedL1SCD, WeightedL1SCD, l1
 from ..metrics import group_metric_frame, relative_error, relative_to
 from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
-from ._wl1_mask import block_forms, mask_digest, resolve_wl1_mask  # issue 20's masks.py at merge
+from .masks import block_masks, resolve_mask
 from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
 from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
 
@@ -151,14 +151,14 @@ class WeightedL1NMF(FactorEstimator):
         entries (relative to sum m x and sum m x^2 per group); X's values at weight-0 entries are never used
         (the HALS start sees them as 0). All weights 1: the unmasked fit, bitwise."""
         self._ignore_y(y, groups)
-        X, weights = resolve_wl1_mask(X, mask)
+        X, weights = resolve_mask(X, mask)
         self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H, mask=weights)
         return self
 
     def fit_transform(self, X, y=None, *, groups=None, mask=None, W=None, H=None, client=None):
         """Fit and return W (n_samples x r) in X's row order (gathered on the driver); ``mask`` as in ``fit``."""
         self._ignore_y(y, groups)
-        X, weights = resolve_wl1_mask(X, mask)
+        X, weights = resolve_mask(X, mask)
         return self._run_fit(X, groups, client, want_W=True, W=W, H=H, mask=weights)
 
     _custom_factors = ("W", "H")
@@ -193,14 +193,18 @@ class WeightedL1NMF(FactorEstimator):
                 raise ValueError("X is all zeros: weighted L1-NMF needs at least one positive entry")
             method = WeightedL1SCD(fit.rank, float(self.lam), float(self.tol))
         else:
-            forms = block_forms(data, weights)
+            if not data.in_memory:
+                raise ValueError("WeightedL1NMF takes a mask only with X in memory (an array, sparse matrix or "
+                                 "DataFrame)")
+            blocks, digest = block_masks(data, weights)
+            forms = [next(iter(entry.items())) for entry in blocks]  # (form, P_b) of each block
             totals, sq_norms = weighted_group_sums(data, forms)
             if totals.sum() <= 0:
                 raise ValueError("X has no positive entry of positive weight: weighted L1-NMF needs one")
             method = MaskedWeightedL1SCD(fit.rank, float(self.lam), float(self.tol), tuple(totals.tolist()),
                                          tuple(sq_norms.tolist()))
             fit.inputs.update(masks=[mask_local(block, *form) for block, form in zip(data.blocks, forms)],
-                              mask_digest=mask_digest(forms))
+                              mask_digest=digest)
         fit.data = self._with_column_blocks(data)
         fit.method = method
 

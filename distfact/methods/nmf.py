@@ -75,6 +75,8 @@ class NMFMethod:
     beta_loss: str = "frobenius"
     tol: float = 1e-4
     dtype: str = "float64"
+    #: a masked fit's sum of X over its observed entries (None: X's total), for the random start's scale
+    x_total: float | None = None
 
     def __post_init__(self):
         if self.solver not in SOLVERS:
@@ -90,10 +92,11 @@ class NMFMethod:
 
     # -- initialisation ------------------------------------------------------
     def init_scale(self, data) -> float:
-        """sqrt(mean(X) / r), the scale of scikit-learn's random initialisation (of X as stored: for a masked fit
-        of X in memory, with its missing entries zeroed by fit)."""
+        """sqrt(mean(X) / r), the scale of scikit-learn's random initialisation; for a masked fit, of X with its
+        missing entries read as 0 (``x_total``), so that X's values there change nothing, whatever X holds."""
         m, n = data.shape
-        return float(np.sqrt(data.group_totals.sum() / (m * n) / self.n_components))
+        total = data.group_totals.sum() if self.x_total is None else self.x_total
+        return float(np.sqrt(total / (m * n) / self.n_components))
 
     def initial_global(self, data, rng):
         H = self.init_scale(data) * np.abs(rng.standard_normal((self.n_components, data.shape[1])))

@@ -35,7 +35,7 @@ and every scalar subproblem of Algorithm 6.1 (eq. 6.4, row i of W, coordinate q;
 form: a term |a - b alpha| weighted by m >= 0 is |m a - m b alpha|, so the stored entries enter the weighted
 median with their weights multiplied by m_ij (a weight 0 drops the term, whatever x_ij is), and the zeros'
 linear term lambda sum_{j in kappa0(i)} h_qj becomes lambda sum_{j in kappa0(i)} m_ij h_qj. A block keeps its
-mask in one of two sparse forms (``estimators/_wl1_mask.py``), and that sum is computed without visiting the
+mask in one of two sparse forms (``estimators/masks.py``, ``kernels/masked.py``), and that sum is computed without visiting the
 zeros:
 
     complement form (C: the entries with m != 1, c_ij = 1 - m_ij; few masked):
@@ -73,6 +73,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..kernels import l1
+from ..kernels.masked import COMPLEMENT
 from ..kernels.products import gram, wt_times_block
 from ..metrics import frobenius_sq_errors
 from .nmf import NMFMethod
@@ -207,7 +208,7 @@ def mask_local(block, form: str, M_b) -> dict:
     into the whole mask (``engine/executor/base.py: stacked_rows``), ``base`` (per row: 1 in the complement
     form, 0 in the observed one) and the form's entries as (stored row, column, adjustment d), d = -c or d = m."""
     M_b = M_b.tocoo()
-    complement = form == "complement"
+    complement = form == COMPLEMENT
     return {"base": np.full(block.n_rows, 1.0 if complement else 0.0),
             "rows": (block.row_start + M_b.row).astype(np.int64), "cols": M_b.col.astype(np.int64),
             "adjust": -M_b.data if complement else np.array(M_b.data, dtype=np.float64)}
@@ -220,7 +221,7 @@ def weighted_group_sums(data, forms) -> tuple[np.ndarray, np.ndarray]:
     for block, (form, M_b) in zip(data.blocks, forms):
         X_b = as_csr(data.load_block(block.index)).astype(np.float64)
         weighted = M_b.multiply(X_b), M_b.multiply(X_b.multiply(X_b))
-        if form == "complement":  # 1 - c
+        if form == COMPLEMENT:  # 1 - c
             weighted = X_b.sum() - weighted[0].sum(), X_b.multiply(X_b).sum() - weighted[1].sum()
         else:
             weighted = weighted[0].sum(), weighted[1].sum()
