@@ -3,8 +3,7 @@ most 0.3x the time of the 50 separate fits).
 
     python benchmarks/bench_select_rank.py [--quick]    # about 10 minutes on 2 quiet cores (--quick: seconds)
 
-SSNMF without targets (weighted Frobenius NMF with a data mask, the estimator whose fit takes a mask today), a
-fixed number of iterations (tol=0), ranks 2, 4, ..., 20, 5 folds of 10% held-out entries each. In one run,
+NMF (MU, Frobenius) with a mask, a fixed number of iterations (tol=0), ranks 2, 4, ..., 20, 5 folds of 10% held-out entries each. In one run,
 interleaved, medians of the repeats:
 
   select_rank  ``distfact.select_rank`` end to end: the folds' masks, the sweep of the 50 models (X read once per
@@ -13,7 +12,7 @@ interleaved, medians of the repeats:
   separate     the 50 models fitted one by one, each with its fold's mask (what one would do without a sweep)
 
 Case ``store``: 6,000 x 400 float64 dense store on disk (blocks of 500 rows, 4 groups), 20 iterations; about 2 GB
-of memory (SSNMF keeps each model's block rows of its mask, as CSR, beside its W). Case ``small`` (--quick):
+of memory (each model keeps its blocks' rows of its fold's mask, as CSR, beside its W). Case ``small`` (--quick):
 400 x 60 in memory. Results: benchmarks/results/select_rank.json (--quick: select_rank_quick.json).
 """
 
@@ -33,17 +32,17 @@ N_SPLITS, HOLDOUT, SEED = 5, 0.1, 0
 
 
 def case(data, max_iter: int, repeats: int) -> dict:
-    from distfact import SSNMF, fit_many, select_rank
+    from distfact import NMF, fit_many, select_rank
     from distfact.estimators.select import fold_masks
 
-    template = SSNMF(1, model="FF", max_iter=max_iter, tol=0.0, random_state=0)
+    template = NMF(1, max_iter=max_iter, tol=0.0, random_state=0)
     masks = fold_masks(data, None, SEED, HOLDOUT, N_SPLITS)
     swept = fit_many(template, data, ranks=RANKS, masks=masks)  # warm-up (numba, page cache), and the pass count
 
     def separate():
         for mask in masks:
             for rank in RANKS:
-                SSNMF(rank, model="FF", max_iter=max_iter, tol=0.0, random_state=0).fit(data, mask=mask)
+                NMF(rank, max_iter=max_iter, tol=0.0, random_state=0).fit(data, mask=mask)
 
     out = median_seconds({
         "select_rank": lambda: select_rank(template, data, ranks=RANKS, n_splits=N_SPLITS, holdout=HOLDOUT,
