@@ -19,6 +19,7 @@ the CPU): an entry that does not fit is ignored and the kernel compiled as witho
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import os
 import pkgutil
@@ -85,12 +86,27 @@ def _settings(declaration) -> list[dict]:
     return [{**iterations, **dict(zip(choices, combination))} for combination in itertools.product(*choices.values())]
 
 
+def _masks(shape) -> list[np.ndarray]:
+    """Weights for a fit that takes ``mask``: 10% missing (a block keeps the complement form) and 20% observed
+    (the observed form)."""
+    rng = np.random.default_rng(1)
+    return [(rng.random(shape) > 0.1).astype(np.float64), (rng.random(shape) < 0.2).astype(np.float64)]
+
+
 def _fit_and_transform(declaration, settings: dict, data) -> None:
-    """A fit as ``distfact fit`` makes it (the declared fit inputs at their defaults), then ``transform``."""
+    """A fit as ``distfact fit`` makes it (the declared fit inputs at their defaults), then ``transform``; and,
+    when the estimator's fit takes a mask, a fit with each of :func:`_masks`."""
     model = declaration.make(RANK, settings, random_state=0)
     inputs = {f.name: f.default for f in declaration.fit_inputs}
-    model.fit(data, **declaration.fit_arguments(model, inputs, data, None))
+    arguments = declaration.fit_arguments(model, inputs, data, None)
+    model.fit(data, **arguments)
     model.transform(data)
+    if "mask" in inspect.signature(model.fit).parameters:
+        for mask in _masks(data.shape):
+            try:
+                model.fit(data, mask=mask, **arguments)
+            except ValueError:  # a mask some data do not take (wL1-NMF: X in memory only)
+                pass
 
 
 def warm_up(progress=None) -> dict:

@@ -37,6 +37,12 @@ for dtype in (np.float64, np.float32):
             distfact.SSNMF(3, model=model, max_iter=3, random_state=0).fit(X, y=labels).transform(X)
         distfact.SSNMFClassifier(3, max_iter=3, random_state=0).fit(X, labels).score(X, labels)
         distfact.MultigroupSVD(2).fit(X, groups=groups).transform(X)
+        holes = (rng.random(X.shape) > 0.15) * 1.0  # masked fits: few missing (complement form) and "nonzero"
+        for mask in (holes, "nonzero") if sp.issparse(X) else (holes,):
+            for solver, loss in (("mu", "frobenius"), ("hals", "frobenius"), ("mu", "kullback-leibler")):
+                distfact.NMF(3, solver=solver, beta_loss=loss, max_iter=3, random_state=0).fit(X, groups=groups,
+                                                                                              mask=mask)
+            distfact.WeightedL1NMF(3, max_iter=2, hals_iter=2, random_state=0).fit(X, groups=groups, mask=mask)
 print(json.dumps({"compiled": compilations(kernels), "kernels": len(kernels),
                   "loaded": sum(sum(d.stats.cache_hits.values()) for d in kernels.values())}))
 """
