@@ -70,6 +70,12 @@ def _add_scheduler_options(p):
     _add_tls_option(g)
 
 
+def _add_method_choice(p, declarations) -> None:
+    """``--method``: one of the declared methods, each with its summary."""
+    p.add_argument("--method", default="nmf", choices=list(declarations) or None,
+                   help="; ".join(f"{name}: {d.summary}" for name, d in declarations.items()))
+
+
 def _add_progress_option(p):
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (else a bar on a terminal, lines with rates and an ETA off one)")
@@ -129,8 +135,7 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                                    "metrics.json, plus the method's own arrays. Every option left out takes the "
                                    "method's estimator's default. `distfact report` reads the output.")
     p.add_argument("store")
-    p.add_argument("--method", default="nmf", choices=list(declarations) or None,
-                   help="; ".join(f"{name}: {d.summary}" for name, d in declarations.items()))
+    _add_method_choice(p, declarations)
     p.add_argument("--rank", "-r", type=POSITIVE, required=True, help="number of components")
     p.add_argument("--seed", type=COUNT, default=0, help="random_state")
     _add_method_options(p, declarations)
@@ -175,8 +180,7 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                                    "folds), and print the held-out error per rank and the rank --rule chooses. "
                                    "Methods whose fit takes a mask only.")
     p.add_argument("store")
-    p.add_argument("--method", default="nmf", choices=list(declarations) or None,
-                   help="; ".join(f"{name}: {d.summary}" for name, d in declarations.items()))
+    _add_method_choice(p, declarations)
     p.add_argument("--ranks", required=True, help="the ranks compared: FIRST:LAST (inclusive)")
     p.add_argument("--n-splits", type=_number(int, 2), default=5, help="folds (at least 2)")
     p.add_argument("--holdout", type=_number(float, 0.0, strict=True), default=0.1,

@@ -247,3 +247,12 @@ def test_masked_fit_bitwise_on_threads_and_on_a_local_cluster(local_cluster_clie
     assert np.array_equal(W_threads, W_cluster)
     assert np.array_equal(threads.components_, cluster.components_)
     assert np.array_equal(threads.loss_history_, cluster.loss_history_)
+
+
+def test_a_mask_on_unzeroed_X_is_refused():
+    """The HALS start reads X unmasked, so X must be 0 at the missing entries: fit zeroes it; fit_many's folds
+    share one X between masks and are refused rather than let held-out values into the start."""
+    X, groups = data(seed=23)
+    M = few_masked(X.shape, seed=24)
+    with pytest.raises(ValueError, match="do not support WeightedL1NMF yet"):
+        distfact.fit_many(distfact.WeightedL1NMF(RANK, max_iter=2), X, groups=groups, masks=[M, M])

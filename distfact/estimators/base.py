@@ -213,6 +213,11 @@ class FitRun:
         return None if self.deadline is None else max(self.deadline - time.perf_counter(), 1e-9)
 
 
+def _w_of_local_state(local, block):
+    """W_b of a local state that holds the block's inputs beside it."""
+    return local["W"]
+
+
 class SavedEstimator:
     """``save(path)`` for distfact's estimators; ``distfact.load(path)`` reads the file back
     (``estimators/persistence.py``)."""
@@ -436,10 +441,22 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
 
     def _outputs(self, data, executor, W_out, want_W):
         """After a fit: W written block by block to ``W_out`` if given; W gathered in X's row order
-        if ``want_W`` (fit_transform), else None."""
+        if ``want_W`` (fit_transform), else None. Local states that hold the block's inputs beside W_b
+        (:meth:`_local_states_hold_inputs`) give W_b alone."""
+        held = self._local_states_hold_inputs()
         if W_out is not None:
+            if held:
+                executor.map_local(_w_of_local_state)
             self._save_local_factors(executor, W_out)
-        return self._rows_in_caller_order(data, executor.local_factors()) if want_W else None
+        if not want_W:
+            return None
+        local = executor.local_factors()
+        return self._rows_in_caller_order(data, [state["W"] for state in local] if held else local)
+
+    def _local_states_hold_inputs(self) -> bool:
+        """Whether the fit's local states are dicts holding the block's own inputs (targets, masks) beside W_b
+        (``"W"``); known once ``_set_results`` ran."""
+        return False
 
     @staticmethod
     def _save_local_factors(executor, directory) -> None:

@@ -198,17 +198,8 @@ class NMF(FactorEstimator):
         return self._custom_start(data, executor, W, method.n_components, data.dtype, method.with_derived(H, data),
                                   masks)
 
-    def _outputs(self, data, executor, W_out, want_W):
-        """As every estimator's; a masked fit's local states hold the block's mask beside W_b: W alone is gathered
-        (``want_W``) or written (``W_out``)."""
-        if not self._masked_fit:
-            return super()._outputs(data, executor, W_out, want_W)
-        if want_W:
-            return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
-        if W_out is not None:
-            executor.map_local(_without_mask)
-            self._save_local_factors(executor, W_out)
-        return None
+    def _local_states_hold_inputs(self) -> bool:
+        return self._masked_fit  # the block's mask beside W_b
 
     def _set_results(self, fit, method, state):
         data = fit.data
@@ -268,10 +259,6 @@ class NMF(FactorEstimator):
         rows, cols = missing_entries(resolved)
         values[rows, cols] = np.einsum("ij,ji->i", W[rows], self.components_[:, cols])
         return values
-
-
-def _without_mask(local, block):
-    return local["W"]
 
 
 def _nmf_facts(model) -> dict:

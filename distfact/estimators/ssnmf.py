@@ -254,15 +254,8 @@ class SSNMF(FactorEstimator):
                   "targets_and_masks": fit.inputs["digest"]}
         yield Phase(method, self._start(method, fit), self.max_iter, config, global_args={"n_targets": n_targets})
 
-    def _outputs(self, data, executor, W_out, want_W):
-        """W of the local factors (which hold the rows of Y and of the masks too): gathered if ``want_W``, else
-        written to ``W_out`` if given."""
-        if want_W:
-            return self._rows_in_caller_order(data, [local["W"] for local in executor.local_factors()])
-        if W_out is not None:  # W alone, one array per block as for the other estimators
-            executor.map_local(_representation)
-            self._save_local_factors(executor, W_out)
-        return None
+    def _local_states_hold_inputs(self) -> bool:
+        return True  # the block's rows of Y and of the masks beside W_b
 
     def _start(self, method, fit):
         data, executor, inputs, n_targets = fit.data, fit.executor, fit.inputs["local"], fit.inputs["n_targets"]
@@ -323,10 +316,6 @@ class SSNMF(FactorEstimator):
         if self.B_ is None:
             raise ValueError("this SSNMF was fitted without targets (Y or y); there is nothing to predict")
         return np.asarray(self.transform(X, **kwargs)) @ self.B_  # transform's output may be a DataFrame (set_output)
-
-
-def _representation(local, block):
-    return local["W"]
 
 
 def _represent_block(X_b, inputs, block, method, H, max_iter, tol):

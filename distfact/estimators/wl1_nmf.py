@@ -17,9 +17,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from .._warnings import user_stacklevel
 from ..engine.driver import initialise
-from ..methods.wl1_nmf import (HALSStart, MaskedWeightedL1SCD, WeightedL1SCD, l1_balance, mask_local, scale_columns,
-                                weighted_group_sums)
+from ..methods.wl1_nmf import (HALSStart, MaskedWeightedL1SCD, WeightedL1SCD, as_csr, l1_balance, mask_local,
+                                scale_columns, weighted_group_sums)
 from ..metrics import group_metric_frame, relative_error, relative_to
+from ..kernels.masked import COMPLEMENT, values_at
 from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
 from .masks import block_masks, resolve_mask
@@ -198,6 +199,10 @@ class WeightedL1NMF(FactorEstimator):
                                  "DataFrame)")
             blocks, digest = block_masks(data, weights)
             forms = [next(iter(entry.items())) for entry in blocks]  # (form, P_b) of each block
+            if not _zero_at_missing_entries(data, forms):
+                raise ValueError("WeightedL1NMF needs X zeroed at its missing entries (its HALS start reads X "
+                                 "unmasked): fit(X, mask=...) does it; fit_many and select_rank with masks, which "
+                                 "share one X between several masks, do not support WeightedL1NMF yet")
             totals, sq_norms = weighted_group_sums(data, forms)
             if totals.sum() <= 0:
                 raise ValueError("X has no positive entry of positive weight: weighted L1-NMF needs one")
@@ -264,11 +269,8 @@ class WeightedL1NMF(FactorEstimator):
         return Phase(hals, lambda: initialise(hals, data, executor, self.random_state), self.hals_iter, config,
                      checkpoint="start", callback=False, then=balanced)
 
-    def _outputs(self, data, executor, W_out, want_W):
-        """As every estimator's; a masked fit's local states hold the blocks' masks beside W, dropped first."""
-        if isinstance(self._method, MaskedWeightedL1SCD):  # (set by _set_results, which runs first)
-            executor.map_local(_factor_only)
-        return super()._outputs(data, executor, W_out, want_W)
+    def _local_states_hold_inputs(self) -> bool:
+        return isinstance(self._method, MaskedWeightedL1SCD)  # the block's mask beside W_b
 
     def _set_results(self, fit, method, state):
         data = fit.data
@@ -310,14 +312,20 @@ class WeightedL1NMF(FactorEstimator):
         return self._rows_in_caller_order(data, blocks)
 
 
+def _zero_at_missing_entries(data, forms) -> bool:
+    """Whether X (in memory) is 0 at every entry of weight 0 of the blocks' mask forms."""
+    for block, (form, P) in zip(data.blocks, forms):
+        X_b = as_csr(data.load_block(block.index))
+        x = values_at(P, X_b)
+        if (np.any(x[P.data == 1] != 0) if form == COMPLEMENT  # c = 1: weight 0
+                else np.count_nonzero(x) != np.count_nonzero(X_b.data)):  # a non-zero outside the observed
+            return False
+    return True
+
+
 def _scaled_beside_mask(W_b, block, d, masks):
     """After the HALS start of a masked fit: W_b's columns times d, beside the block's mask."""
     return {**masks[block.index], "W": scale_columns(W_b, block, d)}
-
-
-def _factor_only(local, block):
-    """W_b of a masked fit's local state."""
-    return local["W"]
 
 
 def _wl1_facts(model) -> dict:  # the L1 error ||X - WH||_1; the groups' relative_l1_error is its share
