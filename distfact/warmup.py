@@ -86,14 +86,16 @@ def _settings(declaration) -> list[dict]:
     return [{**iterations, **dict(zip(choices, combination))} for combination in itertools.product(*choices.values())]
 
 
-def _masks(shape) -> list[np.ndarray]:
-    """Weights for a fit that takes ``mask``: 10% missing (a block keeps the complement form) and 20% observed
-    (the observed form)."""
-    rng = np.random.default_rng(1)
-    return [(rng.random(shape) > 0.1).astype(np.float64), (rng.random(shape) < 0.2).astype(np.float64)]
+def _masks(X) -> list:
+    """Weights for a fit that takes ``mask``, 0 only where X is 0 (so X is already zeroed at its missing entries,
+    as fit leaves it): a tenth of X's zeros missing (a block keeps the complement form), and X's non-zeros
+    observed with weight 0.5 (the observed form)."""
+    nonzero = (X != 0).toarray() if hasattr(X, "toarray") else X != 0
+    missing = ~nonzero & (np.random.default_rng(1).random(X.shape) < 0.1)
+    return [np.where(missing, 0.0, 1.0), 0.5 * nonzero]
 
 
-def _fit_and_transform(declaration, settings: dict, data) -> None:
+def _fit_and_transform(declaration, settings: dict, data, X) -> None:
     """A fit as ``distfact fit`` makes it (the declared fit inputs at their defaults), then ``transform``; and,
     when the estimator's fit takes a mask, a fit with each of :func:`_masks`."""
     model = declaration.make(RANK, settings, random_state=0)
@@ -102,7 +104,7 @@ def _fit_and_transform(declaration, settings: dict, data) -> None:
     model.fit(data, **arguments)
     model.transform(data)
     if "mask" in inspect.signature(model.fit).parameters:
-        for mask in _masks(data.shape):
+        for mask in _masks(X):
             try:
                 model.fit(data, mask=mask, **arguments)
             except ValueError:  # a mask some data do not take (wL1-NMF: X in memory only)
@@ -134,13 +136,13 @@ def warm_up(progress=None) -> dict:
     fits = refused = 0
     with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        inputs = [from_arrays(X, groups, path) for k, (X, groups) in enumerate(_data())
+        inputs = [(from_arrays(X, groups, path), X) for k, (X, groups) in enumerate(_data())
                   for path in (None, f"{scratch}/{k}.zarr")]  # in memory and on disk
         for declaration in methods().values():
             for settings in _settings(declaration):
-                for data in inputs:
+                for data, X in inputs:
                     try:
-                        _fit_and_transform(declaration, settings, data)
+                        _fit_and_transform(declaration, settings, data, X)
                         fits += 1
                     except (ValueError, TypeError):
                         refused += 1
