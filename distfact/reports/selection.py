@@ -57,7 +57,8 @@ def per_group(table: pd.DataFrame) -> pd.DataFrame:
 
 def heldout_figure(result: RankSelection, title: str) -> bytes:
     """Held-out error against rank, one line per group with standard-error bars, the mean over groups (what
-    "min" and "one_se" compare) dashed, and the chosen rank marked with the rule named."""
+    "min" and "one_se" compare) dashed, and the chosen rank marked with the rule named; a log scale when the
+    errors span more than a factor 30."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -76,6 +77,9 @@ def heldout_figure(result: RankSelection, title: str) -> bytes:
                 fontsize=8)
     ax.set_xlabel("rank")
     integer_ranks(ax)
+    low, high = curves["mean"].min(), curves["mean"].max()
+    if low > 0 and high / low > 30:  # errors over orders of magnitude (an overfitting rank): the low ones stay legible
+        ax.set_yscale("log")
     ax.set_ylabel("held-out error (mean over folds ± SE)")
     ax.set_title(title, fontsize=10)
     if curves["group"].nunique() <= 12:
