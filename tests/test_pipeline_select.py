@@ -202,3 +202,15 @@ def test_select_rank_report_on_the_command_line(tmp_path):
     quiet = subprocess.run(command + ["--no-progress", "--overwrite"], capture_output=True, text=True, timeout=300)
     assert quiet.returncode == 0 and "iteration" not in quiet.stderr, quiet.stderr
     assert json.load(open(tmp_path / "report" / "selection.json")) == choice
+
+
+def test_a_changed_select_table_redoes_the_fit_stage(tmp_path):
+    from distfact.pipeline.run import stage_hashes
+
+    planted_data(tmp_path)
+    variants = (AUTO, AUTO.replace("n_splits = 4", "n_splits = 4\nrule = \"one_se\""),
+                AUTO.replace('ranks = "1:5"', "ranks = [1, 2, 3, 4, 5]"), AUTO.replace('title = "auto"', 'title = "other"'))
+    hashes = [stage_hashes(load_spec(write_spec(tmp_path, text, f"{i}.toml")), "runs") for i, text in enumerate(variants)]
+    assert hashes[0]["fit"] != hashes[1]["fit"]  # another rule: selected again
+    assert hashes[0] == hashes[2]  # the same ranks, written as a list
+    assert hashes[0]["fit"] == hashes[3]["fit"] and hashes[0]["report"] != hashes[3]["report"]
