@@ -6,6 +6,7 @@ Bad input exits with status 2 and a message naming the problem and where.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import inspect
 import json
@@ -79,6 +80,20 @@ def _add_method_choice(p, declarations) -> None:
 def _add_progress_option(p):
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (else a bar on a terminal, lines with rates and an ETA off one)")
+
+
+def _add_selection_options(p, load: bool) -> None:
+    """select-rank's settings, their defaults and the rules read from ``distfact.select_rank`` (the one place
+    they are set) when ``load`` (importing it imports the estimators: only for the commands that fit)."""
+    rules, defaults = (), {}
+    if load:
+        from .estimators.select import DEFAULTS as defaults, RULES as rules
+    p.add_argument("--n-splits", type=_number(int, 2), default=defaults.get("n_splits"), help="folds (at least 2)")
+    p.add_argument("--holdout", type=_number(float, 0.0, strict=True), default=defaults.get("holdout"),
+                   help="share of the observed entries each fold holds out, in (0, 1); n-splits x holdout <= 1")
+    p.add_argument("--rule", choices=rules or None, default=defaults.get("rule"),
+                   help="min: lowest mean held-out error; one_se: smallest rank within one standard error of it; "
+                        "worst_group: lowest held-out error of the worst group")
 
 
 def _add_tls_option(p):
@@ -182,17 +197,17 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("store")
     _add_method_choice(p, declarations)
     p.add_argument("--ranks", required=True, help="the ranks compared: FIRST:LAST (inclusive)")
-    p.add_argument("--n-splits", type=_number(int, 2), default=5, help="folds (at least 2)")
-    p.add_argument("--holdout", type=_number(float, 0.0, strict=True), default=0.1,
-                   help="share of the observed entries each fold holds out, in (0, 1); n-splits x holdout <= 1")
-    p.add_argument("--rule", choices=["min", "one_se", "worst_group"], default="min",
-                   help="min: lowest mean held-out error; one_se: smallest rank within one standard error of it; "
-                        "worst_group: lowest held-out error of the worst group")
+    _add_selection_options(p, with_methods)
     p.add_argument("--seed", type=COUNT, default=0, help="root seed of the held-out entries, and the models' "
-                                                         "random_state")
+                                                         "random_state (fixed, so that a rerun is the same)")
     _add_method_options(p, declarations)
     p.add_argument("--output", "-o", help="write the table (rank, fold, group, train_error, heldout_error) to this "
                                           "CSV file (written aside and renamed into place)")
+    p.add_argument("--report", metavar="DIR", help="write a report into DIR: report.html with the held-out error "
+                                                   "against rank per group (the chosen rank marked), its PNG, "
+                                                   "selection.csv (the table) and selection.json (the choice)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --report")
+    _add_progress_option(p)
     _add_scheduler_options(p)
 
     p = sub.add_parser("run", help="run a pipeline spec (TOML): ingest -> fit -> evaluate -> report -> publish",
@@ -409,13 +424,12 @@ def write_fit_output(directory: str, declaration, model, data, args, seconds: fl
 
 
 def _parse_ranks(text: str) -> range:
+    from .estimators.select import rank_range
+
     try:
-        first, last = (int(v) for v in text.split(":"))
+        return rank_range(text)
     except ValueError as exc:
-        raise ValueError(f"--ranks must be FIRST:LAST, got {text!r}") from exc
-    if not 1 <= first <= last:
-        raise ValueError(f"--ranks must satisfy 1 <= FIRST <= LAST, got {text!r}")
-    return range(first, last + 1)
+        raise ValueError(f"--ranks {exc}") from None
 
 
 def cmd_report(args):
@@ -460,23 +474,39 @@ def cmd_report(args):
 
 def cmd_select_rank(args):
     from .engine.cluster import client_for
-    from .estimators.select import select_rank
+    from .engine.progress import show_iterations
+    from .outputs import OutputDir
+    from .estimators.select import refusal, select_rank
     from .reports.terminal import format_table
     from .store import open_store
 
     declaration = _method(args.method)
-    if "mask" not in inspect.signature(declaration.estimator.fit).parameters:
-        takers = [name for name, d in _methods().items() if "mask" in inspect.signature(d.estimator.fit).parameters]
-        raise ValueError(f"{declaration.name} takes no mask (its estimator's fit has none), and select-rank holds "
-                         f"entries out with one; methods that take a mask: {', '.join(takers) or 'none'}")
+    reason = refusal(declaration.estimator)
+    if reason is not None:
+        takers = [name for name, d in _methods().items() if refusal(d.estimator) is None]
+        raise ValueError(f"select-rank cannot take {declaration.name}: {reason}; methods it takes: "
+                         f"{', '.join(takers) or 'none'}")
     params, inputs = _given(args, declaration)
     data = open_store(args.store)
     ranks = _parse_ranks(args.ranks)
     model = declaration.make(ranks[0], params, random_state=args.seed)
-    with client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
+    progress = None if args.no_progress else show_iterations(model, "select-rank: iteration")
+    report = OutputDir(args.report, "report", overwrite=args.overwrite, option="--report") if args.report else None
+    with report or contextlib.nullcontext(), client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
         arguments = declaration.fit_arguments(model, inputs, data, client)
         result = select_rank(model, data, ranks=ranks, n_splits=args.n_splits, holdout=args.holdout,
                              random_state=args.seed, rule=args.rule, **arguments)
+        if progress is not None:
+            progress.close()
+        if report is not None:
+            from .reports.selection import write_selection_report
+
+            settings = {"method": declaration.name, "store": os.path.abspath(args.store), "ranks": list(ranks),
+                        "n_splits": args.n_splits, "holdout": args.holdout}
+            write_selection_report(report.path, result, settings, declaration.name, f"select-rank: "
+                                   f"{declaration.name} on {os.path.basename(os.path.normpath(args.store))}")
+            report.commit()
+    written = [path for path in (args.output, args.report and os.path.join(args.report, "report.html")) if path]
     if args.output:
         from .outputs import write_text
 
@@ -485,7 +515,7 @@ def cmd_select_rank(args):
                         for row in result.summary.to_dict("records")]))
     print(f"chosen rank ({args.rule}): {result.rank_}; "
           + ", ".join(f"{rule}: {rank}" for rule, rank in result.choices.items())
-          + (f"; wrote {args.output}" if args.output else ""))
+          + (f"; wrote {', '.join(written)}" if written else ""))
 
 
 def cmd_run(args):

@@ -325,28 +325,40 @@ def test_scheduling_files():
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt install chromium); "
-                                             "docs/pipelines.md has the documented check")
-def test_the_report_renders_in_headless_chromium(tmp_path):
-    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3, 4]"))
-    result = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
-    page = os.path.join(result["run_dir"], "report", "report.html")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
+def chromium_flags(tmp_path) -> list[str]:
+    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+
+
+def rendered_in_chromium(page, tmp_path) -> tuple[list[int], str]:
+    """The decoded width of each image of ``page`` after Chromium loaded it, and the DOM; checks that the page
+    fetches nothing (readable offline) and that every PNG beside it is one of its images, decoded wider than 100
+    pixels."""
     # the DOM after load, with each image's decoded width written into the page by a script
     probe = tmp_path / "probe.html"
     probe.write_text(open(page).read().replace("</body>", "<script>window.addEventListener('load', () => "
                      "document.body.setAttribute('data-widths', [...document.images].map(i => i.naturalWidth)"
                      ".join(',')));</script></body>"))
-    browser = subprocess.run([CHROMIUM, *flags, "--virtual-time-budget=5000", "--dump-dom", f"file://{probe}"],
-                             capture_output=True, text=True, timeout=120)
+    browser = subprocess.run([CHROMIUM, *chromium_flags(tmp_path), "--virtual-time-budget=5000", "--dump-dom",
+                              f"file://{probe}"], capture_output=True, text=True, timeout=120)
     dom = browser.stdout
     found = re.search(r'data-widths="([\d,]*)"', dom)
     assert browser.returncode == 0 and found, f"Chromium did not render the page: {browser.stderr[-2000:]}"
     widths = [int(w) for w in found.group(1).split(",")]
     assert not re.search(r'(src|href)="(?!data:)', open(page).read())  # nothing to fetch: readable offline
     assert len(widths) == len(glob.glob(os.path.join(os.path.dirname(page), "*.png"))) and min(widths) > 100
+    return widths, dom
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt install chromium); "
+                                             "docs/pipelines.md has the documented check")
+def test_the_report_renders_in_headless_chromium(tmp_path):
+    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3, 4]"))
+    result = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
+    page = os.path.join(result["run_dir"], "report", "report.html")
+    flags = chromium_flags(tmp_path)
+    _, dom = rendered_in_chromium(page, tmp_path)
     assert dom.count("<table>") >= 5
     shot = tmp_path / "shot.png"
     subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1000,9000", f"file://{page}"],

@@ -199,4 +199,4 @@ def test_the_command_line_end_to_end(tmp_path):
     assert f"chosen rank (one_se): {expected.rank_}" in out.stdout and expected.choices["min"] == 3
     refused = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method",
                               "stratified-nmf", "--ranks", "1:3"], capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "stratified-nmf takes no mask" in refused.stderr
+    assert refused.returncode == 2 and "cannot take stratified-nmf: StratifiedNMF takes no mask" in refused.stderr

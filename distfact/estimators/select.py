@@ -22,7 +22,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ..metrics import relative_to
-from .sweep import fit_many
+from .sweep import can_sweep, fit_many
 
 RULES = ("min", "one_se", "worst_group")
 
@@ -175,20 +175,55 @@ def choose_rank(summary: pd.DataFrame, rule: str) -> int:
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
 
 
-def _check(estimator, data, ranks, n_splits, holdout, rule) -> list[int]:
-    kind = type(estimator)
+class SettingError(ValueError):
+    """A setting of :func:`select_rank` it cannot take; ``key`` names it (a spec's error names its key)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def refusal(kind: type) -> str | None:
+    """Why ``select_rank`` cannot select the rank of estimator class ``kind`` (None: it can): its ``fit`` must
+    take a mask (the held-out entries) and its models must fit in shared passes (``fit_many``)."""
     if "mask" not in inspect.signature(kind.fit).parameters:
-        raise ValueError(f"{kind.__name__} takes no mask (its fit has no mask argument); select_rank holds entries "
-                         "out with a mask, so it needs an estimator whose fit takes one")
+        return (f"{kind.__name__} takes no mask (its fit has no mask argument); select_rank holds entries out with "
+                "a mask, so it needs an estimator whose fit takes one")
+    if not can_sweep(kind):
+        return f"{kind.__name__} cannot fit several models in shared passes (fit_many), which select_rank runs"
+    return None
+
+
+def check_settings(n_splits, holdout, rule) -> None:
+    """The settings that do not depend on the data; a :class:`SettingError` naming the one refused."""
     if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        raise SettingError("rule", f"rule must be one of {RULES}, got {rule!r}")
     if not isinstance(n_splits, numbers.Integral) or isinstance(n_splits, bool) or n_splits < 2:
-        raise ValueError(f"n_splits must be an integer >= 2 (the standard error is over folds), got {n_splits!r}")
+        raise SettingError("n_splits", "n_splits must be an integer >= 2 (the standard error is over folds), got "
+                                       f"{n_splits!r}")
     if not isinstance(holdout, numbers.Real) or not 0 < holdout < 1:
-        raise ValueError(f"holdout must be a fraction in (0, 1), got {holdout!r}")
+        raise SettingError("holdout", f"holdout must be a fraction in (0, 1), got {holdout!r}")
     if n_splits * holdout > 1:
-        raise ValueError(f"the folds hold out disjoint entries: n_splits * holdout must be <= 1, got {n_splits} * "
-                         f"{holdout}")
+        raise SettingError("holdout", f"the folds hold out disjoint entries: n_splits * holdout must be <= 1, got "
+                                      f"{n_splits} * {holdout}")
+
+
+def rank_range(text: str) -> range:
+    """``"FIRST:LAST"`` (inclusive, 1 <= FIRST <= LAST) as a range; ValueError saying what is expected."""
+    try:
+        first, last = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise ValueError(f"must be FIRST:LAST, got {text!r}") from None
+    if not 1 <= first <= last:
+        raise ValueError(f"must satisfy 1 <= FIRST <= LAST, got {text!r}")
+    return range(first, last + 1)
+
+
+def _check(estimator, data, ranks, n_splits, holdout, rule) -> list[int]:
+    reason = refusal(type(estimator))
+    if reason is not None:
+        raise ValueError(reason)
+    check_settings(n_splits, holdout, rule)
     ranks = list(ranks)
     largest = min(data.shape)
     bad = [r for r in ranks if not isinstance(r, numbers.Integral) or isinstance(r, bool) or not 1 <= r <= largest]
@@ -342,3 +377,9 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
         "train_error": relative_to(np.maximum(all_sq - held_sq, 0.0), all_norm - held_norm).ravel(),
         "heldout_error": relative_to(held_sq, held_norm).ravel()})
     return RankSelection(table, rule, random_state)
+
+
+#: select_rank's defaults of the settings the surfaces offer (``distfact select-rank``'s options, a spec's
+#: [select] keys): read from its signature, the one place they are set
+DEFAULTS = {name: inspect.signature(select_rank).parameters[name].default
+            for name in ("n_splits", "holdout", "rule", "random_state")}

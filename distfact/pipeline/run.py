@@ -31,6 +31,7 @@ from ..estimators.persistence import load as load_model
 from ..estimators.sweep import can_sweep, fit_many
 from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
 from ..reports.fits import group_metric_rows, read_fit_facts
+from .select import selected_rank
 from .spec import Spec, load_spec
 
 STAGES = ("ingest", "fit", "evaluate", "report", "publish")
@@ -127,8 +128,8 @@ def _walk(path):
 
 def stage_hashes(spec: Spec, root: str) -> dict:
     files = [_file_digest(path) for f in spec.fits for path in spec.input_files(f).values()]
-    fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "inputs": f.inputs}
-            for f in spec.fits]
+    fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "inputs": f.inputs,
+             **({"select": f.select} if f.select is not None else {})} for f in spec.fits]
     out = {"ingest": _digest("ingest", data_digest(spec), {k: v for k, v in spec.input.items() if k != "path"})}
     out["fit"] = _digest("fit", out["ingest"], fits, files)
     out["evaluate"] = _digest("evaluate", out["fit"], spec.metrics)
@@ -382,13 +383,17 @@ def stage_ingest(out: str, context: dict) -> dict:
     return {"shape": list(data.shape), "n_groups": data.n_groups}
 
 
-def fit_runs(spec: Spec) -> list[tuple[str, object, int]]:
+def fit_runs(spec: Spec) -> list[tuple[str, object, int | None]]:
     """``(directory name, fit spec, rank)`` of every fit: one per rank, except for a method whose one fit gives
-    every rank (``nested_ranks``, as the multigroup SVD's consistent components), fitted once at the largest."""
+    every rank (``nested_ranks``, as the multigroup SVD's consistent components), fitted once at the largest,
+    and a fit with ``ranks = "auto"``, ``<method>-auto`` of rank None (the rank its selection chooses)."""
     names = [f.method for f in spec.fits]
     out = []
     for i, fit in enumerate(spec.fits):
         suffix = f"-{i + 1}" if names.count(fit.method) > 1 else ""
+        if fit.select is not None:
+            out.append((f"{fit.method}{suffix}-auto", fit, None))
+            continue
         ranks = [max(fit.ranks)] if get_method(fit.method).nested_ranks else fit.ranks
         out += [(f"{fit.method}{suffix}-r{rank}", fit, rank) for rank in ranks]
     return out
@@ -430,6 +435,8 @@ def stage_fit(out: str, context: dict) -> dict:
                 continue
             for name, rank in runs:
                 started = time.perf_counter()
+                if fit.select is not None:  # ranks = "auto": the rank select_rank chooses, then its fit
+                    rank = selected_rank(fit, name, data, os.path.join(out, name), client, spec, log)
                 model = _fit_one(fit, rank, data, os.path.join(out, name), client, spec, context["resume"],
                                  log.progress_options("fit", fit=name))
                 _commit_fit(os.path.join(out, name), name, fit, rank, model, time.perf_counter() - started, log)
@@ -497,7 +504,8 @@ def load_fits(run_dir: str, spec: Spec) -> list[dict]:
     for name, fit, rank in fit_runs(spec):
         directory = os.path.join(run_dir, "fit", name)
         model = load_model(os.path.join(directory, "model.npz"))
-        facts = read_fit_facts(os.path.join(directory, "fit.json"), ("seconds", "n_passes", "n_iter"))
+        facts = read_fit_facts(os.path.join(directory, "fit.json"), ("seconds", "n_passes", "n_iter", "rank"))
+        rank = facts["rank"] if rank is None else rank  # ranks = "auto": the rank chosen
         out.append({"name": name, "fit": fit, "method": get_method(fit.method), "rank": rank, "model": model,
                     "facts": facts})
     return out

@@ -7,8 +7,10 @@ A spec (see ``pipelines/*.toml`` and docs/pipelines.md)::
     dataset = "digits"
     [[fit]]                                 # one table per method to run (several: compared in the report)
     method = "nmf"
-    ranks = [5, 10]
+    ranks = [5, 10]                         # or "auto": the rank chosen by masked cross-validation, as [select] says
     solver = "hals"                         # any parameter of the method's estimator
+    [select]                                # only with a ranks = "auto" fit: distfact.select_rank's settings
+    ranks = "2:8"                           # or a list; rule, n_splits, holdout, random_state (default: the fit's seed)
     [evaluate]
     metrics = ["relative_error"]            # default: all the method's per-group metrics
     [report]
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from ..registry import get_method
 from ..estimators.contract import check_params
+from ..estimators.select import DEFAULTS as SELECT_DEFAULTS, SettingError, check_settings, rank_range, refusal
 from ..store.files import utf8_text
 from ..store.sources import SOURCE_SUFFIXES, source_kind
 
@@ -48,6 +51,7 @@ class FitSpec:
     seed: int
     params: dict
     inputs: dict  # the method's fit inputs (its declaration's fit_inputs): name -> value as written
+    select: dict | None = None  # ranks = "auto": select_rank's settings, from [select] (see _select); ranks is []
 
 
 @dataclass
@@ -180,7 +184,7 @@ def load_spec(path) -> Spec:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from exc
     check = Checker(path, text)
-    check.keys(doc, (), {"name", "description", "input", "fit", "evaluate", "report", "output", "cluster"},
+    check.keys(doc, (), {"name", "description", "input", "fit", "select", "evaluate", "report", "output", "cluster"},
                required=("name", "input", "fit"))
     name = check.typed(doc, (), "name", str)
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or set(name) == {"."}:
@@ -192,6 +196,7 @@ def load_spec(path) -> Spec:
     if not fits:
         check.fail(("fit",), "at least one [[fit]] table is needed")
     spec.fits = [_fit(check, spec, item, i) for i, item in enumerate(fits)]
+    _select(check, doc.get("select"), spec.fits)
     spec.metrics = _evaluate(check, doc.get("evaluate", {}), spec.fits)
     spec.report = _report(check, doc.get("report", {}))
     output = check.typed(doc, (), "output", dict, {})
@@ -259,8 +264,16 @@ def _fit(check: Checker, spec: Spec, table, index: int) -> FitSpec:
     check.keys(table, path, {"method", "ranks", "rank", "seed", *parameters, *inputs})
     if ("rank" in table) == ("ranks" in table):
         check.fail(path, "give exactly one of 'rank' or 'ranks'")
-    ranks = [check.typed(table, path, "rank", int)] if "rank" in table else check.typed(table, path, "ranks", list)
-    if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
+    auto = table.get("ranks") == AUTO
+    if auto:
+        ranks = []
+    elif "rank" in table:
+        ranks = [check.typed(table, path, "rank", int)]
+    elif isinstance(table["ranks"], str):
+        check.fail((*path, "ranks"), f"expected a list of ranks or {AUTO!r}, got {table['ranks']!r}")
+    else:
+        ranks = check.typed(table, path, "ranks", list)
+    if not auto and (not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks)):
         check.fail((*path, "ranks" if "ranks" in table else "rank"), f"ranks must be positive integers, got {ranks!r}")
     values = {name: check.typed(table, path, name, parameter.kind)
               for name, parameter in parameters.items() if name in table}
@@ -278,7 +291,56 @@ def _fit(check: Checker, spec: Spec, table, index: int) -> FitSpec:
     seed = check.typed(table, path, "seed", int, 0)
     if seed < 0:
         check.fail((*path, "seed"), f"must be a non-negative integer, got {seed}")
-    return FitSpec(method, sorted(set(ranks)), seed, values, given)
+    return FitSpec(method, sorted(set(ranks)), seed, values, given, select={} if auto else None)
+
+
+AUTO = "auto"  # ranks = "auto" in a [[fit]] table
+
+
+def _select(check: Checker, table, fits: list[FitSpec]) -> None:
+    """[select]: the settings of ``distfact.select_rank`` for the fits with ``ranks = "auto"`` (each fit's
+    ``select``): ``ranks`` (a list or "FIRST:LAST"), and ``rule``, ``n_splits``, ``holdout`` (select_rank's
+    defaults where left out) and ``random_state``, the root seed of the held-out entries (default: the fit's
+    ``seed``, so that a run is reproducible; select_rank alone draws a fresh one)."""
+    path = ("select",)
+    auto = [i for i, fit in enumerate(fits) if fit.select is not None]
+    for i in auto:
+        reason = refusal(get_method(fits[i].method).estimator)
+        if reason is not None:
+            check.fail(("fit", i, "ranks"), f"{AUTO!r} chooses the rank by masked cross-validation, which "
+                                            f"{fits[i].method} cannot take: {reason}")
+    if table is None:
+        if auto:
+            check.fail(("fit", auto[0], "ranks"), f"ranks = {AUTO!r} needs a [select] table (at least its 'ranks', "
+                                                  "the ranks compared)")
+        return
+    if not isinstance(table, dict):
+        check.fail(path, "expected a table")
+    if not auto:
+        check.fail(path, f"a [select] table is for [[fit]] tables with ranks = {AUTO!r}, and no [[fit]] has it")
+    check.keys(table, path, {"ranks", *SELECT_DEFAULTS}, required=("ranks",))
+    ranks = table["ranks"]
+    if isinstance(ranks, str):
+        try:
+            ranks = list(rank_range(ranks))
+        except ValueError as exc:
+            check.fail((*path, "ranks"), f"ranks {exc}")
+    elif not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                              and r >= 1 for r in ranks):
+        check.fail((*path, "ranks"), f"expected a list of positive integers or \"FIRST:LAST\", got {ranks!r}")
+    settings = {"n_splits": check.typed(table, path, "n_splits", int, SELECT_DEFAULTS["n_splits"]),
+                "holdout": check.typed(table, path, "holdout", float, SELECT_DEFAULTS["holdout"]),
+                "rule": check.typed(table, path, "rule", str, SELECT_DEFAULTS["rule"])}
+    try:
+        check_settings(**settings)
+    except SettingError as exc:
+        check.fail((*path, exc.key), str(exc))
+    seed = check.typed(table, path, "random_state", int)
+    if seed is not None and seed < 0:
+        check.fail((*path, "random_state"), f"must be a non-negative integer, got {seed}")
+    for i in auto:
+        fits[i].select = {"ranks": sorted(set(ranks)), **settings,
+                          "random_state": fits[i].seed if seed is None else seed}
 
 
 def _evaluate(check: Checker, table, fits) -> dict:

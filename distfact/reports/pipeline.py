@@ -1,8 +1,8 @@
 """The pipeline's report: one self-contained HTML page (PNGs embedded), the PNGs, and CSV/JSON tables.
 
-Sections: run facts (data, groups, scheduler, workers, seconds per stage, passes over X), then the sections
-every report of fits has (``fits.py``: the fits, per-group metrics across ranks, objective curves, top
-features, each method's declared figures).
+Sections: run facts (data, groups, scheduler, workers, seconds per stage, passes over X), the rank selection of
+each fit with ``ranks = "auto"`` (``selection.py``), then the sections every report of fits has (``fits.py``: the
+fits, per-group metrics across ranks, objective curves, top features, each method's declared figures).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pandas as pd
 
 from .fits import fits_table, method_sections
 from .page import html_table, write_page
+from .selection import read_selection, selection_section
 
 
 def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: pd.DataFrame) -> dict:
@@ -41,8 +42,15 @@ def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: 
                            "workers)"],
              *([f"seconds: {s}", v] for s, v in stage_seconds.items())]
     body = ["<h2>Run</h2>" + html_table(["fact", "value"], facts), "<h2>Fits</h2>" + fits_table(fits)]
-    sections, images = method_sections(fits, table, spec.metrics, spec.report["top"], out_dir, shape)
+    images = []
+    for fit in (f for f in fits if f["fit"].select is not None):  # ranks = "auto"
+        section, figures = selection_section(fit["name"], *read_selection(os.path.join(run_dir, "fit", fit["name"])),
+                                             out_dir)
+        body.append(("<h2>Rank selection</h2>" if not images else "") + section)
+        images += figures
+    sections, method_images = method_sections(fits, table, spec.metrics, spec.report["top"], out_dir, shape)
     body += sections
+    images += method_images
     assert len({name for name, _ in images}) == len(images), "report images need distinct names"
     title = spec.report.get("title") or f"{spec.name}: {context['date']}"
     if spec.description:
