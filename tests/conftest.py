@@ -43,6 +43,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "cluster")
 
 
+def startup_seconds() -> float:
+    """How long a fresh interpreter takes, now, to import what a command that connects to a scheduler imports: the
+    part of a timed command's wall time that is the machine's load, not the bound under test."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import distributed, distfact.cli, distfact.estimators"], check=True,
+                   timeout=300)
+    return time.perf_counter() - started
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
