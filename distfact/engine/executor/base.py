@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -78,9 +80,28 @@ def map_one(fn, reader, block, X_b, local, args):
     return fn(X_b if sp.issparse(X_b) else aligned(X_b), aligned(materialise(local)), block, *aligned(args))
 
 
+@dataclass(frozen=True)
+class ReadInput:
+    """A block's own input (``init_local``'s ``per_block``) that the block's task reads where the block lives,
+    ``read(block)`` (a dict: a store's per-block mask), joined with ``parts`` (e.g. the block's W of a given
+    start): so the driver never holds it, as it never holds X."""
+
+    read: Callable
+    parts: dict = field(default_factory=dict)
+
+    def joined(self, **parts) -> "ReadInput":
+        return ReadInput(self.read, {**self.parts, **parts})
+
+
+def joined_input(own, **parts):
+    """A block's own input (a dict, or a :class:`ReadInput`) with ``parts`` added."""
+    return own.joined(**parts) if isinstance(own, ReadInput) else {**own, **parts}
+
+
 def init_one(fn, block, args, spill, *own):
     """A block's first local factor: ``fn(block, *args)``, or ``fn(block, *args, own)`` with the
-    block's own input (``init_local``'s ``per_block``)."""
+    block's own input (``init_local``'s ``per_block``; a :class:`ReadInput` is read here)."""
+    own = tuple({**item.read(block), **item.parts} if isinstance(item, ReadInput) else item for item in own)
     local = fn(block, *aligned(args), *aligned(own))
     return local if spill is None else spill.store(block, local, 0)
 
