@@ -87,6 +87,45 @@ def test_a_weight_mask_ingested_fits_as_fit_with_that_mask(tmp_path, params, spa
     assert_same_fit(*fit_pair(stored, X, groups, given, params))
 
 
+@pytest.mark.parametrize("init", ["nndsvda", "custom"])
+def test_every_start_reads_the_stored_mask(tmp_path, init):
+    """NNDSVDa (its SVD of X zeroed at the missing entries) and a given W, H (each block's W joined to the mask its
+    task reads): the in-memory fit's bits."""
+    X, groups = with_holes("csr", seed=2)
+    stored = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=BLOCK_ROWS, missing="nan")
+    rng = np.random.default_rng(0)
+    given = dict(W=rng.random((X.shape[0], 3)), H=rng.random((3, X.shape[1]))) if init == "custom" else {}
+    params = dict(init=init, random_state=0, max_iter=8, tol=0)
+    ours = NMF(3, **params).fit(stored, **given)
+    theirs = NMF(3, block_rows=BLOCK_ROWS, **params).fit(X, groups=groups, mask="nan", **given)
+    assert_same_fit(ours, theirs)
+
+
+def test_transform_and_fit_many_read_the_stored_mask(tmp_path):
+    """transform of the store's rows (W over their observed entries) and a rank sweep in shared passes: each as
+    with the mask given in memory."""
+    X, groups = with_holes(seed=4)
+    stored = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=BLOCK_ROWS, missing="nan")
+    model = NMF(3, random_state=0, max_iter=10, tol=0).fit(stored)
+    in_memory = distfact.from_arrays(resolve_mask(X, "nan")[0], groups, block_rows=BLOCK_ROWS)
+    np.testing.assert_array_equal(model.transform(stored, max_iter=5),
+                                  model.transform(in_memory, mask=resolve_mask(X, "nan")[1], max_iter=5))
+    swept = distfact.fit_many(NMF(random_state=0, max_iter=6, tol=0), stored, ranks=[2, 4])
+    for rank, fit in zip([2, 4], swept):
+        assert_same_fit(fit, NMF(rank, random_state=0, max_iter=6, tol=0, block_rows=BLOCK_ROWS).fit(
+            X, groups=groups, mask="nan"))
+
+
+def test_spilled_local_factors_carry_the_stored_mask(tmp_path):
+    """Out of core (W_b spilled to Zarr beside the store): the mask a block's task read is spilled with W_b."""
+    X, groups = with_holes(seed=6)
+    stored = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=BLOCK_ROWS, missing="nan")
+    ours = NMF(3, random_state=0, max_iter=8, tol=0, local_memory_budget=1, n_threads=2).fit(stored)
+    assert_same_fit(ours, NMF(3, random_state=0, max_iter=8, tol=0, block_rows=BLOCK_ROWS).fit(
+        X, groups=groups, mask="nan"))
+    assert sorted(os.listdir(tmp_path)) == ["x.zarr"]  # the spill directory removed
+
+
 def test_a_mask_in_memory_grouped_matrix_fits_the_same(tmp_path):
     """from_arrays(..., path=None, missing="nan") keeps the mask in memory beside the blocks: the same fit."""
     X, groups = with_holes()

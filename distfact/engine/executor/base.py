@@ -98,11 +98,22 @@ def joined_input(own, **parts):
     return own.joined(**parts) if isinstance(own, ReadInput) else {**own, **parts}
 
 
+def read_inputs(own, block, done: dict):
+    """``own`` with every :class:`ReadInput` in it (itself, or in a tuple: several models' inputs, ``engine/many.py``)
+    read for ``block``; one read per reader (``done``: reader -> what it read), which the models then share."""
+    if isinstance(own, tuple):
+        return tuple(read_inputs(item, block, done) for item in own)
+    if not isinstance(own, ReadInput):
+        return own
+    if own.read not in done:
+        done[own.read] = own.read(block)
+    return {**done[own.read], **own.parts}
+
+
 def init_one(fn, block, args, spill, *own):
     """A block's first local factor: ``fn(block, *args)``, or ``fn(block, *args, own)`` with the
     block's own input (``init_local``'s ``per_block``; a :class:`ReadInput` is read here)."""
-    own = tuple({**item.read(block), **item.parts} if isinstance(item, ReadInput) else item for item in own)
-    local = fn(block, *aligned(args), *aligned(own))
+    local = fn(block, *aligned(args), *aligned(read_inputs(own, block, {})))
     return local if spill is None else spill.store(block, local, 0)
 
 
