@@ -135,6 +135,11 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                    help="also write X by CSC column blocks (what wl1-nmf sweeps; fit adds them otherwise)")
     p.add_argument("--signed", action="store_true",
                    help="allow negative values (arrays and tables; for --method multigroup-svd only)")
+    p.add_argument("--missing", choices=["nan"],
+                   help="arrays and tables: NaN entries (a table's empty or NA fields) are missing; X is stored with "
+                        "0 there and a mask beside it, which fits of the store use")
+    p.add_argument("--mask", metavar="FILE", help="arrays and tables: entry weights (0 = missing) of X's shape, "
+                                                  "a dense .npy or a scipy sparse .npz, stored beside X")
     p.add_argument("--overwrite", action="store_true")
     _add_progress_option(p)
 
@@ -270,7 +275,8 @@ def cmd_ingest(args):
     data = ingest_source(args.source, args.dest, group_column=args.group_column, groups_file=args.groups_file,
                          signed=args.signed, text_field=args.text_field, group_field=args.group_field,
                          vectorizer=args.vectorizer, max_features=args.max_features, block_rows=args.block_rows,
-                         overwrite=args.overwrite, progress=lambda done, total: progress.update(done, total=total))
+                         overwrite=args.overwrite, missing=args.missing, mask_file=args.mask,
+                         progress=lambda done, total: progress.update(done, total=total))
     progress.close()
     if args.column_blocks:
         data = data.with_column_blocks()

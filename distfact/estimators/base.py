@@ -21,6 +21,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from .._warnings import user_stacklevel
 from ..engine import Checkpointer, FitState, WorkerLost, make_executor
 from ..engine import fit as run_loop
+from ..engine.executor.base import joined_input
 from ..store.coerce import as_grouped
 from .persistence import save_model
 
@@ -251,6 +252,9 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
     _signed_input = False
     #: fit's arguments that give the start of init='custom' (refused with any other init)
     _custom_factors: tuple = ()
+    #: whether the fit uses the mask a store holds beside X (``estimators/masks.py: block_masks``); a store with
+    #: a mask is refused by the others rather than fitted as if every entry were observed
+    _reads_stored_mask = False
 
     # ------------------------------------------------------------------ the fit every estimator runs
     @survives_worker_loss
@@ -307,6 +311,11 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
 
     def _fit_run(self, data, inputs: dict, deadline: float | None) -> FitRun:
         """The fit of ``data`` with its checks of the data and of the inputs (``_prepare``); no pass yet."""
+        if data.mask_kind is not None and not self._reads_stored_mask:
+            where = f"store {data.path!r}" if data.path else "X (a GroupedMatrix)"
+            raise ValueError(f"{where} has a mask (kind {data.mask_kind!r}, written at ingest), which "
+                             f"{type(self).__name__} does not read from a store yet; fit it on X in memory with "
+                             "fit(X, mask=...), or ingest X without a mask")
         fit = FitRun(data, check_rank(self.n_components, data.shape), inputs, deadline)
         self._prepare(fit)
         return fit
@@ -432,7 +441,7 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         plus "W"."""
         W_blocks = self._blocks_from_rows(data, check_factor(W, (data.shape[0], rank), "W", dtype))
         if local_inputs is not None:
-            W_blocks = [{**inputs, "W": W_b} for inputs, W_b in zip(local_inputs, W_blocks)]
+            W_blocks = [joined_input(inputs, W=W_b) for inputs, W_b in zip(local_inputs, W_blocks)]
 
         def start():
             executor.init_local(given_local, per_block=W_blocks)

@@ -157,6 +157,7 @@ class NMF(FactorEstimator):
         return self._run_fit(X, groups, client, want_W=True, mask=mask, W=W, H=H)
 
     _custom_factors = ("W", "H")
+    _reads_stored_mask = True
 
     def _check_params(self):
         check_iteration_params(self.max_iter, self.tol, self.random_state)

@@ -72,3 +72,32 @@ def class_labels(option: str, data):
         labels = labels.astype(object)
         labels[labels == "-1"] = -1
     return labels
+
+
+def load_mask(path: str):
+    """A mask file for ingest (``distfact ingest --mask``): entry weights, 0 = missing, as a dense ``.npy`` array or
+    a scipy sparse ``.npz`` (``scipy.sparse.save_npz``; or an ``.npz`` holding an array ``mask``). Its shape and
+    values are checked by the store writer; here, that it is one of these, without unpickling anything."""
+    import zipfile
+
+    import scipy.sparse as sp
+
+    where = f"mask file {path!r}"
+    if not os.path.isfile(path):
+        raise ValueError(f"{where} does not exist")
+    if path.endswith(".npy"):
+        try:
+            values = np.load(path, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{where} cannot be read as an array of numbers: {exc}") from None
+    elif zipfile.is_zipfile(path):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                values = z["mask"] if "mask" in z.files else sp.load_npz(path)
+        except ValueError as exc:
+            raise ValueError(f"{where} holds neither an array 'mask' nor a scipy sparse matrix: {exc}") from None
+    else:
+        raise ValueError(f"{where} is neither an .npy array nor an .npz (scipy.sparse.save_npz, or an array 'mask')")
+    if values.ndim != 2:
+        raise ValueError(f"{where} holds an array of {values.ndim} dimensions; a mask has X's shape (rows x columns)")
+    return values

@@ -5,7 +5,9 @@ below; the attribute is written last, so a store without it is not a store.
 Each row block is a Zarr sub-group ``blocks/<key>`` holding either one dense array
 ``X`` (rows x n) or the three CSR arrays ``data``, ``indices``, ``indptr``, plus ``rows``.
 A store may also hold a copy of X by column blocks, each the sub-group ``columns/<key>``
-holding the three CSC arrays of a range of columns.
+holding the three CSC arrays of a range of columns, and a mask (which entries of X are observed): per row
+block, the sub-group ``blocks/<key>/mask`` holding the CSR arrays of the block's mask in one of two sparse
+forms (format version 4; a store without a mask is written as version 3, as before).
 
 The metadata records, for every stored array, its dtype and the CRC32C of its chunk file, and
 for every row block its non-zeros, sum of squares, sum and smallest value; it carries a
@@ -25,12 +27,16 @@ from typing import get_type_hints
 
 FORMAT_NAME = "distfact.grouped-matrix"
 FORMAT_VERSION = 3
-READ_VERSIONS = (FORMAT_VERSION,)
+MASKED_FORMAT_VERSION = 4  # a store with a mask: an older distfact refuses it rather than fit it unmasked
+READ_VERSIONS = (FORMAT_VERSION, MASKED_FORMAT_VERSION)
 UNCHECKSUMMED_VERSIONS = (1, 2)  # written by distfact before checksums (2: a signed store)
 LAYOUTS = ("dense", "csr")
 DTYPES = ("float32", "float64")
 INDEX_DTYPES = ("int32", "int64")
 STRING_DTYPE = "str"  # how a record names the dtype of a string array (feature_names)
+MASK_KINDS = ("nan", "weights")  # X's NaN entries at ingest (weights 0 or 1), or a weight array given at ingest
+MASK_FORM_NAMES = ("complement", "observed")  # CSR of 1 - weight where weight != 1, or CSR of the weights
+MASK_DTYPE = "float64"  # a mask's data (its weights, or 1 - weight)
 # Left out of the metadata checksum: the checksum itself, and the column blocks, which are added to a
 # committed store (so that a store's checksum identifies X by rows whether or not it has them). Every
 # column block record is checked on its own: tiling and non-zeros at open, shapes and CRC32Cs on read.
@@ -45,6 +51,22 @@ class ArrayRecord:
     name: str
     dtype: str
     crc32c: int | None
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """A row block's mask: ``form`` (one of ``MASK_FORM_NAMES``), the CSR of ``nnz`` entries of that form, and
+    ``observed_total``, the sum of the block's X over its observed entries as a masked fit computes it
+    (``store/masks.py: block_observed_total``), recorded so that a fit need not read X to scale its start."""
+
+    form: str
+    nnz: int
+    observed_total: float
+    arrays: tuple[ArrayRecord, ...] = ()
+
+    def array_shapes(self, n_rows: int) -> dict[str, tuple]:
+        """``name -> shape`` of the mask's stored CSR arrays."""
+        return {"data": (self.nnz,), "indices": (self.nnz,), "indptr": (n_rows + 1,)}
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,7 @@ class Block:
     total: float
     min_value: float
     arrays: tuple[ArrayRecord, ...] = ()
+    mask: BlockMask | None = None  # in a store with a mask: the block's (every block has one)
 
     @property
     def n_rows(self) -> int:
@@ -142,6 +165,7 @@ class Metadata:
     column_blocks: list[ColumnBlock] = field(default_factory=list)  # the optional CSC copy
     signed: bool = False  # True: negative entries were allowed at ingest (multigroup SVD); NMF methods refuse it
     arrays: tuple[ArrayRecord, ...] = ()  # column_sums and feature_names (empty in memory)
+    mask: str | None = None  # the kind of the store's mask (one of MASK_KINDS), None: every entry observed
 
     def array_shapes(self) -> dict[str, tuple]:
         """``name -> shape`` of the store's own arrays."""
@@ -153,20 +177,24 @@ class Metadata:
         return self.to_json()["checksum"]
 
     def to_json(self) -> dict:
+        """The metadata document; a store without a mask has exactly the fields (and checksum) it had before
+        masks existed, a store with one the field ``mask`` and each block's ``mask`` record too."""
         doc = {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if self.mask is None else MASKED_FORMAT_VERSION,
             "shape": list(self.shape),
             "dtype": self.dtype,
             "layout": self.layout,
             "signed": self.signed,
             "groups": [asdict(g) for g in self.groups],
-            "blocks": [{**_scalars(b), "arrays": _records_json(b.arrays)} for b in self.blocks],
+            "blocks": [{**_scalars(b), "arrays": _records_json(b.arrays), **_mask_json(b.mask)} for b in self.blocks],
             "has_feature_names": self.has_feature_names,
             "arrays": _records_json(self.arrays),
             "source": self.source,
             "column_blocks": [{**_scalars(c), "arrays": _records_json(c.arrays)} for c in self.column_blocks],
         }
+        if self.mask is not None:
+            doc["mask"] = {"kind": self.mask}
         return {**doc, "checksum": metadata_checksum(doc)}
 
     @classmethod
@@ -197,11 +225,13 @@ class Metadata:
             raise top.error("layout", f"must be one of {', '.join(LAYOUTS)}, not {_short(layout)}")
         groups = [GroupStats(**_Fields(g, where, f"group {i}").read(GroupStats))
                   for i, g in enumerate(top.get("groups", "list"))]
+        mask = _mask_kind(top, version)
         blocks = []
         for i, item in enumerate(top.get("blocks", "list")):
             entry = _Fields(item, where, _place("block", i, item))
             block = Block(**entry.read(Block))
-            blocks.append(replace(block, arrays=entry.records(block.array_shapes(layout, shape[1]), dtype)))
+            blocks.append(replace(block, arrays=entry.records(block.array_shapes(layout, shape[1]), dtype),
+                                  mask=entry.block_mask(block, mask)))
         column_blocks = []
         for i, item in enumerate(top.get("column_blocks", "list")):
             entry = _Fields(item, where, _place("column block", i, item))
@@ -209,7 +239,7 @@ class Metadata:
             column_blocks.append(replace(block, arrays=entry.records(block.array_shapes(), dtype)))
         meta = cls(shape=(shape[0], shape[1]), dtype=dtype, layout=layout, groups=groups, blocks=blocks,
                    has_feature_names=top.get("has_feature_names", "flag"), source=top.get("source", "object"),
-                   column_blocks=column_blocks, signed=top.get("signed", "flag"))
+                   column_blocks=column_blocks, signed=top.get("signed", "flag"), mask=mask)
         meta.arrays = top.records(meta.array_shapes(), dtype)
         meta.check(where)
         if top.get("checksum", "text") != metadata_checksum(doc):
@@ -238,6 +268,7 @@ class Metadata:
             if not b.nnz <= b.n_rows * self.shape[1]:
                 raise ValueError(f"{where}: corrupt metadata: block {i} (key {b.key!r}), field 'nnz': {b.nnz} "
                                  f"non-zeros in {b.n_rows} x {self.shape[1]} entries")
+            self._check_block_mask(b, where)
             self._check_stats(b, f"block {i} (key {b.key!r})", where)
             row = b.row_stop
         if row != self.shape[0]:
@@ -251,6 +282,26 @@ class Metadata:
                                      f"{getattr(g, name)!r}, but its blocks' add up to {getattr(expected, name)!r}")
         if self.column_blocks:
             self._check_column_blocks(where)
+
+    def _check_block_mask(self, b: Block, where: str) -> None:
+        """A store with a mask has one per block, of a known form, within the block, with a finite observed total
+        (non-negative unless signed); a store without a mask has none."""
+        place = f"block {b.index} (key {b.key!r})"
+        if (b.mask is None) != (self.mask is None):
+            raise ValueError(f"{where}: corrupt metadata: {place} " + (
+                "has no field 'mask', but the store has a mask" if b.mask is None
+                else "has a mask, but the store has none"))
+        if b.mask is None:
+            return
+        if b.mask.form not in MASK_FORM_NAMES:
+            raise ValueError(f"{where}: corrupt metadata: {place}, mask, field 'form': must be one of "
+                             f"{', '.join(MASK_FORM_NAMES)}, not {_short(b.mask.form)}")
+        if not b.mask.nnz <= b.n_rows * self.shape[1]:
+            raise ValueError(f"{where}: corrupt metadata: {place}, mask, field 'nnz': {b.mask.nnz} entries in "
+                             f"{b.n_rows} x {self.shape[1]}")
+        if b.mask.observed_total < 0 and not self.signed:
+            raise ValueError(f"{where}: corrupt metadata: {place}, mask, field 'observed_total': "
+                             f"{b.mask.observed_total!r} is negative, but the store is not signed")
 
     def _check_stats(self, item, place: str, where: str) -> None:
         """A block's or a group's statistics are possible: finite, and never negative where the data cannot
@@ -283,8 +334,26 @@ class Metadata:
 
 
 def _scalars(item) -> dict:
-    """A block's fields but its array records."""
-    return {f.name: getattr(item, f.name) for f in fields(item) if f.name != "arrays"}
+    """A block's fields but its array records and its mask."""
+    return {f.name: getattr(item, f.name) for f in fields(item) if f.name not in ("arrays", "mask")}
+
+
+def _mask_json(mask: BlockMask | None) -> dict:
+    """A block's ``mask`` field: none without a mask (so that an unmasked store's document is what it was)."""
+    return {} if mask is None else {"mask": {**_scalars(mask), "arrays": _records_json(mask.arrays)}}
+
+
+def _mask_kind(top, version) -> str | None:
+    """The store's mask kind: the field ``mask`` ({"kind": ...}), which version 4 has and version 3 has not."""
+    if version != MASKED_FORMAT_VERSION:
+        if "mask" in top.doc:
+            raise top.error("mask", f"is not in format version {version} (a store with a mask is version "
+                                    f"{MASKED_FORMAT_VERSION})")
+        return None
+    kind = _Fields(top.get("mask", "object"), top.where, "mask").get("kind", "text")
+    if kind not in MASK_KINDS:
+        raise top.error("mask", f"kind must be one of {', '.join(MASK_KINDS)}, not {_short(kind)}")
+    return kind
 
 
 def _records_json(records: tuple[ArrayRecord, ...]) -> dict:
@@ -343,7 +412,18 @@ class _Fields:
     def read(self, cls) -> dict:
         """The scalar fields of the dataclass ``cls`` (a block or a group), each checked for its type."""
         return {name: self.get(name, _FIELD_KINDS[kind]) for name, kind in get_type_hints(cls).items()
-                if name != "arrays"}
+                if name not in ("arrays", "mask")}
+
+    def block_mask(self, block: Block, kind: str | None) -> BlockMask | None:
+        """The block's mask record (the field ``mask``) in a store with a mask of ``kind``; None otherwise
+        (checked by :meth:`Metadata.check`: a block of a store without a mask must have none)."""
+        if kind is None:
+            if "mask" in self.doc:
+                raise self.error("mask", "is given, but the store has no mask")
+            return None
+        entry = _Fields(self.get("mask", "object"), self.where, f"{self.place}, mask")
+        mask = BlockMask(**entry.read(BlockMask))
+        return replace(mask, arrays=entry.records(mask.array_shapes(block.n_rows), MASK_DTYPE))
 
     def records(self, names, dtype: str) -> tuple[ArrayRecord, ...]:
         """The records, under ``"arrays"``, of the arrays ``names`` of a store of ``dtype``."""

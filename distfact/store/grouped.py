@@ -9,9 +9,11 @@ Methods that sweep over columns can add a CSC copy of X by column blocks
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ import scipy.sparse as sp
 import zarr
 
 from .format import Block, ColumnBlock, Metadata
-from .reading import BlockReader, ColumnBlockReader, block_place, read_arrays
+from .reading import BlockReader, ColumnBlockReader, MaskReader, block_place, read_arrays
 from .writing import build_column_blocks, column_ranges, commit_column_blocks
 
 logger = logging.getLogger("distfact")
@@ -36,7 +38,8 @@ class GroupedMatrix:
 
     def __init__(self, meta: Metadata, column_sums: np.ndarray, *, path: str | None = None,
                  blocks: list | None = None, block_rows: list | None = None,
-                 feature_names: np.ndarray | None = None, column_data: list | None = None, verify: bool = True):
+                 feature_names: np.ndarray | None = None, column_data: list | None = None, verify: bool = True,
+                 masks: list | None = None):
         self.meta = meta
         self.column_sums = column_sums
         self.path = path
@@ -45,6 +48,7 @@ class GroupedMatrix:
         self._block_rows = block_rows
         self.feature_names = feature_names
         self._column_data = column_data  # in memory: the CSC column blocks, in order
+        self._masks = masks  # in memory, with a mask: each block's {form: P}, in order
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -74,6 +78,9 @@ class GroupedMatrix:
         for block in meta.column_blocks:  # read only by the methods that need them: at least they must be there
             if not os.path.isfile(os.path.join(path, "columns", block.key, "zarr.json")):
                 raise ValueError(f"{where} is corrupt: column block {block.index} (key {block.key!r}) is missing")
+        for block in meta.blocks if meta.mask is not None else ():  # likewise the blocks' masks
+            if not os.path.isfile(os.path.join(path, "blocks", block.key, "mask", "zarr.json")):
+                raise ValueError(f"{where} is corrupt: block {block.index} (key {block.key!r}), its mask is missing")
         shapes = meta.array_shapes()
         own = dict(zip(shapes, read_arrays(path, "", "", meta.arrays, shapes, shapes, verify=verify)))
         data = cls(meta, own["column_sums"], path=path, feature_names=own.get("feature_names"), verify=verify)
@@ -117,6 +124,21 @@ class GroupedMatrix:
     @property
     def column_blocks(self) -> list[ColumnBlock]:
         return self.meta.column_blocks
+
+    @property
+    def mask_kind(self) -> str | None:
+        """The kind of the mask stored beside X (``"nan"``: X's NaN entries at ingest; ``"weights"``: a weight
+        array given at ingest), or None: every entry is observed."""
+        return self.meta.mask
+
+    def mask_identity(self) -> str | None:
+        """What identifies the stored mask, for a checkpoint's configuration: SHA-256 of its kind and every
+        block's mask record (form, entries, observed total, the CRC32C of its arrays); None without a mask."""
+        if self.meta.mask is None:
+            return None
+        records = [{**asdict(b.mask), "arrays": [asdict(r) for r in b.mask.arrays]} for b in self.blocks]
+        text = json.dumps({"kind": self.meta.mask, "blocks": records}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @property
     def n_groups(self) -> int:
@@ -164,6 +186,7 @@ class GroupedMatrix:
             "nnz": self.nnz,
             "n_blocks": self.n_blocks,
             "n_column_blocks": len(self.column_blocks),
+            **({"mask": self.mask_kind} if self.mask_kind else {}),
             "groups": [
                 {"name": g.name, "rows": g.row_stop - g.row_start, "nnz": g.nnz,
                  "frobenius_norm": float(np.sqrt(g.sq_norm)),
@@ -183,6 +206,15 @@ class GroupedMatrix:
         if self.in_memory:
             return lambda block: self._blocks[block.index]
         return BlockReader(self.path, self.layout, self.shape, self.verify)
+
+    def mask_reader(self):
+        """A callable ``block -> {form: P}``, the block's stored mask (``store/masks.py``), that a worker can run
+        (picklable for stores on disk, like :meth:`reader`). Requires a store with a mask."""
+        if self.meta.mask is None:
+            raise ValueError(f"{self!r} has no mask")
+        if self.in_memory:
+            return lambda block: self._masks[block.index]
+        return MaskReader(self.path, self.shape[1], self.verify)
 
     def column_reader(self):
         """A callable ``column block -> CSC matrix`` (m x its columns, rows in stored order).
@@ -222,7 +254,7 @@ class GroupedMatrix:
             column_blocks, matrices = build_column_blocks(self, ranges, None)
             return GroupedMatrix(replace(self.meta, column_blocks=column_blocks), self.column_sums,
                                  blocks=self._blocks, block_rows=self._block_rows,
-                                 feature_names=self.feature_names, column_data=matrices)
+                                 feature_names=self.feature_names, column_data=matrices, masks=self._masks)
         commit_column_blocks(self, ranges)
         return GroupedMatrix.open(self.path, verify=self.verify)
 

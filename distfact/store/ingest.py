@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -14,8 +15,9 @@ from zarr.storage import LocalStore
 
 from ..kernels.memory import aligned
 from .chunks import ChecksummingStore
-from .format import Block, Metadata, group_stats
+from .format import Block, BlockMask, Metadata, group_stats
 from .grouped import GroupedMatrix
+from .masks import FORM_NAMES, ComplementMask, block_form, block_observed_total, check_weights, nan_missing, zero_missing
 from .validate import check_block_values, check_groups, group_lookup, working_dtype
 from .writing import DEFAULT_BLOCK_BYTES, array_records, block_stats, check_destination, write_arrays
 
@@ -26,12 +28,19 @@ class StoreWriter:
     On disk, blocks go to a hidden sibling directory that is renamed into place by
     :meth:`commit`; anything that fails before that leaves the destination as it
     was. With ``path=None`` the blocks are kept in memory.
+
+    ``mask``: None (every entry observed), ``"nan"`` (the blocks' NaN entries are missing) or a weight array
+    or sparse matrix with one row per source row (0 = missing; checked by :func:`check_weights`). Each block's
+    X is then stored with 0 at its missing entries, beside the block's mask in the sparse form storing fewer
+    entries (``store/masks.py: block_form``), so that every statistic the metadata records of X is over the
+    observed entries. A mask that marks nothing (no NaN, all weights 1) writes a store without a mask.
     """
 
     def __init__(self, path, n_cols: int, dtype, layout: str, *, overwrite: bool = False,
-                 where: str = "X", signed: bool = False):
+                 where: str = "X", signed: bool = False, mask=None):
         self.n_cols = n_cols
         self.signed = signed
+        self.mask_kind, self.weights = stored_mask(mask, n_cols)
         self.dtype = np.dtype(dtype)
         self.layout = layout
         self.where = where
@@ -75,6 +84,7 @@ class StoreWriter:
         if sp.issparse(block):
             block.sum_duplicates()
             block.eliminate_zeros()
+        block, mask = self._block_mask(block, source_rows)
         stats = block_stats(block)
         check_block_values(block, group_name, source_rows, self.where, self.signed,
                            square_sum=self._square_sum + stats["sq_norm"])
@@ -83,15 +93,47 @@ class StoreWriter:
         key = f"{len(self._staged):06d}"
         entry = {"key": key, "group": group_name, "rows": block.shape[0], "stats": stats, "arrays": ()}
         source_rows = np.ascontiguousarray(source_rows, dtype=np.int64)
+        if mask is not None:  # X_b as a fit reads it (aligned, as in memory and by the readers)
+            form, P = mask
+            entry["mask"] = BlockMask(FORM_NAMES[form], P.nnz, block_observed_total(
+                block if sp.issparse(block) else aligned(block), form, P))
         if self._root is None:  # dense blocks aligned once here rather than copied by every pass
-            entry["data"], entry["source_rows"] = aligned(block), source_rows
+            entry["data"], entry["source_rows"], entry["mask_data"] = aligned(block), source_rows, mask
         else:
             arrays = ({"data": block.data, "indices": block.indices, "indptr": block.indptr} if sp.issparse(block)
                       else {"X": block})
             arrays["rows"] = source_rows
             write_arrays(self._root.create_group(f"blocks/{key}"), **arrays)
             entry["arrays"] = array_records(self._root.store.written, f"blocks/{key}", **arrays)
+            if mask is not None:  # an empty complement (nothing missing) is written at commit, if the store has a mask
+                entry["mask_data"] = mask
+                if mask[1].nnz or FORM_NAMES[mask[0]] != "complement":
+                    self._write_mask(entry)
         self._staged.append(entry)
+
+    def _write_mask(self, entry: dict) -> None:
+        """Write a staged block's mask (CSR arrays) into its sub-group ``mask`` and record them."""
+        P = entry.pop("mask_data")[1]
+        parts = {"data": P.data, "indices": P.indices, "indptr": P.indptr}
+        write_arrays(self._root.create_group(f"blocks/{entry['key']}/mask"), **parts)
+        entry["mask"] = replace(entry["mask"], arrays=array_records(self._root.store.written,
+                                                                   f"blocks/{entry['key']}/mask", **parts))
+
+    def _block_mask(self, block, source_rows: np.ndarray):
+        """(X_b with 0 at its missing entries, the block's mask (form, P) or None) for a writer with a mask;
+        (X_b, None) without one. NaN is allowed only with ``mask="nan"`` (and refused afterwards otherwise)."""
+        if self.mask_kind is None:
+            return block, None
+        if self.mask_kind == "nan":
+            block, missing = nan_missing(block)
+            mask = ComplementMask(sp.csr_matrix(block.shape, dtype=np.float64)) if missing is None else missing
+            return block, block_form(mask, np.arange(block.shape[0]))
+        n_rows = self.weights.shape[0]
+        if int(source_rows.max()) >= n_rows:
+            raise ValueError(f"mask has {n_rows} rows, but {self.where} has a row {int(source_rows.max())}: give "
+                             "one weight per entry of X")
+        weights = self.weights[np.asarray(source_rows)]
+        return zero_missing(block, weights), block_form(weights, np.arange(block.shape[0]))
 
     def commit(self, group_order: list[str], feature_names=None, source: dict | None = None) -> GroupedMatrix:
         """Order the blocks by group, write metadata last, move the store into place."""
@@ -110,20 +152,35 @@ class StoreWriter:
                                  f"X has {self.n_cols} columns")
         order = {name: i for i, name in enumerate(group_order)}
         staged = sorted(self._staged, key=lambda e: order[e["group"]])  # stable: arrival order within a group
+        mask_kind = self.mask_kind
+        if mask_kind is not None and all(e["mask"].form == "complement" and e["mask"].nnz == 0 for e in staged):
+            mask_kind = None  # nothing is missing: a store without a mask, as if none had been given
+            for entry in staged:
+                entry.pop("mask")
+        if mask_kind is not None and self._root is not None:
+            for entry in staged:
+                if "mask_data" in entry:
+                    self._write_mask(entry)
         blocks, row = [], 0
         for entry in staged:
             blocks.append(Block(len(blocks), entry["key"], order[entry["group"]], row, row + entry["rows"],
-                                **entry["stats"], arrays=entry["arrays"]))
+                                **entry["stats"], arrays=entry["arrays"], mask=entry.get("mask")))
             row += entry["rows"]
+        if self.weights is not None and self.weights.shape[0] != row:
+            raise ValueError(f"mask has {self.weights.shape[0]} rows, {self.where} has {row}: give one weight per "
+                             "entry of X")
         groups = [group_stats(name, [b for b in blocks if b.group == g]) for g, name in enumerate(group_order)]
         meta = Metadata((row, self.n_cols), str(self.dtype), self.layout, groups, blocks,
-                        has_feature_names=feature_names is not None, source=source or {}, signed=self.signed)
+                        has_feature_names=feature_names is not None, source=source or {}, signed=self.signed,
+                        mask=mask_kind)
         meta.check(self.where)
         if self._root is None:
             by_key = {e["key"]: e for e in staged}
             return GroupedMatrix(meta, self._column_sums, blocks=[by_key[b.key]["data"] for b in blocks],
                                  block_rows=[by_key[b.key]["source_rows"] for b in blocks],
-                                 feature_names=own.get("feature_names"))
+                                 feature_names=own.get("feature_names"),
+                                 masks=None if mask_kind is None else [dict([by_key[b.key]["mask_data"]])
+                                                                       for b in blocks])
         try:
             write_arrays(self._root, **own)
             meta.arrays = array_records(self._root.store.written, "", **own)
@@ -204,7 +261,7 @@ def _take_rows(X, rows: np.ndarray):
 
 def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=None, layout=None,
                 block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, overwrite=False,
-                column_blocks=False, signed=False, progress=None) -> GroupedMatrix:
+                column_blocks=False, signed=False, mask=None, missing=None, progress=None) -> GroupedMatrix:
     """Build a grouped matrix from X (numpy, scipy.sparse, dask array or DataFrame) and row labels.
 
     Parameters
@@ -232,6 +289,12 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     signed : bool
         Allow negative entries (for :class:`distfact.MultigroupSVD`); the store records it and
         the NMF methods refuse such a store.
+    mask : array-like or sparse matrix of shape (m, n), optional
+        Entry weights (0 = missing), stored beside X (see ``docs/format.md``, "Masks"); a fit of the store
+        uses them as ``fit(X, mask=mask)`` would. X is stored with 0 at the entries of weight 0.
+    missing : {None, "nan"}
+        ``"nan"``: X's NaN entries are missing (X is stored with 0 there, the mask records them), as
+        ``fit(X, mask="nan")``. Not with ``mask``. A mask that marks no entry writes a store without a mask.
     progress : callable or None
         ``progress(rows done, rows)`` after each block written (the command line's display).
 
@@ -243,19 +306,24 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     """
     if isinstance(X, GroupedMatrix):
         raise ValueError("X is already a GroupedMatrix; pass it to the estimator directly")
+    if missing is not None and mask is not None:
+        raise ValueError("give either mask (weights) or missing='nan', not both")
     if hasattr(X, "columns") and hasattr(X, "dtypes"):  # a pandas DataFrame
         from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
         bad = [c for c, t in X.dtypes.items() if not (is_numeric_dtype(t) or is_bool_dtype(t))]
         if bad:
             raise ValueError(f"column {bad[0]!r} is not numeric (dtype {X.dtypes[bad[0]]})")
-        missing = X.isna().to_numpy()
-        if missing.any():  # nullable columns (Int64, Float64, boolean) hold pd.NA, which to_numpy() makes objects
-            row, col = divmod(int(np.flatnonzero(missing)[0]), X.shape[1])
-            raise ValueError(f"X has a missing value ({X.iat[row, col]!r}) at row {row}, column {X.columns[col]!r}")
+        absent = X.isna().to_numpy()
+        if absent.any() and missing != "nan":  # nullable columns (Int64, Float64, boolean) hold pd.NA
+            row, col = divmod(int(np.flatnonzero(absent)[0]), X.shape[1])
+            raise ValueError(f"X has a missing value ({X.iat[row, col]!r}) at row {row}, column {X.columns[col]!r}"
+                             " (pass missing='nan' to treat missing values as missing entries)")
         if feature_names is None:
             feature_names = [str(c) for c in X.columns]
-        X = X.to_numpy(dtype=np.result_type(*(getattr(t, "numpy_dtype", t) for t in X.dtypes)))
+        dtype = np.result_type(*(getattr(t, "numpy_dtype", t) for t in X.dtypes))
+        X = X.to_numpy(dtype=np.result_type(dtype, np.float32), na_value=np.nan) if absent.any() else \
+            X.to_numpy(dtype=dtype)
     if not (sp.issparse(X) or hasattr(X, "compute")):
         X = np.asarray(X)
     if len(X.shape) != 2:
@@ -270,12 +338,15 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         raise ValueError(f"layout must be 'dense' or 'csr', got {layout!r}")
     if sp.issparse(X):
         X = X.tocsr()
+    if mask is not None:
+        mask = check_weights(mask, X.shape)
     codes, names = group_codes(groups, m, group_names)
     nnz_per_row = X.nnz / m if sp.issparse(X) else (n if layout == "csr" else None)
     per_block = rows_per_block(n, dtype.itemsize, nnz_per_row, block_rows, block_bytes)
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-    with StoreWriter(path, n, dtype, layout, overwrite=overwrite, signed=signed) as writer:
+    with StoreWriter(path, n, dtype, layout, overwrite=overwrite, signed=signed,
+                     mask=missing if mask is None else mask) as writer:
         done = 0
         for g, name in enumerate(names):
             for rows in split_rows(order[bounds[g]:bounds[g + 1]], per_block):
@@ -285,3 +356,20 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
                     progress(done, m)
         store = writer.commit(names, feature_names, source={"kind": "arrays"})
     return store.with_column_blocks(block_bytes) if column_blocks else store
+
+
+def stored_mask(mask, n_cols: int) -> tuple[str | None, object]:
+    """(kind, weights) of a writer's ``mask``: (None, None) without one (or for weights all 1), ("nan", None), or
+    ("weights", a float64 array or CSR matrix of ``n_cols`` columns, checked: finite and non-negative)."""
+    if mask is None:
+        return None, None
+    if isinstance(mask, str):
+        if mask != "nan":
+            raise ValueError(f"missing must be None or 'nan' (X's NaN entries are the missing ones), got {mask!r}")
+        return "nan", None
+    weights = check_weights(mask, None)
+    if weights is None:
+        return None, None
+    if weights.shape[1] != n_cols:
+        raise ValueError(f"mask has {weights.shape[1]} columns, X has {n_cols}: give one weight per entry of X")
+    return "weights", weights

@@ -109,6 +109,30 @@ class BlockReader:
 
 
 @dataclass(frozen=True)
+class MaskReader:
+    """Picklable loader of one row block's mask from a store with a mask (what the block's task runs where the
+    block lives): ``{form: P}``, the form as the kernels name it (``kernels/masked.py``) and P the CSR (float64,
+    sorted indices) written at ingest, every array checked against the block's mask record (shape, dtype,
+    codecs, CRC32C) as :class:`BlockReader` checks X."""
+
+    path: str
+    n_cols: int
+    verify: bool = True
+
+    def __call__(self, block: Block) -> dict:
+        from .masks import FORMS_BY_NAME  # here: the kernels' numba, which opening a store does not need
+
+        node, what = block_place(block)
+        mask = block.mask
+        arrays = read_arrays(self.path, f"{node}/mask", f"{what}, mask", mask.arrays,
+                             mask.array_shapes(block.n_rows), ("data", "indices", "indptr"), verify=self.verify)
+        P = sp.csr_matrix(tuple(arrays), shape=(block.n_rows, self.n_cols))
+        if not P.has_sorted_indices:  # written sorted: a check of O(entries), sorting only what was changed
+            P.sort_indices()
+        return {FORMS_BY_NAME[mask.form]: P}
+
+
+@dataclass(frozen=True)
 class ColumnBlockReader:
     """Picklable loader of one column block (CSC, all m rows in stored order) from a store on disk,
     checked as :class:`BlockReader` checks a row block."""

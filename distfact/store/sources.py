@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from .corpus import JSONL_SUFFIXES, from_corpus
-from .files import load_npz, read_labels
+from .files import load_mask, load_npz, read_labels
 from .grouped import GroupedMatrix
 from .ingest import from_arrays
 from .tables import CSV_SUFFIXES, PARQUET_SUFFIXES, from_table
@@ -31,18 +31,23 @@ def source_kind(source) -> str | None:
 def ingest_source(source, dest, *, group_column: str | None = None, groups_file: str | None = None,
                   signed: bool = False, text_field: str = "text", group_field: str = "group", vectorizer: str = "tfidf",
                   max_features: int = 20000, block_rows: int | None = None, overwrite: bool = False,
-                  progress=None) -> GroupedMatrix:
+                  missing: str | None = None, mask_file: str | None = None, progress=None) -> GroupedMatrix:
     """The store at ``dest`` ingested from the file (or corpus directory) ``source`` by its kind
     (:func:`source_kind`): a table by ``group_column`` (:func:`from_table`); a corpus by ``text_field``,
     ``group_field``, ``vectorizer`` and ``max_features`` (:func:`from_corpus`, non-negative: ``signed`` does
     not apply); an .npz's X and groups, ``groups_file`` replacing the groups (:func:`from_arrays`).
+    ``missing`` ("nan") and ``mask_file`` (:func:`load_mask`): a mask stored beside X, for arrays and tables.
     ``progress(done, total)`` now and then, in the unit of the source's function."""
     if not os.path.exists(source):
         raise ValueError(f"source {source!r} does not exist")
     common = {"block_rows": block_rows, "overwrite": overwrite, "progress": progress}
     kind = source_kind(source)
+    if kind == "corpus" and (missing is not None or mask_file is not None):
+        raise ValueError("a mask (--missing, --mask) applies to array and table sources; a corpus has no missing "
+                         "entries")
+    masking = {"missing": missing, "mask": None if mask_file is None else load_mask(mask_file)}
     if kind == "table":
-        return from_table(source, group_column, dest, signed=signed, **common)
+        return from_table(source, group_column, dest, signed=signed, **masking, **common)
     if kind == "corpus":
         return from_corpus(source, dest, text_field=text_field, group_field=group_field, vectorizer=vectorizer,
                            max_features=max_features, **common)
@@ -50,6 +55,6 @@ def ingest_source(source, dest, *, group_column: str | None = None, groups_file:
         X, groups = load_npz(source)
         if groups_file:
             groups = read_labels(groups_file)
-        return from_arrays(X, groups, dest, signed=signed, **common)
+        return from_arrays(X, groups, dest, signed=signed, **masking, **common)
     raise ValueError(f"source {source!r}: unknown kind (expected .npz, a table ({', '.join(CSV_SUFFIXES)}, "
                      f"{', '.join(PARQUET_SUFFIXES)}) or a corpus ({', '.join(JSONL_SUFFIXES)}))")

@@ -145,9 +145,13 @@ def _numeric_chunk(frame: pd.DataFrame, columns: list[str], dtype: np.dtype, off
 
 
 def _check_values(values: np.ndarray, columns: list[str], codes: np.ndarray, names: list[str], offset: int,
-                  where: str, signed: bool = False) -> None:
-    """Refuse NaN / inf / (unless ``signed``) negative values, naming the first bad row (source order) and column."""
+                  where: str, signed: bool = False, masked: bool = False) -> None:
+    """Refuse NaN / inf / (unless ``signed``) negative values, naming the first bad row (source order) and column.
+    ``masked`` (a table ingested with a mask): NaN is left to the store writer, which records it as missing
+    (``missing="nan"``) or refuses it at an observed entry (a weight array)."""
     bad = ~np.isfinite(values) if signed else ~np.isfinite(values) | (values < 0)
+    if masked:
+        bad &= ~np.isnan(values)
     if not bad.any():
         return
     i, j = divmod(int(np.flatnonzero(bad.ravel())[0]), values.shape[1])
@@ -237,7 +241,7 @@ def _parquet_chunks(pf, group_column: str, columns: list[str], chunk_rows: int, 
 
 def from_table(source, group_column: str, path=None, *, columns=None, feature_names=None, group_names=None,
                block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, chunk_rows: int = 100_000,
-               overwrite: bool = False, signed: bool = False, progress=None) -> GroupedMatrix:
+               overwrite: bool = False, signed: bool = False, missing=None, mask=None, progress=None) -> GroupedMatrix:
     """Build a grouped matrix from a CSV or Parquet file with a group column, streamed in chunks.
 
     Parameters
@@ -263,6 +267,13 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
         Replace an existing store at ``path``.
     signed : bool
         Allow negative values (for :class:`distfact.MultigroupSVD`), as in :func:`from_arrays`.
+    missing : {None, "nan"}
+        ``"nan"``: the missing values of the table (empty fields, ``NA``, ``NaN``, ...) are missing entries,
+        recorded in a mask beside X (X stored with 0 there), as ``from_arrays(..., missing="nan")``: the common
+        case of a table with holes. Without it they are refused.
+    mask : array-like or sparse matrix, optional
+        Entry weights (0 = missing), one row per data row of the file, one column per value column; not with
+        ``missing``.
     progress : callable or None
         ``progress(done, total)`` after each chunk read: bytes of a CSV file, rows of a Parquet file.
 
@@ -318,7 +329,10 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
     group_names = None if lookup is None else list(lookup)
     per_block = rows_per_block(n, dtype.itemsize, None, block_rows, block_bytes)
 
-    with StoreWriter(path, n, dtype, "dense", overwrite=overwrite, where=where, signed=signed) as writer:
+    if missing is not None and mask is not None:
+        raise ValueError("give either mask (weights) or missing='nan', not both")
+    with StoreWriter(path, n, dtype, "dense", overwrite=overwrite, where=where, signed=signed,
+                     mask=missing if mask is None else mask) as writer:
         buffers = GroupBuffers(writer, per_block)
         offset, seen = 0, set()
         for frame in chunks:
@@ -326,7 +340,7 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
                 continue
             codes, names = _chunk_codes(frame[group_column], group_column, offset, where, lookup)
             values = _numeric_chunk(frame, columns, dtype, offset, where)
-            _check_values(values, columns, codes, names, offset, where, signed)
+            _check_values(values, columns, codes, names, offset, where, signed, writer.mask_kind is not None)
             del frame
             order = np.argsort(codes, kind="stable")
             bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))

@@ -258,7 +258,9 @@ METADATA_EDITS = [
      r"block 4 \(key '\d+'\), field 'arrays' lists \['X'\], the format has \['X', 'rows'\]"),
     (lambda meta: meta["groups"].__setitem__(0, "g0"), r"group 0 is 'g0', not an object"),
     (set_field("format_version", value=1), r"written by an older distfact \(format version 1\), without the checksums"),
-    (set_field("format_version", value=4), r"store format version 4 is not supported"),
+    (set_field("format_version", value=5), r"store format version 5 is not supported"),
+    (set_field("format_version", value=4), r"field 'mask' is missing$"),  # version 4: a store with a mask
+    (lambda meta: meta.update(mask={"kind": "nan"}), r"field 'mask' is not in format version 3"),
     # edits that leave the document consistent: only the checksum tells
     (scale_group_and_block, r"its checksum does not match its content"),
     (set_field("source", "kind", value="table"), r"its checksum does not match its content"),

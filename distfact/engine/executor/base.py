@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -78,10 +80,40 @@ def map_one(fn, reader, block, X_b, local, args):
     return fn(X_b if sp.issparse(X_b) else aligned(X_b), aligned(materialise(local)), block, *aligned(args))
 
 
+@dataclass(frozen=True)
+class ReadInput:
+    """A block's own input (``init_local``'s ``per_block``) that the block's task reads where the block lives,
+    ``read(block)`` (a dict: a store's per-block mask), joined with ``parts`` (e.g. the block's W of a given
+    start): so the driver never holds it, as it never holds X."""
+
+    read: Callable
+    parts: dict = field(default_factory=dict)
+
+    def joined(self, **parts) -> "ReadInput":
+        return ReadInput(self.read, {**self.parts, **parts})
+
+
+def joined_input(own, **parts):
+    """A block's own input (a dict, or a :class:`ReadInput`) with ``parts`` added."""
+    return own.joined(**parts) if isinstance(own, ReadInput) else {**own, **parts}
+
+
+def read_inputs(own, block, done: dict):
+    """``own`` with every :class:`ReadInput` in it (itself, or in a tuple: several models' inputs, ``engine/many.py``)
+    read for ``block``; one read per reader (``done``: reader -> what it read), which the models then share."""
+    if isinstance(own, tuple):
+        return tuple(read_inputs(item, block, done) for item in own)
+    if not isinstance(own, ReadInput):
+        return own
+    if own.read not in done:
+        done[own.read] = own.read(block)
+    return {**done[own.read], **own.parts}
+
+
 def init_one(fn, block, args, spill, *own):
     """A block's first local factor: ``fn(block, *args)``, or ``fn(block, *args, own)`` with the
-    block's own input (``init_local``'s ``per_block``)."""
-    local = fn(block, *aligned(args), *aligned(own))
+    block's own input (``init_local``'s ``per_block``; a :class:`ReadInput` is read here)."""
+    local = fn(block, *aligned(args), *aligned(read_inputs(own, block, {})))
     return local if spill is None else spill.store(block, local, 0)
 
 
