@@ -262,5 +262,30 @@ def retain(runs_dir: str, keep: int, log) -> list[str]:
             shutil.rmtree(aside)
             removed.append(date)
         if removed:
-            log("retention", "removed", runs=removed, kept=keep)
+            log("retention", "removed", to_file=False, runs=removed, kept=keep)  # (the run is committed: on the stream)
         return removed
+
+
+# -- distfact runs NAME -----------------------------------------------------------------------------
+
+def run_summaries(runs_dir: str) -> list[dict]:
+    """One row per complete run (oldest first): its date, whether ``LATEST`` names it, its rows, and per fit the
+    worst group's value of the fit's first metric (``metrics.json``'s ``worst_group``), and its alerts."""
+    latest_path = os.path.join(runs_dir, "LATEST")
+    latest = open(latest_path).read().strip() if os.path.isfile(latest_path) else None
+    rows = []
+    for date in published_runs(runs_dir):
+        with open(os.path.join(runs_dir, date, "metrics.json")) as f:
+            metrics = json.load(f)
+        alerts_path = os.path.join(runs_dir, date, "alerts.json")
+        alerts = json.load(open(alerts_path)) if os.path.isfile(alerts_path) else []
+        row = {"date": date, "latest": "<-" if date == latest else "", "rows": metrics["input"]["shape"][0]}
+        seen = set()
+        for worst in metrics["worst_group"]:  # in fit order, each fit's metrics in its declared order
+            if worst["fit"] not in seen:
+                seen.add(worst["fit"])
+                row[f"{worst['fit']} worst {worst['metric']}"] = f"{worst['value']:.4g} ({worst['group']})"
+        row["alerts"] = len(alerts)
+        rows.append(row)
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # fits come and go: every run shows each
+    return [{key: row.get(key, "") for key in columns} for row in rows]

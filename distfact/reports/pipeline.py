@@ -1,6 +1,7 @@
 """The pipeline's report: one self-contained HTML page (PNGs embedded), the PNGs, and CSV/JSON tables.
 
-Sections: run facts (data, groups, scheduler, workers, seconds per stage, passes over X), then the sections
+Sections: run facts (data, groups, scheduler, workers, seconds per stage, passes over X), the look back
+(``trends.py``: alerts, per-group trends, component ids and drift), then the sections
 every report of fits has (``fits.py``: the fits, per-group metrics across ranks, objective curves, top
 features, each method's declared figures).
 """
@@ -15,6 +16,7 @@ import pandas as pd
 
 from .fits import fits_table, method_sections
 from .page import html_table, write_page
+from .trends import trend_sections
 
 
 def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: pd.DataFrame) -> dict:
@@ -42,7 +44,9 @@ def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: 
              *([f"seconds: {s}", v] for s, v in stage_seconds.items())]
     body = ["<h2>Run</h2>" + html_table(["fact", "value"], facts), "<h2>Fits</h2>" + fits_table(fits)]
     sections, images = method_sections(fits, table, spec.metrics, spec.report["top"], out_dir, shape)
-    body += sections
+    looking_back, trend_images = trend_sections(run_dir, spec.nightly["alerts"]["metric"], out_dir)
+    body += looking_back + sections
+    images = trend_images + images
     assert len({name for name, _ in images}) == len(images), "report images need distinct names"
     title = spec.report.get("title") or f"{spec.name}: {context['date']}"
     if spec.description:
