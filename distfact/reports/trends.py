@@ -37,7 +37,8 @@ def trend_sections(run_dir: str, metric: str, out_dir: str) -> tuple[list[str], 
         wide = rows.pivot_table(index="date", columns="group", values="value", sort=False)
         wide.to_csv(os.path.join(out_dir, f"{fit}-trend.csv"))
         body.append(f"<h3>{html.escape(fit)}</h3>" + html_table(
-            ["date", *wide.columns], [[date, *map(float, values)] for date, values in zip(wide.index, wide.to_numpy())]))
+            ["date", *wide.columns], [[date, *("" if pd.isna(v) else float(v) for v in values)]  # "": a group not
+                                      for date, values in zip(wide.index, wide.to_numpy())]))  # there that night
         images.append((f"{fit}-trend.png", _lines(wide, f"{fit}: {metric} per group", metric)))
     body.append(f"<h2>Components (matched to {html.escape(str(components['previous']))}, cosine similarity "
                 f"threshold {components['threshold']})</h2>")
