@@ -31,7 +31,7 @@ from ..estimators.persistence import load as load_model
 from ..estimators.sweep import can_sweep, fit_many
 from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
 from ..reports.fits import group_metric_rows, read_fit_facts
-from . import nightly
+from .nightly import WarmStart, previous_identity, previous_run, retain, save_start, warm_start
 from .alerts import ALERTS, evaluate_history
 from .spec import Spec, load_spec
 
@@ -200,10 +200,10 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     else:
         root = local_root = os.path.abspath(os.path.expanduser(root.removeprefix("file://")))
     run_dir = os.path.join(local_root, spec.name, date)
-    previous = nightly.previous_run(os.path.dirname(run_dir), date)
+    previous = previous_run(os.path.dirname(run_dir), date)
     build = OutputDir(run_dir, RUN_KIND, overwrite=True, keep_all=True, option="the run", lock=False)
     log = RunLog(build.path, spec.name, date, stream)
-    hashes = stage_hashes(spec, root, nightly.previous_identity(previous))
+    hashes = stage_hashes(spec, root, previous_identity(previous))
     context = {"previous": previous, "spec": spec, "run_dir": build.path, "final_dir": run_dir, "root": root, "remote": remote,
                "resume": resume, "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date,
                "fit_hash": hashes["fit"]}
@@ -238,7 +238,7 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
         _update_latest(run_dir, date)
     alerts = nightly_alerts(run_dir)
     if spec.nightly.get("keep"):
-        nightly.retain(os.path.dirname(run_dir), spec.nightly["keep"], log)
+        retain(os.path.dirname(run_dir), spec.nightly["keep"], log)
     if not ran:
         log("run", "up-to-date", message=f"{run_dir}: every stage is committed with the same spec and data; "
                                          "nothing to do (--force redoes it)")
@@ -451,11 +451,11 @@ def stage_fit(out: str, context: dict) -> dict:
                 continue
             for name, rank in runs:  # a warm start per rank: each its own fit
                 started = time.perf_counter()
-                start = nightly.warm_start(context["previous"], name, fit, rank, data, client, log)
+                start = warm_start(context["previous"], name, fit, rank, data, client, log)
                 model = _fit_one(fit, rank, data, os.path.join(out, name), client, spec, context["resume"],
                                  log.progress_options("fit", fit=name), start)
                 if fit.warm_start != "none":
-                    nightly.save_start(os.path.join(out, name), model, data)
+                    save_start(os.path.join(out, name), model, data)
                 _commit_fit(os.path.join(out, name), name, fit, rank, model, time.perf_counter() - started, log,
                             start.note)
     return facts
@@ -480,13 +480,13 @@ def _commit_fit(directory: str, name: str, fit, rank: int, model, seconds: float
 
 def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool, progress_options: dict,
              start=None):
-    """One fit, from the method's own start or ``start`` (a :class:`nightly.WarmStart`)."""
+    """One fit, from the method's own start or ``start`` (a :class:`~distfact.pipeline.nightly.WarmStart`)."""
     from ..engine.progress import show_iterations
 
     declaration = get_method(fit.method)
     checkpoints = dict(checkpoint_dir=directory, checkpoint_every=spec.checkpoint_every,  # -> directory/checkpoints/
                        resume=resume) if spec.checkpoint_every else {}
-    start = start or nightly.WarmStart()
+    start = start or WarmStart()
     model = declaration.make(rank, {**fit.params, **start.params}, random_state=fit.seed, **checkpoints)
     progress = show_iterations(model, f"{os.path.basename(directory)}: iteration", **progress_options)
     inputs = {**fit.inputs, **spec.input_files(fit)}
