@@ -265,11 +265,17 @@ def test_a_killed_retention_leaves_no_broken_run(tmp_path):
             open(os.path.join(padding, str(i)), "w").close()
     dates = published_runs(runs)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    for delay in (0.3, 0.5, 0.7, 0.9, 1.2):
+    lock, interrupted = os.path.join(runs, ".retention.lock"), 0
+    for delay in (0, 0.01, 0.03, 0.06, 0.1, 0.2):
         process = subprocess.Popen([sys.executable, "-c", KILLED_RETENTION, runs], env=env)
+        deadline = time.monotonic() + 120
+        while not (os.path.isfile(lock) and open(lock).read() == str(process.pid)):  # retention has begun
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.002)
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait()
+        interrupted += any(".removing-" in name for name in os.listdir(runs))  # a run half removed, aside
         listed = published_runs(runs)
         for date in os.listdir(runs):  # whatever has a date's name is a whole run
             if date in dates:
@@ -278,6 +284,7 @@ def test_a_killed_retention_leaves_no_broken_run(tmp_path):
                 assert all(os.path.exists(os.path.join(runs, date, name)) for name in manifest["files"]), date
         assert "2026-01-06" in listed  # LATEST's
         assert previous_run(runs, "2026-01-07") == os.path.join(runs, "2026-01-06")
+    assert interrupted, "no kill landed while a run was being removed"
     done = subprocess.run([sys.executable, "-c", KILLED_RETENTION, runs], env=env)
     assert done.returncode == 0
-    assert sorted(os.listdir(runs)) == ["2026-01-06", "LATEST"]
+    assert sorted(os.listdir(runs)) == ["2026-01-06", "LATEST"]  # (and the lock the kills left is gone)
