@@ -1,4 +1,4 @@
-"""The ``distfact`` command line: ingest, info, fit, report, select-rank, run, demo.
+"""The ``distfact`` command line: ingest, info, fit, report, select-rank, run, runs, demo.
 
 Bad input exits with status 2 and a message naming the problem and where.
 """
