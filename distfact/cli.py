@@ -1,4 +1,4 @@
-"""The ``distfact`` command line: ingest, info, fit, report, select-rank, run, demo.
+"""The ``distfact`` command line: ingest, info, fit, report, select-rank, run, runs, demo.
 
 Bad input exits with status 2 and a message naming the problem and where.
 """
@@ -220,7 +220,8 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                                    "written last. A rerun with the same spec and data does nothing; a changed "
                                    "section redoes its stage and what follows. Exit status: 0 done or nothing to "
                                    "do, 2 a bad spec (nothing run), 1 a failed stage (named; earlier stages stay "
-                                   "committed). See docs/pipelines.md.")
+                                   "committed), 3 the run crossed an [alerts] threshold (everything is committed; "
+                                   "the alerts are in the run's alerts.json and log). See docs/pipelines.md.")
     p.add_argument("spec", help="the pipeline's TOML file")
     p.add_argument("--date", help="the run's date, YYYY-MM-DD (default: today)")
     p.add_argument("--output", metavar="ROOT", help="root of the runs, a path or an fsspec URL (default: the "
@@ -230,6 +231,12 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address or scheduler file (overrides "
                                                           "the spec's [cluster])")
     _add_tls_option(p)
+
+    p = sub.add_parser("runs", help="list a pipeline's past runs with their headline metrics",
+                       description="List the complete runs of the pipeline NAME under ROOT/NAME/, oldest first: the "
+                                   "date, LATEST, each fit's worst group and its metric, the alerts crossed.")
+    p.add_argument("name", help="the pipeline's name (its spec's name = ...)")
+    p.add_argument("--root", default="runs", help="root of the runs (default: runs)")
 
     p = sub.add_parser("demo", help="run the demo pipeline: NMF of a bundled real data set, per-group report",
                        description="Runs the pipeline shipped as distfact/pipeline/demo.toml (scikit-learn's "
@@ -538,7 +545,24 @@ def cmd_run(args):
               f"{os.path.join(result['run_dir'], 'report', 'report.html')}")
     else:
         print(f"{result['run_dir']}: up to date (spec and data unchanged), nothing to do")
+    if result["alerts"]:
+        from .pipeline.alerts import EXIT_ALERT
+
+        for alert in result["alerts"]:
+            print(f"distfact run: alert: {alert['message']}", file=sys.stderr)
+        return EXIT_ALERT
     return 0
+
+
+def cmd_runs(args):
+    from .pipeline.nightly import run_summaries
+    from .reports.terminal import format_table
+
+    runs_dir = os.path.join(os.path.abspath(os.path.expanduser(args.root)), args.name)
+    rows = run_summaries(runs_dir)
+    if not rows:
+        raise ValueError(f"no complete runs of {args.name!r} in {runs_dir}")
+    print(format_table(rows))
 
 
 def cmd_demo(args):
@@ -570,7 +594,7 @@ def cmd_make_certs(args):
 
 
 def main(argv=None) -> int:
-    """Run a command. Exit status: 0 done; 2 bad input or a bad environment (a one-line message naming the problem
+    """Run a command. Exit status: 0 done; 3 a pipeline run crossed an [alerts] threshold; 2 bad input or a bad environment (a one-line message naming the problem
     and where: a missing or corrupt file, a full or read-only disk, an unreachable scheduler); 1 a failed pipeline
     stage, another process writing the same output (or running the same pipeline and date), a lost cluster, or an
     internal error (with its traceback: please report it); ``--debug`` shows the traceback of any error."""
@@ -580,7 +604,7 @@ def main(argv=None) -> int:
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "report": cmd_report,
-                "select-rank": cmd_select_rank, "run": cmd_run,
+                "select-rank": cmd_select_rank, "run": cmd_run, "runs": cmd_runs,
                 "demo": cmd_demo, "warmup": cmd_warmup, "make-certs": cmd_make_certs}
     try:
         return commands[args.command](args) or 0

@@ -425,6 +425,11 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
             executor.close()
         return self._rows_in_caller_order(data, blocks)
 
+    def _warm_factors(self, data) -> dict:
+        """``fit``'s custom factors besides W and H for a fit of ``data`` that continues this fitted model (a
+        nightly pipeline's warm start, ``pipeline/nightly.py``): none for a method whose start is W and H."""
+        return {}
+
     def inverse_transform(self, W):
         """W H."""
         self._check_fitted()

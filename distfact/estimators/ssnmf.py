@@ -294,6 +294,10 @@ class SSNMF(FactorEstimator):
         self._set_run_facts(method, data, state, fit.executor)
 
     # ------------------------------------------------------------ transform
+    def _warm_factors(self, data) -> dict:
+        """B (the targets' factor, when the model has targets) for a fit continuing this model."""
+        return {} if self.B_ is None else {"B": self.B_}
+
     def transform(self, X, mask=None, *, groups=None, client=None, max_iter=500, tol=1e-6, data_mask=None):
         """W for new rows with H fixed (Section 2.3, step 2): exact non-negative least squares per row
         for a Frobenius reconstruction, multiplicative updates of the I-divergence (or masked Frobenius)

@@ -179,6 +179,13 @@ class StratifiedNMF(FactorEstimator):
                                                                      "objective": self.group_losses_})
         self._set_run_facts(method, data, state, fit.executor)
 
+    def _warm_factors(self, data) -> dict:
+        """v for a fit of ``data`` continuing this model: each stratum's fitted row, by name; a stratum it never
+        saw starts from the mean of the fitted strata's rows."""
+        fitted = dict(zip(self.strata_names_, self.strata_features_))
+        mean = self.strata_features_.mean(axis=0)
+        return {"v": np.stack([fitted.get(name, mean) for name in data.group_names])}
+
     # ------------------------------------------------------------ transform
     def transform(self, X, *, groups=None, client=None, max_iter=200, tol=1e-4):
         """W for new rows with H and every stratum's v fixed (line 7 iterated; one read of X).

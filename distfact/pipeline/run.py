@@ -31,6 +31,8 @@ from ..estimators.persistence import load as load_model
 from ..estimators.sweep import can_sweep, fit_many
 from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
 from ..reports.fits import group_metric_rows, read_fit_facts
+from .alerts import ALERTS, evaluate_history
+from .nightly import WarmStart, previous_identity, previous_run, retain, save_start, warm_start
 from .select import selected_rank
 from .spec import Spec, load_spec
 
@@ -126,13 +128,17 @@ def _walk(path):
             yield os.path.join(directory, name)
 
 
-def stage_hashes(spec: Spec, root: str) -> dict:
+def stage_hashes(spec: Spec, root: str, previous: str | None = None) -> dict:
+    """Each stage's input hash; ``previous`` identifies the previous run (``nightly.py: previous_identity``), which
+    warm-started fits and the evaluation (component ids, trends, alerts) build on."""
     files = [_file_digest(path) for f in spec.fits for path in spec.input_files(f).values()]
     fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "inputs": f.inputs,
              **({"select": f.select} if f.select is not None else {})} for f in spec.fits]
     out = {"ingest": _digest("ingest", data_digest(spec), {k: v for k, v in spec.input.items() if k != "path"})}
-    out["fit"] = _digest("fit", out["ingest"], fits, files)
-    out["evaluate"] = _digest("evaluate", out["fit"], spec.metrics)
+    warm = any(f.warm_start != "none" for f in spec.fits)
+    out["fit"] = _digest("fit", out["ingest"], fits, files, *([previous] if warm else []))
+    evaluation = {k: v for k, v in spec.nightly.items() if k != "keep"}
+    out["evaluate"] = _digest("evaluate", out["fit"], spec.metrics, previous, evaluation)
     out["report"] = _digest("report", out["evaluate"], spec.report, spec.description)
     out["publish"] = _digest("publish", out["report"], root)
     return out
@@ -195,10 +201,11 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     else:
         root = local_root = os.path.abspath(os.path.expanduser(root.removeprefix("file://")))
     run_dir = os.path.join(local_root, spec.name, date)
+    previous = previous_run(os.path.dirname(run_dir), date)
     build = OutputDir(run_dir, RUN_KIND, overwrite=True, keep_all=True, option="the run", lock=False)
     log = RunLog(build.path, spec.name, date, stream)
-    hashes = stage_hashes(spec, root)
-    context = {"spec": spec, "run_dir": build.path, "final_dir": run_dir, "root": root, "remote": remote,
+    hashes = stage_hashes(spec, root, previous_identity(previous))
+    context = {"previous": previous, "spec": spec, "run_dir": build.path, "final_dir": run_dir, "root": root, "remote": remote,
                "resume": resume, "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date,
                "fit_hash": hashes["fit"]}
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
@@ -227,12 +234,26 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
         if built_aside or ran:
             shutil.copyfile(os.path.join(build.path, "publish", "metrics.json"),
                             os.path.join(build.path, "metrics.json"))
+            shutil.copyfile(os.path.join(build.path, "evaluate", ALERTS), os.path.join(build.path, ALERTS))
             build.commit()
         _update_latest(run_dir, date)
+    alerts = nightly_alerts(run_dir)
+    if spec.nightly.get("keep"):
+        retain(os.path.dirname(run_dir), spec.nightly["keep"], log)
     if not ran:
         log("run", "up-to-date", message=f"{run_dir}: every stage is committed with the same spec and data; "
                                          "nothing to do (--force redoes it)")
-    return {"run_dir": run_dir, "ran": ran, "skipped": skipped}
+    return {"run_dir": run_dir, "ran": ran, "skipped": skipped, "alerts": alerts}
+
+
+def nightly_alerts(run_dir: str) -> list[dict]:
+    """The alerts the run's evaluation found (``alerts.json``, named in the log by the evaluate stage); a rerun
+    that had nothing to do returns them too (its exit status is the run's)."""
+    path = os.path.join(run_dir, ALERTS)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
 
 
 RUN_KIND = "pipeline run"
@@ -423,7 +444,7 @@ def stage_fit(out: str, context: dict) -> dict:
             runs = [(name, rank) for name, of, rank in pending if of is fit]
             for name, _ in runs:
                 os.makedirs(os.path.join(out, name), exist_ok=True)
-            if len(runs) > 1 and can_sweep(get_method(fit.method).estimator):
+            if len(runs) > 1 and can_sweep(get_method(fit.method).estimator) and fit.warm_start == "none":
                 started = time.perf_counter()
                 models = _fit_sweep(fit, runs, data, out, client, spec,
                                     log.progress_options("fit", fits=[name for name, _ in runs]))
@@ -433,17 +454,21 @@ def stage_fit(out: str, context: dict) -> dict:
                 for (name, rank), model in zip(runs, models):  # each fit's share of the sweep's time
                     _commit_fit(os.path.join(out, name), name, fit, rank, model, seconds / len(runs), log)
                 continue
-            for name, rank in runs:
+            for name, rank in runs:  # a warm start per rank: each its own fit
                 started = time.perf_counter()
                 if fit.select is not None:  # ranks = "auto": the rank select_rank chooses, then its fit
                     rank = selected_rank(fit, name, data, os.path.join(out, name), client, spec, log)
+                start = warm_start(context["previous"], name, fit, rank, data, client, log)
                 model = _fit_one(fit, rank, data, os.path.join(out, name), client, spec, context["resume"],
-                                 log.progress_options("fit", fit=name))
-                _commit_fit(os.path.join(out, name), name, fit, rank, model, time.perf_counter() - started, log)
+                                 log.progress_options("fit", fit=name), start)
+                if fit.warm_start != "none":
+                    save_start(os.path.join(out, name), model, data)
+                _commit_fit(os.path.join(out, name), name, fit, rank, model, time.perf_counter() - started, log,
+                            start.note)
     return facts
 
 
-def _commit_fit(directory: str, name: str, fit, rank: int, model, seconds: float, log) -> None:
+def _commit_fit(directory: str, name: str, fit, rank: int, model, seconds: float, log, warm_from: str = "") -> None:
     """A fit's files, then its DONE marker (a fit of a sweep records the sweep's passes over X too)."""
     np.save(os.path.join(directory, "components.npy"), model.components_)
     model.save(os.path.join(directory, "model.npz"))  # distfact's model format: no pickle
@@ -452,22 +477,28 @@ def _commit_fit(directory: str, name: str, fit, rank: int, model, seconds: float
              "n_passes": int(model.n_passes_), "scheduler": model.scheduler_}
     if hasattr(model, "sweep_passes_"):
         facts["sweep_passes"] = int(model.sweep_passes_)
+    if warm_from:
+        facts["warm_start"] = warm_from  # the date of the run it started from
     write_json(os.path.join(directory, "fit.json"), facts, indent=1)
     open(os.path.join(directory, "DONE"), "w").close()
     shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)  # only needed to resume
     log("fit", "fit-done", fit=name, seconds=round(seconds, 3), n_iter=n_iter, n_passes=int(model.n_passes_))
 
 
-def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool, progress_options: dict):
+def _fit_one(fit, rank: int, data, directory: str, client, spec: Spec, resume: bool, progress_options: dict,
+             start=None):
+    """One fit, from the method's own start or ``start`` (a :class:`~distfact.pipeline.nightly.WarmStart`)."""
     from ..engine.progress import show_iterations
 
     declaration = get_method(fit.method)
     checkpoints = dict(checkpoint_dir=directory, checkpoint_every=spec.checkpoint_every,  # -> directory/checkpoints/
                        resume=resume) if spec.checkpoint_every else {}
-    model = declaration.make(rank, fit.params, random_state=fit.seed, **checkpoints)
+    start = start or WarmStart()
+    model = declaration.make(rank, {**fit.params, **start.params}, random_state=fit.seed, **checkpoints)
     progress = show_iterations(model, f"{os.path.basename(directory)}: iteration", **progress_options)
     inputs = {**fit.inputs, **spec.input_files(fit)}
-    model.fit(data, **declaration.fit_arguments(model, inputs, data, client, W_out=os.path.join(directory, "W")))
+    model.fit(data, **declaration.fit_arguments(model, inputs, data, client, W_out=os.path.join(directory, "W")),
+              **start.factors)
     if progress is not None:
         progress.close()
         model.set_params(callback=None)  # (the model is saved: its parameters as given)
@@ -524,7 +555,8 @@ def stage_evaluate(out: str, context: dict) -> dict:
     summary = {"fits": [{"fit": e["name"], "method": e["fit"].method, "rank": e["rank"], **e["facts"]} for e in fits],
                "worst_group": worst.to_dict(orient="records")}
     write_json(os.path.join(out, "metrics.json"), summary, indent=1)
-    return {"rows": len(table)}
+    found = evaluate_history(out, context, fits, table)
+    return {"rows": len(table), "alerts": len(found)}
 
 
 def read_group_metrics(run_dir: str):

@@ -29,7 +29,7 @@ import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..registry import get_method
 from ..estimators.contract import check_params
@@ -52,6 +52,7 @@ class FitSpec:
     params: dict
     inputs: dict  # the method's fit inputs (its declaration's fit_inputs): name -> value as written
     select: dict | None = None  # ranks = "auto": select_rank's settings, from [select] (see _select); ranks is []
+    warm_start: str = "none"  # "previous": from the previous run's factors (pipeline/nightly.py)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Spec:
     root: str
     checkpoint_every: int
     cluster: dict
+    nightly: dict = field(default_factory=dict)  # keep, match_threshold, trend_runs, alerts (see _nightly)
 
     @property
     def directory(self) -> str:
@@ -184,7 +186,8 @@ def load_spec(path) -> Spec:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from exc
     check = Checker(path, text)
-    check.keys(doc, (), {"name", "description", "input", "fit", "select", "evaluate", "report", "output", "cluster"},
+    check.keys(doc, (), {"name", "description", "input", "fit", "select", "evaluate", "report", "output", "cluster",
+                         "alerts"},
                required=("name", "input", "fit"))
     name = check.typed(doc, (), "name", str)
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or set(name) == {"."}:
@@ -200,12 +203,13 @@ def load_spec(path) -> Spec:
     spec.metrics = _evaluate(check, doc.get("evaluate", {}), spec.fits)
     spec.report = _report(check, doc.get("report", {}))
     output = check.typed(doc, (), "output", dict, {})
-    check.keys(output, ("output",), {"root", "checkpoint_every"})
+    check.keys(output, ("output",), {"root", "checkpoint_every", "keep"})
     spec.root = os.path.expanduser(check.typed(output, ("output",), "root", str, "runs"))
     spec.checkpoint_every = check.typed(output, ("output",), "checkpoint_every", int, 10)
     if spec.checkpoint_every < 0:
         check.fail(("output", "checkpoint_every"), "must be >= 0 (0: no checkpoints)")
     spec.cluster = _cluster(check, spec, check.typed(doc, (), "cluster", dict, {}))
+    spec.nightly = _nightly(check, doc, spec)
     return spec
 
 
@@ -261,7 +265,7 @@ def _fit(check: Checker, spec: Spec, table, index: int) -> FitSpec:
         check.fail((*path, "method"), str(exc))
     parameters = declaration.parameters()
     inputs = {fit_input.name: fit_input for fit_input in declaration.fit_inputs}
-    check.keys(table, path, {"method", "ranks", "rank", "seed", *parameters, *inputs})
+    check.keys(table, path, {"method", "ranks", "rank", "seed", "warm_start", *parameters, *inputs})
     if ("rank" in table) == ("ranks" in table):
         check.fail(path, "give exactly one of 'rank' or 'ranks'")
     auto = table.get("ranks") == AUTO
@@ -291,7 +295,8 @@ def _fit(check: Checker, spec: Spec, table, index: int) -> FitSpec:
     seed = check.typed(table, path, "seed", int, 0)
     if seed < 0:
         check.fail((*path, "seed"), f"must be a non-negative integer, got {seed}")
-    return FitSpec(method, sorted(set(ranks)), seed, values, given, select={} if auto else None)
+    return FitSpec(method, sorted(set(ranks)), seed, values, given, select={} if auto else None,
+                   warm_start=_warm_start(check, table, path, method))
 
 
 AUTO = "auto"  # ranks = "auto" in a [[fit]] table
@@ -367,7 +372,7 @@ def _report(check: Checker, table) -> dict:
     path = ("report",)
     if not isinstance(table, dict):
         check.fail(path, "expected a table")
-    check.keys(table, path, {"title", "top", "image_shape"})
+    check.keys(table, path, {"title", "top", "image_shape", "match_threshold", "trend_runs"})
     shape = check.typed(table, path, "image_shape", list)
     if shape is not None and (len(shape) != 2 or not all(isinstance(v, int) and v > 0 for v in shape)):
         check.fail((*path, "image_shape"), f"expected [height, width], got {shape!r}")
@@ -405,3 +410,38 @@ def _cluster(check: Checker, spec: Spec, table: dict) -> dict:
             check.fail((*path, "tls_dir"), f"{out['tls_dir']!r} is not a directory (the cluster's ca.pem, cert.pem "
                                            "and key.pem; paths are relative to the spec's directory)")
     return out
+
+
+# -- what a nightly run knows of the nights before (pipeline/nightly.py, pipeline/alerts.py) -------------------
+
+def _warm_start(check: Checker, table: dict, path: tuple, method: str) -> str:
+    """A [[fit]] table's ``warm_start``: "none" (default) or "previous", for a method whose estimator takes a
+    custom start (W and H)."""
+    from .nightly import WARM_STARTS, can_warm_start, warm_start_methods
+
+    value = check.typed(table, path, "warm_start", str, "none")
+    if value not in WARM_STARTS:
+        check.fail((*path, "warm_start"), f"unknown warm start {value!r} ({' or '.join(WARM_STARTS)})")
+    if value == "previous" and not can_warm_start(method):
+        check.fail((*path, "warm_start"), f"method {method!r} cannot start from given factors (its estimator has no "
+                                          f"init='custom' with W and H); methods that can: "
+                                          f"{', '.join(warm_start_methods())}")
+    return value
+
+
+def _nightly(check: Checker, doc: dict, spec: Spec) -> dict:
+    """[output] keep, [report] match_threshold and trend_runs, and the [alerts] table."""
+    from .alerts import alert_options
+
+    output, report = doc.get("output", {}), doc.get("report", {})
+    keep = check.typed(output, ("output",), "keep", int)
+    if keep is not None and keep < 1:
+        check.fail(("output", "keep"), f"must be at least 1 (the newest runs kept), got {keep}")
+    threshold = check.typed(report, ("report",), "match_threshold", float, 0.5)
+    if not 0 <= threshold <= 1:
+        check.fail(("report", "match_threshold"), f"a cosine similarity in [0, 1], got {threshold}")
+    trend_runs = check.typed(report, ("report",), "trend_runs", int, 14)
+    if trend_runs < 1:
+        check.fail(("report", "trend_runs"), f"must be at least 1, got {trend_runs}")
+    return {"keep": keep, "match_threshold": threshold, "trend_runs": trend_runs,
+            "alerts": alert_options(check, check.typed(doc, (), "alerts", dict, {}), spec)}

@@ -1,8 +1,9 @@
 """The pipeline's report: one self-contained HTML page (PNGs embedded), the PNGs, and CSV/JSON tables.
 
 Sections: run facts (data, groups, scheduler, workers, seconds per stage, passes over X), the rank selection of
-each fit with ``ranks = "auto"`` (``selection.py``), then the sections every report of fits has (``fits.py``: the
-fits, per-group metrics across ranks, objective curves, top features, each method's declared figures).
+each fit with ``ranks = "auto"`` (``selection.py``), the look back (``trends.py``: alerts, per-group trends,
+component ids and drift), then the sections every report of fits has (``fits.py``: the fits, per-group metrics
+across ranks, objective curves, top features, each method's declared figures).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 from .fits import fits_table, method_sections
 from .page import html_table, write_page
 from .selection import read_selection, selection_section
+from .trends import trend_sections
 
 
 def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: pd.DataFrame) -> dict:
@@ -48,9 +50,10 @@ def write_pipeline_report(out_dir: str, context: dict, fits: list[dict], table: 
                                              out_dir)
         body.append(("<h2>Rank selection</h2>" if not images else "") + section)
         images += figures
+    looking_back, trend_images = trend_sections(run_dir, spec.nightly["alerts"]["metric"], out_dir)
     sections, method_images = method_sections(fits, table, spec.metrics, spec.report["top"], out_dir, shape)
-    body += sections
-    images += method_images
+    body += looking_back + sections
+    images += trend_images + method_images
     assert len({name for name, _ in images}) == len(images), "report images need distinct names"
     title = spec.report.get("title") or f"{spec.name}: {context['date']}"
     if spec.description:

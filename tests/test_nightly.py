@@ -1,0 +1,290 @@
+"""Nightly pipelines (issue 21): consecutive runs on data whose rows grow, warm starts from the previous run,
+component ids kept across runs, trends and alerts (exit status 3), retention (and a retention killed midway),
+``distfact runs``.
+
+The growing data: :func:`write_night` writes night ``k``'s source, the same planted factorisation with more rows
+each night (new rows after the old ones), re-ingested whole each night. When the store can be appended to
+(``distfact ingest --append``), only :func:`write_night` changes.
+"""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import distfact
+from distfact.pipeline import SpecError, load_spec, run_pipeline
+from distfact.pipeline.nightly import is_run, match_components, previous_run, published_runs, read_start
+
+RANK, FEATURES, FIRST_ROWS, NEW_ROWS = 4, 30, 400, 40
+H_TRUE = np.random.default_rng(7).random((RANK, FEATURES)) ** 4  # sparse-ish, distinct components
+
+
+def night_rows(night: int) -> tuple[np.ndarray, np.ndarray]:
+    """Night ``night``'s rows (the previous nights' rows first, in the same order) and their groups: "a" and
+    "b" alternate; from night 3 on, a group "c" joins."""
+    m = FIRST_ROWS + NEW_ROWS * night
+    rng = np.random.default_rng(11)
+    W = rng.random((FIRST_ROWS + NEW_ROWS * 10, RANK))[:m]
+    noise = 0.01 * np.random.default_rng(12).random((FIRST_ROWS + NEW_ROWS * 10, FEATURES))[:m]
+    groups = np.where(np.arange(m) % 2 == 0, "a", "b").astype(object)
+    if night >= 3:
+        groups[FIRST_ROWS + NEW_ROWS * 2::3] = "c"  # among the rows night 3 adds, and after
+    return W @ H_TRUE + noise, groups.astype(str)
+
+
+def write_night(directory, night: int, degrade: str | None = None):
+    """Night ``night``'s source (``data.npz`` in ``directory``); ``degrade``: a group whose rows get centred
+    unstructured noise (its error rises about tenfold, the other's by about a quarter)."""
+    X, groups = night_rows(night)
+    if degrade is not None:
+        rows = groups == degrade
+        noise = np.random.default_rng(13).random((int(rows.sum()), FEATURES)) - 0.5
+        X[rows] = np.maximum(X[rows] + 0.3 * X.mean() * noise, 0)
+    np.savez(os.path.join(directory, "data.npz"), X=X, groups=groups)
+
+
+def spec_text(*, warm: bool, seed: int = 0, extra: str = "", name: str = "nightly", solver: str = "hals",
+              tol: float = 1e-5) -> str:
+    return f"""
+name = "{name}"
+[input]
+source = "data.npz"
+[[fit]]
+method = "nmf"
+rank = {RANK}
+solver = "{solver}"
+max_iter = 1000
+tol = {tol}
+seed = {seed}
+{'warm_start = "previous"' if warm else ''}
+{extra}
+"""
+
+
+def night(tmp_path, number: int, text: str, degrade=None):
+    """Run night ``number`` (dated 2026-01-<number + 1>) in-process; returns run_pipeline's result."""
+    write_night(tmp_path, number, degrade)
+    (tmp_path / "spec.toml").write_text(text)
+    return run_pipeline(tmp_path / "spec.toml", date=f"2026-01-{number + 1:02d}", root=str(tmp_path / "runs"),
+                        stream=io.StringIO())
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "distfact.cli", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def log_events(run_dir):
+    with open(os.path.join(run_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def model(run_dir, fit="nmf-r4"):
+    return distfact.load(os.path.join(run_dir, "fit", fit, "model.npz"))
+
+
+# -- warm starts ------------------------------------------------------------------------------------
+
+def test_warm_start_reaches_the_cold_error_in_fewer_iterations(tmp_path):
+    first = night(tmp_path, 0, spec_text(warm=True))
+    assert [e["event"] for e in log_events(first["run_dir"]) if e["stage"] == "fit"].count("cold-start") == 1
+    warm = night(tmp_path, 1, spec_text(warm=True))
+    events = [e for e in log_events(warm["run_dir"]) if e["event"] == "warm-start"]
+    assert events and events[0]["rows_kept"] == FIRST_ROWS and events[0]["rows_new"] == NEW_ROWS
+    (tmp_path / "spec.toml").write_text(spec_text(warm=False))
+    cold = run_pipeline(tmp_path / "spec.toml", date="2026-01-02", root=str(tmp_path / "cold"), stream=io.StringIO())
+    warm_model, cold_model = model(warm["run_dir"]), model(cold["run_dir"])
+    assert warm_model.init == "custom" and cold_model.init != "custom"
+    # the cold start's final error, to 0.1% (both stop near the noise floor, in nearby local minima): the
+    # iteration at which each fit's history first comes within it
+    target = cold_model.objective_history_[-1] * 1.001
+    warm_reached = np.flatnonzero(warm_model.objective_history_ <= target)
+    cold_reached = np.flatnonzero(cold_model.objective_history_ <= target)
+    assert warm_reached.size, "the warm start never reached the cold start's error"
+    assert warm_reached[0] < cold_reached[0] / 4, (warm_reached[0], cold_reached[0])
+    assert warm_model.n_iter_ < cold_model.n_iter_ / 2, (warm_model.n_iter_, cold_model.n_iter_)
+    # the start: H and the previous rows' W are the previous run's, bitwise
+    H, W = read_start(os.path.join(first["run_dir"], "fit", "nmf-r4"), RANK, FEATURES)
+    np.testing.assert_array_equal(H, model(first["run_dir"]).components_)
+    assert W.shape == (FIRST_ROWS, RANK)
+    with open(os.path.join(warm["run_dir"], "fit", "nmf-r4", "fit.json")) as f:
+        assert json.load(f)["warm_start"] == "2026-01-01"
+
+
+def test_a_damaged_previous_start_is_refused(tmp_path):
+    first = night(tmp_path, 0, spec_text(warm=True))
+    start = os.path.join(first["run_dir"], "fit", "nmf-r4", "start.npz")
+    data = bytearray(open(start, "rb").read())
+    data[-200] ^= 1
+    os.chmod(start, 0o644)
+    with open(start + ".new", "wb") as f:
+        f.write(data)
+    os.replace(start + ".new", start)
+    with pytest.raises(Exception, match="SHA-256"):
+        night(tmp_path, 1, spec_text(warm=True))
+
+
+def test_warm_start_of_a_method_without_a_custom_start_is_a_spec_error(tmp_path):
+    write_night(tmp_path, 0)
+    text = spec_text(warm=True).replace('method = "nmf"', 'method = "fairer-nmf"').replace('solver = "hals"\n', "")
+    (tmp_path / "spec.toml").write_text(text)
+    with pytest.raises(SpecError, match=r"spec.toml:\d+: \[fit\] #1 key 'warm_start': method 'fairer-nmf' cannot"):
+        load_spec(tmp_path / "spec.toml")
+
+
+def test_stratified_warm_start_with_a_new_group(tmp_path):
+    text = spec_text(warm=True).replace('method = "nmf"', 'method = "stratified-nmf"').replace(
+        'solver = "hals"\n', "").replace("tol = 1e-05", "tol = 1e-4")
+    for number in (2, 3):  # night 3 brings group "c", which the previous model never saw
+        result = night(tmp_path, number, text)
+    warm = [e for e in log_events(result["run_dir"]) if e["event"] == "warm-start"][0]
+    assert warm["new_rows"].startswith("mean of the previous rows")
+    fitted = model(result["run_dir"], "stratified-nmf-r4")
+    assert fitted.strata_names_ == ["a", "b", "c"] and np.isfinite(fitted.components_).all()
+
+
+# -- stable component ids ---------------------------------------------------------------------------
+
+def test_match_components_against_brute_force():
+    rng = np.random.default_rng(3)
+    H_before = rng.random((5, 12))
+    order = [3, 0, 4, 1, 2]
+    H = H_before[order] * rng.uniform(0.5, 2, (5, 1)) + 0.01 * rng.random((5, 12))
+    H[2] = rng.random(12) ** 8  # a new component, unlike any
+    out = match_components(H, H_before, [10, 11, 12, 13, 14], 15, threshold=0.95)
+    import itertools
+
+    def unit(A):
+        return A / np.linalg.norm(A, axis=1, keepdims=True)
+    S = unit(H) @ unit(H_before).T
+    best = max(itertools.permutations(range(5)), key=lambda p: sum(S[i, p[i]] for i in range(5)))
+    expected = [10 + best[i] if S[i, best[i]] >= 0.95 else None for i in range(5)]
+    assert [e if e is not None else out["ids"][i] for i, e in enumerate(expected)] == out["ids"]
+    assert out["new"] == [15] and out["ids"][2] == 15 and out["vanished"] == [10 + order[2]]
+
+
+def test_a_planted_component_keeps_its_id_across_runs(tmp_path):
+    positions, ids = [], []
+    for number, seed in enumerate((0, 5, 9)):  # other seeds: the factorisation orders its components differently
+        result = night(tmp_path, number, spec_text(warm=False, seed=seed))
+        H = model(result["run_dir"]).components_
+        similarity = (H / np.linalg.norm(H, axis=1, keepdims=True)) @ (H_TRUE[0] / np.linalg.norm(H_TRUE[0]))
+        position = int(np.argmax(similarity))
+        with open(os.path.join(result["run_dir"], "evaluate", "components.json")) as f:
+            components = json.load(f)["fits"]["nmf-r4"]
+        positions.append(position)
+        ids.append(components["ids"][position])
+        assert sorted(components["ids"]) == list(range(RANK)) and not components["vanished"]
+    assert len(set(positions)) > 1, f"the planted component was at {positions}: the test needs its order to change"
+    assert len(set(ids)) == 1, (positions, ids)
+
+
+# -- trends and alerts ------------------------------------------------------------------------------
+
+ALERTS = """
+[alerts]
+rise = 1.0
+spread = 0.5
+vanished = true
+[report]
+trend_runs = 3
+"""
+
+
+def test_a_degraded_group_exits_3_with_everything_committed(tmp_path):
+    text = spec_text(warm=True, extra=ALERTS)
+    for number in range(2):
+        write_night(tmp_path, number)
+        (tmp_path / "spec.toml").write_text(text)
+        done = cli("run", "spec.toml", "--date", f"2026-01-0{number + 1}", "--output", "runs", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+    write_night(tmp_path, 2, degrade="b")
+    done = cli("run", "spec.toml", "--date", "2026-01-03", "--output", "runs", cwd=tmp_path)
+    assert done.returncode == 3, done.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "nightly" / "2026-01-03"
+    assert is_run(str(run_dir)) and (tmp_path / "runs" / "nightly" / "LATEST").read_text().strip() == "2026-01-03"
+    alerts = json.loads((run_dir / "alerts.json").read_text())
+    assert {(a["alert"], a.get("group")) for a in alerts} == {("rise", "b")}, alerts
+    assert "alert: nmf-r4: group b's relative_error rose" in done.stderr
+    assert any(e["event"] == "alert" and e["group"] == "b" for e in log_events(run_dir))
+    for stage in ("ingest", "fit", "evaluate", "report", "publish"):
+        assert (run_dir / stage / "COMMITTED").is_file()
+    trends = (run_dir / "evaluate" / "trends.csv").read_text().splitlines()
+    rows = [line.split(",") for line in trends[1:] if ",relative_error," in line]
+    assert sorted((r[0], r[3]) for r in rows) == sorted((f"2026-01-0{d}", g) for d in (1, 2, 3) for g in "ab")
+    report = (run_dir / "report" / "report.html").read_text()
+    assert "group b&#x27;s relative_error rose" in report and "Trends: relative_error" in report
+    assert (run_dir / "report" / "nmf-r4-trend.png").is_file()
+    # a rerun is a no-op, with the run's status
+    again = cli("run", "spec.toml", "--date", "2026-01-03", "--output", "runs", cwd=tmp_path)
+    assert again.returncode == 3 and "up to date" in again.stdout
+    listing = cli("runs", "nightly", "--root", "runs", cwd=tmp_path)
+    assert listing.returncode == 0
+    lines = listing.stdout.splitlines()
+    assert len(lines) == 4 and lines[-1].split()[0] == "2026-01-03" and lines[-1].split()[-1] == "1"
+
+
+# -- retention --------------------------------------------------------------------------------------
+
+def test_retention_keeps_the_newest_runs_and_latest(tmp_path):
+    text = spec_text(warm=True, extra="[output]\nkeep = 2\n")
+    for number in range(4):
+        night(tmp_path, number, text)
+    runs = tmp_path / "runs" / "nightly"
+    assert published_runs(str(runs)) == ["2026-01-03", "2026-01-04"]
+    assert sorted(os.listdir(runs)) == ["2026-01-03", "2026-01-04", "LATEST"]
+    # a backfill of an older date: kept only while among the newest two; LATEST still names the newest
+    result = night(tmp_path, 1, text)
+    assert not os.path.exists(result["run_dir"]) and (runs / "LATEST").read_text().strip() == "2026-01-04"
+    assert published_runs(str(runs)) == ["2026-01-03", "2026-01-04"]
+
+
+KILLED_RETENTION = """
+import sys
+from distfact.pipeline.nightly import retain
+retain(sys.argv[1], 1, lambda *args, **fields: None)
+"""
+
+
+def test_a_killed_retention_leaves_no_broken_run(tmp_path):
+    text = spec_text(warm=False)
+    first = night(tmp_path, 0, text)
+    runs = os.path.dirname(first["run_dir"])
+    for number in range(1, 6):  # many files in each old run, so that removing one takes a while
+        result = night(tmp_path, number, text)
+        padding = os.path.join(result["run_dir"], "fit", "padding")
+        os.makedirs(padding)
+        for i in range(3000):
+            open(os.path.join(padding, str(i)), "w").close()
+    dates = published_runs(runs)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    lock, interrupted = os.path.join(runs, ".retention.lock"), 0
+    for delay in (0, 0.01, 0.03, 0.06, 0.1, 0.2):
+        process = subprocess.Popen([sys.executable, "-c", KILLED_RETENTION, runs], env=env)
+        deadline = time.monotonic() + 120
+        while not (os.path.isfile(lock) and open(lock).read() == str(process.pid)):  # retention has begun
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.002)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        interrupted += any(".removing-" in name for name in os.listdir(runs))  # a run half removed, aside
+        listed = published_runs(runs)
+        for date in os.listdir(runs):  # whatever has a date's name is a whole run
+            if date in dates:
+                assert is_run(os.path.join(runs, date))
+                manifest = json.load(open(os.path.join(runs, date, "distfact-output.json")))
+                assert all(os.path.exists(os.path.join(runs, date, name)) for name in manifest["files"]), date
+        assert "2026-01-06" in listed  # LATEST's
+        assert previous_run(runs, "2026-01-07") == os.path.join(runs, "2026-01-06")
+    assert interrupted, "no kill landed while a run was being removed"
+    done = subprocess.run([sys.executable, "-c", KILLED_RETENTION, runs], env=env)
+    assert done.returncode == 0
+    assert sorted(os.listdir(runs)) == ["2026-01-06", "LATEST"]  # (and the lock the kills left is gone)
