@@ -250,14 +250,39 @@ def missing_entries(mask) -> tuple[np.ndarray, np.ndarray]:
     return np.nonzero(mask == 0)
 
 
+def _observed_block_sums(data, mask_blocks):
+    """Per block of ``data`` (in the store's order): (block, sum of X over the observed entries, sum m x^2 over
+    them), X read as 0 at the missing entries, in float64; one read of each block."""
+    for block, entry in zip(data.blocks, mask_blocks):
+        (form, P), = entry.items()
+        X_b, x = observed_block(data.load_block(block.index), form, P)
+        values = x if form == OBSERVED else (X_b.data if sp.issparse(X_b) else X_b)  # observed: P's entries only
+        x = x.astype(np.float64)
+        on_p = float(np.dot(P.data, x * x))
+        if form == OBSERVED:
+            sq = on_p
+        else:
+            flat = values.astype(np.float64, copy=False).reshape(-1)
+            sq = float(np.dot(flat, flat)) - on_p
+        yield block, float(values.sum(dtype=np.float64)), sq
+
+
 def observed_total(data, mask_blocks) -> float:
     """sum of X over the observed entries (X read as 0 at the missing ones), block by block in the store's order:
     the same number whether or not X was zeroed there (one X serves every fold of ``fit_many``). Reads each block
     of X once (no pass of the engine: for a store, one read before the fit starts)."""
     total = 0.0
-    for block, entry in zip(data.blocks, mask_blocks):
-        (form, P), = entry.items()
-        X_b, x = observed_block(data.load_block(block.index), form, P)
-        values = x if form == OBSERVED else (X_b.data if sp.issparse(X_b) else X_b)  # observed: P's entries only
-        total += float(values.sum(dtype=np.float64))
+    for _, block_total, _ in _observed_block_sums(data, mask_blocks):
+        total += block_total
     return total
+
+
+def observed_group_sums(data, mask_blocks) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (float64): the sum of X over its observed entries and sum m x^2 over them (its squared norm
+    over the observed entries, weighted), X read as 0 at the missing ones; one read of each block, as
+    :func:`observed_total`."""
+    totals, sq_norms = np.zeros(data.n_groups), np.zeros(data.n_groups)
+    for block, block_total, block_sq in _observed_block_sums(data, mask_blocks):
+        totals[block.group] += block_total
+        sq_norms[block.group] += block_sq
+    return totals, sq_norms

@@ -177,6 +177,9 @@ def choose_rank(summary: pd.DataFrame, rule: str) -> int:
 
 def _check(estimator, data, ranks, n_splits, holdout, rule) -> list[int]:
     kind = type(estimator)
+    refusal = getattr(kind, "_select_rank_refusal", None)  # an estimator that says why it cannot be scored here
+    if refusal is not None:
+        raise ValueError(f"select_rank cannot use {kind.__name__}: {refusal}")
     if "mask" not in inspect.signature(kind.fit).parameters:
         raise ValueError(f"{kind.__name__} takes no mask (its fit has no mask argument); select_rank holds entries "
                          "out with a mask, so it needs an estimator whose fit takes one")
