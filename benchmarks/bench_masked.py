@@ -40,30 +40,38 @@ def cases(rng):
     yield "sparse 5%, mask='nonzero'", S, block_form(sp.csr_matrix((S != 0) * 1.0), rows), W
 
 
+def compare(method, block, G, name, X, form, P, W) -> dict:
+    """``method.local_step`` on the block with its mask (as after a first step: X_b's sums kept) against the same
+    step without, alternated ``REPEATS`` times: the row of the results, printed."""
+    local = method.local_step(X, {form: P, "W": W}, block, G)[0]
+    method.local_step(X, W, block, G)
+    masked, plain = [], []
+    for _ in range(REPEATS):
+        for times, state in ((masked, local), (plain, W)):
+            start = time.perf_counter()
+            method.local_step(X, state, block, G)
+            times.append(time.perf_counter() - start)
+    row = {"case": name, "form": form, "mask_entries": int(P.nnz), "masked_ms": statistics.median(masked) * 1e3,
+           "unmasked_ms": statistics.median(plain) * 1e3}
+    row["ratio"] = row["masked_ms"] / row["unmasked_ms"]
+    print(f"{name} ({form}, {P.nnz} entries): masked {row['masked_ms']:.1f} ms, unmasked "
+          f"{row['unmasked_ms']:.1f} ms, ratio {row['ratio']:.2f}")
+    return row
+
+
+def write(results: list, name: str) -> None:
+    """benchmarks/results/NAME.json with the block's shape, the repeats and the load."""
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json")
+    with open(out, "w") as f:
+        json.dump({"rows": ROWS, "cols": COLS, "rank": RANK, "repeats": REPEATS, "load": os.getloadavg(),
+                   "results": results}, f, indent=1)
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     method = NMFMethod(RANK)
     G = method.with_derived(rng.random((RANK, COLS)), scale=1.0)
-    results = []
-    for name, X, (form, P), W in cases(rng):
-        local = method.local_step(X, {form: P, "W": W}, Block, G)[0]  # as after a first step (X_b's sums kept)
-        method.local_step(X, W, Block, G)
-        masked, plain = [], []
-        for _ in range(REPEATS):
-            for times, state in ((masked, local), (plain, W)):
-                start = time.perf_counter()
-                method.local_step(X, state, Block, G)
-                times.append(time.perf_counter() - start)
-        row = {"case": name, "form": form, "mask_entries": int(P.nnz), "masked_ms": statistics.median(masked) * 1e3,
-               "unmasked_ms": statistics.median(plain) * 1e3}
-        row["ratio"] = row["masked_ms"] / row["unmasked_ms"]
-        results.append(row)
-        print(f"{name} ({form}, {P.nnz} entries): masked {row['masked_ms']:.1f} ms, unmasked "
-              f"{row['unmasked_ms']:.1f} ms, ratio {row['ratio']:.2f}")
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "masked.json")
-    with open(out, "w") as f:
-        json.dump({"rows": ROWS, "cols": COLS, "rank": RANK, "repeats": REPEATS, "load": os.getloadavg(),
-                   "results": results}, f, indent=1)
+    write([compare(method, Block, G, name, X, form, P, W) for name, X, (form, P), W in cases(rng)], "masked")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ FIT_BLOCK = 'method = "nmf"\nranks = "auto"\nsolver = "hals"\nmax_iter = 100\nto
     (('ranks = "1:5"', "ranks = [0, 2]"), 13, ["[select] key 'ranks'", "positive integers"]),
     (('ranks = "1:5"', 'rnks = "1:5"'), 13, ["[select] key 'rnks'", "unknown key"]),
     ((FIT_BLOCK, 'method = "multigroup-svd"\nranks = "auto"'), 8, ["[fit] #1 key 'ranks'", "multigroup-svd cannot "
-                                                                   "take", "MultigroupSVD takes no mask"]),
+                                                                   "take", "cannot use MultigroupSVD", "takes no mask"]),
 ])
 def test_spec_errors_name_the_key_and_line(tmp_path, change, line, words):
     planted_data(tmp_path)

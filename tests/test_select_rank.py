@@ -167,8 +167,18 @@ def test_bad_input_is_refused_before_any_fit(kwargs, error, message):
         select_rank(SSNMF(1, model="FF"), X, groups=GROUPS, **kwargs)
 
 
+class MasklessNMF(NMF):
+    """An estimator whose fit takes no mask (as a plug-in's may: every NMF-family estimator of distfact takes one)."""
+
+    def fit(self, X, y=None, *, groups=None, client=None):
+        return super().fit(X, y, groups=groups, client=client)
+
+
 def test_an_estimator_without_a_mask_is_refused_by_name():
-    with pytest.raises(ValueError, match="StratifiedNMF takes no mask"):
+    with pytest.raises(ValueError, match="MasklessNMF takes no mask"):
+        select_rank(MasklessNMF(2), X, groups=GROUPS, ranks=[2])
+    # an estimator that says why it cannot be scored by W H (Stratified-NMF's reconstruction adds the shifts)
+    with pytest.raises(ValueError, match="select_rank cannot use StratifiedNMF"):
         select_rank(StratifiedNMF(2), X, groups=GROUPS, ranks=[2])
 
 
@@ -199,4 +209,5 @@ def test_the_command_line_end_to_end(tmp_path):
     assert f"chosen rank (one_se): {expected.rank_}" in out.stdout and expected.choices["min"] == 3
     refused = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method",
                               "stratified-nmf", "--ranks", "1:3"], capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "cannot take stratified-nmf: StratifiedNMF takes no mask" in refused.stderr
+    assert refused.returncode == 2
+    assert "cannot take stratified-nmf: select_rank cannot use StratifiedNMF" in refused.stderr

@@ -43,6 +43,9 @@ for dtype in (np.float64, np.float32):
                 distfact.NMF(3, solver=solver, beta_loss=loss, max_iter=3, random_state=0).fit(X, groups=groups,
                                                                                               mask=mask)
             distfact.WeightedL1NMF(3, max_iter=2, hals_iter=2, random_state=0).fit(X, groups=groups, mask=mask)
+            distfact.StratifiedNMF(3, max_iter=3, random_state=0).fit(X, groups=groups, mask=mask)
+            distfact.FairerNMF(3, max_iter=2, estimate_max_iter=3, n_estimates=1, random_state=0).fit(
+                X, groups=groups, mask=mask)
 print(json.dumps({"compiled": compilations(kernels), "kernels": len(kernels),
                   "loaded": sum(sum(d.stats.cache_hits.values()) for d in kernels.values())}))
 """

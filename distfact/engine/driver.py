@@ -133,6 +133,23 @@ def initialise(method, data, executor, random_state, local_inputs: list | None =
     return global_state
 
 
+def _reinitial_block(local, block, method, entropy, global_state, kept: tuple):
+    inputs = {name: local[name] for name in kept if name in local}
+    return method.initial_local(block, global_state, RowStream(entropy, block.row_start, block.row_stop), inputs)
+
+
+def initialise_keeping(method, data, executor, random_state, kept: tuple) -> dict:
+    """:func:`initialise` where every block already holds a local state (a dict) whose parts named in ``kept``
+    (row-aligned inputs such as the block's mask, from an earlier loop of the same fit) are the inputs of its new
+    one: they stay where they live instead of being shipped again (and so a later loop of a model in a
+    ``fit_many`` sweep, where per-block inputs cannot be given once the models' local states exist, starts as
+    its fit alone does). The same local states as :func:`initialise` with those inputs."""
+    seeds = BlockSeeds(random_state)
+    global_state = method.initial_global(data, seeds.global_rng())
+    executor.map_local(_reinitial_block, method, seeds.entropy, global_state, tuple(kept))
+    return global_state
+
+
 def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callable[[], dict],
         callback: Callable[[IterationInfo], None] | None = None, checkpointer=None,
         resume: bool = False, time_limit: float | None = None, global_args: dict | None = None) -> FitState:

@@ -14,11 +14,12 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from .._warnings import user_stacklevel
-from ..engine.driver import initialise
+from ..engine.driver import initialise, initialise_keeping
 from ..methods.fairer_nmf import FairerAM, FairerMU, GroupErrorEstimate, available_conic_solvers
 from ..methods.nmf import NMFMethod
 from ..metrics import group_metric_frame
 from .base import FactorEstimator, Phase, check_iteration_params, data_fingerprint
+from .masks import block_masks, observed_group_sums, resolve_mask
 from .contract import COUNT, NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 SOLVERS = ("mu", "am")
@@ -123,6 +124,12 @@ class FairerNMF(FactorEstimator):
 
     Notes
     -----
+    With ``fit(X, groups=..., mask=M)`` (weights, 0 = missing; or "nan", "nonzero": ``distfact.estimators.masks``;
+    solver='mu' only) every error, E_l, loss and metric is over the observed entries: ||X_l|| becomes
+    ||M_l o X_l||_F and ||X_l - W_l H|| becomes ||M_l o (X_l - W_l H)||_F (for weights, sqrt(sum m x^2) and
+    sqrt(sum m (x - wh)^2)); the E_l runs and the scheme use the weighted MU updates written out in
+    ``distfact.methods.fairer_nmf``. The values of X at missing entries never change the factors.
+
     ``transform`` solves new rows' W with H fixed (see :meth:`transform`); scikit-learn's conventions
     (feature names out, ``set_output``, no ``score``, metadata routing) as for :class:`distfact.NMF`.
     """
@@ -155,19 +162,25 @@ class FairerNMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
         self.callback = callback
 
-    def fit(self, X, y=None, *, groups=None, client=None, W_out=None):
+    def fit(self, X, y=None, *, groups=None, mask=None, client=None, W_out=None):
         """Fit on X with row ``groups`` (or a GroupedMatrix / store path carrying them).
+
+        ``mask``: which entries of X are observed, as :meth:`distfact.NMF.fit` takes it (None, a weight array or
+        sparse matrix of X's shape with 0 = missing, "nan" or "nonzero"); every error, E_l and loss is then over
+        the observed entries (see ``distfact.methods.fairer_nmf``). solver='mu' only: 'am' refuses a mask.
 
         ``W_out``: a directory where the fitted W is written block by block, by the process holding each block
         (one Zarr array per block, in the store's row order)."""
         self._ignore_y(y, groups)
-        self._run_fit(X, groups, client, want_W=False, W_out=W_out)
+        X, mask = resolve_mask(X, mask)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, mask=mask)
         return self
 
-    def fit_transform(self, X, y=None, *, groups=None, client=None):
-        """Fit and return W in X's row order (gathered on the driver)."""
+    def fit_transform(self, X, y=None, *, groups=None, mask=None, client=None):
+        """Fit (``mask`` as in :meth:`fit`) and return W in X's row order (gathered on the driver)."""
         self._ignore_y(y, groups)
-        return self._run_fit(X, groups, client, want_W=True)
+        X, mask = resolve_mask(X, mask)
+        return self._run_fit(X, groups, client, want_W=True, mask=mask)
 
     def _check_params(self):
         if self.solver not in SOLVERS:
@@ -181,16 +194,34 @@ class FairerNMF(FactorEstimator):
         check_iteration_params(self.estimate_max_iter, self.estimate_tol)
 
     def _prepare(self, fit):
-        """Every group's relative loss must be defined: at least r rows (for E_l) and ||X_l|| > 0."""
+        """Every group's relative loss must be defined: at least r rows (for E_l) and ||X_l|| > 0 (over the
+        observed entries, with a mask: cut per block into ``inputs["mask_blocks"]``, its digest
+        ``inputs["mask_digest"]`` and the groups' sums over the observed entries ``inputs["observed"]``, from one
+        read of X)."""
         data, r = fit.data, fit.rank
         small = [(name, size) for name, size in zip(data.group_names, data.group_sizes) if size < r]
         if small:
             raise ValueError(f"group {small[0][0]!r} has {small[0][1]} rows, fewer than n_components={r}: "
                              "its rank-r error E_l is not defined")
-        zero = [name for name, sq_norm in zip(data.group_names, data.group_sq_norms) if not sq_norm > 0]
+        if fit.inputs.get("mask") is not None and self.solver == "am":
+            raise ValueError("FairerNMF(solver='am') takes no mask: its H step is a cone program written on each "
+                             "group's W_l^T W_l, and with a mask every column of H has its own Gram "
+                             "W_l^T diag(m_j) W_l (and every row of W its own); use solver='mu' (the weighted "
+                             "multiplicative updates of Algorithm 3)")
+        blocks, digest = block_masks(data, fit.inputs.get("mask"))
+        observed = None if blocks is None else observed_group_sums(data, blocks)
+        sq_norms = data.group_sq_norms if observed is None else observed[1]
+        zero = [name for name, sq_norm in zip(data.group_names, sq_norms) if not sq_norm > 0]
         if zero:
-            raise ValueError(f"group {zero[0]!r} is all zeros: Fairer-NMF measures each group's loss relative to "
-                             "||X_l||_F (Definition 4.1), which is 0 for it; drop the group or fit NMF")
+            raise ValueError(f"group {zero[0]!r} is all zeros{'' if blocks is None else ' at its observed entries'}: "
+                             "Fairer-NMF measures each group's loss relative to ||X_l||_F (Definition 4.1), which is "
+                             "0 for it; drop the group or fit NMF")
+        fit.inputs.update(mask_blocks=blocks, mask_digest=digest, observed=None if observed is None else {
+            "group_totals": tuple(map(float, observed[0])), "group_sq_norms": tuple(map(float, observed[1]))})
+        self._masked_fit = blocks is not None  # for _outputs, which sees the executor only
+
+    def _local_states_hold_inputs(self) -> bool:
+        return self._masked_fit  # the block's mask beside W_b
 
     def _local_factors(self, fit):
         return fit.rank * self.n_estimates, None  # the E_l runs' W, side by side
@@ -200,11 +231,14 @@ class FairerNMF(FactorEstimator):
         data, executor, r = fit.data, fit.executor, fit.rank
         dtype = str(data.dtype)
         fingerprint = data_fingerprint(data)
-        estimate = GroupErrorEstimate(r, int(self.n_estimates), float(self.estimate_tol), dtype)
+        masks, observed = fit.inputs["mask_blocks"], fit.inputs["observed"] or {}
+        estimate = GroupErrorEstimate(r, int(self.n_estimates), float(self.estimate_tol), dtype, **observed)
         estimate_seed = None if self.random_state is None else [self.random_state, 1]
-        config = {"estimator": "FairerNMF", "method": estimate.__dict__, "random_state": self.random_state,
+        config = {"estimator": "FairerNMF", "method": _described(estimate), "random_state": self.random_state,
                   "data": fingerprint}
-        state = yield Phase(estimate, lambda: initialise(estimate, data, executor, estimate_seed),
+        if fit.inputs["mask_digest"] is not None:  # (unmasked fits keep their configuration, and checkpoints)
+            config["mask"] = fit.inputs["mask_digest"]
+        state = yield Phase(estimate, lambda: initialise(estimate, data, executor, estimate_seed, masks),
                             self.estimate_max_iter, config, checkpoint="estimate", callback=False)
         self.E_runs_, self.E_, self.E_converged_ = estimate.attained(state.global_state, state.stats, data)
         if not self.E_converged_.all():
@@ -214,16 +248,19 @@ class FairerNMF(FactorEstimator):
                           f"{self.estimate_tol}); their E_ may be too large: raise "
                           "FairerNMF(estimate_max_iter=...)",
                           ConvergenceWarning, stacklevel=user_stacklevel())
-        common = dict(n_components=r, E=tuple(self.E_), tol=float(self.tol), dtype=dtype)
+        common = dict(n_components=r, E=tuple(self.E_), tol=float(self.tol), dtype=dtype, **observed)
         if self.solver == "am":
             method = FairerAM(**common, solvers=tuple(available_conic_solvers()))
         else:
             method = FairerMU(**common, c_update=self.c_update, c_step=float(self.c_step))
         scheme_seed = None if self.random_state is None else [self.random_state, 2]
-        config = {"estimator": "FairerNMF", "solver": self.solver, "method": method.__dict__,
-                  "random_state": self.random_state, "data": fingerprint}
+        config = {**config, "solver": self.solver, "method": _described(method)}
         cap = self._iteration_cap()
-        yield Phase(method, lambda: initialise(method, data, executor, scheme_seed), cap, config,
+        def start():  # a masked fit's blocks keep their masks from Algorithm 1's local states
+            if masks is None:
+                return initialise(method, data, executor, scheme_seed)
+            return initialise_keeping(method, data, executor, scheme_seed, method.inputs_kept)
+        yield Phase(method, start, cap, config,
                     checkpoint="scheme", cut_short=(
                         f"FairerNMF stopped at {cap} iterations (max_iter={self.max_iter}) before every group's error "
                         f"changed by less than tol={self.tol} (eq. 10); raise FairerNMF(max_iter=...)")
@@ -261,6 +298,12 @@ class FairerNMF(FactorEstimator):
             "relative_error": self.group_errors_, "relative_loss": self.group_losses_,
             "objective": self.group_losses_})
         self._set_run_facts(method, data, state, fit.executor)
+
+
+def _described(method) -> dict:
+    """A method's parameters for its checkpoint configuration: without the sums over the observed entries, which
+    X and the mask (the data fingerprint and the mask's digest) identify."""
+    return {name: value for name, value in method.__dict__.items() if name not in ("group_totals", "group_sq_norms")}
 
 
 def _fairer_facts(model) -> dict:

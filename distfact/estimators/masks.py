@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from ..engine.executor.base import ReadInput
 from ..store.coerce import checked_matrix
-from ..store.masks import ComplementMask, block_form, block_observed_total, check_weights, nan_missing, zero_missing
+from ..store.masks import ComplementMask, block_form, block_observed_sums, check_weights, nan_missing, zero_missing
 
 KINDS = ("nan", "nonzero")
 
@@ -135,6 +135,14 @@ def missing_entries(mask) -> tuple[np.ndarray, np.ndarray]:
     return np.nonzero(mask == 0)
 
 
+def _observed_block_sums(data, mask_blocks):
+    """Per block of ``data`` (in the store's order): (block, sum of X over the observed entries, sum m x^2 over
+    them), X read as 0 at the missing entries, in float64; one read of each block."""
+    for block, entry in zip(data.blocks, mask_blocks):
+        (form, P), = entry.items()
+        yield block, *block_observed_sums(data.load_block(block.index), form, P)
+
+
 def observed_total(data, mask_blocks) -> float:
     """sum of X over the observed entries (X read as 0 at the missing ones), block by block in the store's order:
     the same number whether or not X was zeroed there (one X serves every fold of ``fit_many``). Reads each block
@@ -145,9 +153,8 @@ def observed_total(data, mask_blocks) -> float:
         for block in data.blocks:
             total += block.mask.observed_total
         return total
-    for block, entry in zip(data.blocks, mask_blocks):
-        (form, P), = entry.items()
-        total += block_observed_total(data.load_block(block.index), form, P)
+    for _, block_total, _ in _observed_block_sums(data, mask_blocks):
+        total += block_total
     return total
 
 
@@ -158,3 +165,14 @@ def stored_mask_conflict(data) -> str:
     return (f"{where} has its own mask (kind {data.mask_kind!r}: {made}), which a fit uses; fit(..., mask=...) "
             "cannot take another. Ingest X again with the mask you want (distfact ingest --mask FILE, or "
             "from_arrays(..., mask=...)), or without one")
+
+
+def observed_group_sums(data, mask_blocks) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (float64): the sum of X over its observed entries and sum m x^2 over them (its squared norm
+    over the observed entries, weighted), X read as 0 at the missing ones; one read of each block, as
+    :func:`observed_total`."""
+    totals, sq_norms = np.zeros(data.n_groups), np.zeros(data.n_groups)
+    for block, block_total, block_sq in _observed_block_sums(data, mask_blocks):
+        totals[block.group] += block_total
+        sq_norms[block.group] += block_sq
+    return totals, sq_norms

@@ -22,6 +22,13 @@ from .base import FactorEstimator, check_iteration_params, survives_worker_loss
 from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 
+#: why the multigroup SVD takes no mask (fit's, select_rank's)
+MASK_REFUSAL = ("the multigroup SVD takes no mask: it is computed from each group's Gram matrix X_l^T X_l (one "
+                "pass, then eigenproblems), and an SVD with missing entries has no such closed form (it becomes an "
+                "iterative weighted low-rank problem); fit NMF, FairerNMF or StratifiedNMF with mask=..., or fill "
+                "the missing entries first (NMF(...).fit(X, mask=...).impute(X))")
+
+
 class MultigroupSVD(FactorEstimator):
     """Multigroup singular vectors (Matakos, Ciaperoni and Mannila, 2025): an orthonormal sequence v_1..v_d
     where v_r minimises the worst group's rank-1 loss max_l sigma_1^2(A^l) - ||A^l v v^T||_F^2 on the data
@@ -153,10 +160,16 @@ class MultigroupSVD(FactorEstimator):
         self.n_threads = n_threads
 
     # -- fitting ---------------------------------------------------------------------------------------
-    def fit(self, X, y=None, *, groups=None, client=None):
+    #: why ``distfact.select_rank`` refuses this estimator
+    _select_rank_refusal = MASK_REFUSAL
+
+    def fit(self, X, y=None, *, groups=None, mask=None, client=None):
         """Fit on X (array, sparse matrix, DataFrame, GroupedMatrix or store path) with row ``groups``
         (None for a GroupedMatrix or store; for an array, None means a single group: the SVD). ``y`` is
-        ignored (scikit-learn's place for targets)."""
+        ignored (scikit-learn's place for targets). ``mask`` must be None: a ValueError says why
+        (:data:`MASK_REFUSAL`), rather than a mask being dropped."""
+        if mask is not None:
+            raise ValueError(MASK_REFUSAL)
         self._ignore_y(y, groups)
         check_iteration_params(self.max_iter, self.tol, self.random_state)
         if self.max_iter < 1 or self.tol <= 0:

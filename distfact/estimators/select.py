@@ -186,6 +186,9 @@ class SettingError(ValueError):
 def refusal(kind: type) -> str | None:
     """Why ``select_rank`` cannot select the rank of estimator class ``kind`` (None: it can): its ``fit`` must
     take a mask (the held-out entries) and its models must fit in shared passes (``fit_many``)."""
+    reason = getattr(kind, "_select_rank_refusal", None)  # an estimator that says why it cannot be scored here
+    if reason is not None:
+        return f"select_rank cannot use {kind.__name__}: {reason}"
     if "mask" not in inspect.signature(kind.fit).parameters:
         return (f"{kind.__name__} takes no mask (its fit has no mask argument); select_rank holds entries out with "
                 "a mask, so it needs an estimator whose fit takes one")

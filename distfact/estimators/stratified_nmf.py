@@ -18,6 +18,7 @@ from ..features import feature_names_of, top_feature_names
 from ..methods.stratified_nmf import StratifiedMU
 from ..metrics import group_metric_frame, relative_error
 from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
+from .masks import block_masks, resolve_mask
 from .contract import NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 INITS = ("random", "custom")
@@ -83,7 +84,21 @@ class StratifiedNMF(FactorEstimator):
         the numerator).
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, feature_names_in_ (when the data
     carry feature names), n_features_in_.
+
+    Notes
+    -----
+    With ``fit(X, groups=..., mask=M)`` (weights, 0 = missing; or "nan", "nonzero": ``distfact.estimators.masks``)
+    F, the stopping rule, ``objective_history_``, ``loss_history_`` and every per-stratum metric are over the
+    observed entries, weighted: F = sum_i sum m (a - v(i) - wh)^2, ``relative_error`` sqrt(F(i) / sum m a^2), the
+    normalised loss sqrt(F / sum m a^2); ``distfact.methods.stratified_nmf`` writes out the weighted updates (the
+    masked forms of lines 5, 7 and 8). The values of X at missing entries never change the factors.
+    ``select_rank`` does not take this estimator (it scores W H, not W H + 1 v(i)^T).
     """
+
+    #: why ``distfact.select_rank`` refuses this estimator (it scores held-out entries by W H alone)
+    _select_rank_refusal = ("its held-out entries would be scored by W H, but Stratified-NMF reconstructs "
+                            "W(i) H + 1 v(i)^T (the strata's shifts are not scored there yet); fit the ranks with "
+                            "fit_many(..., masks=...) and score the held-out entries with inverse_transform")
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "v_updates": [POSITIVE_INT],
                                     "tol": [NON_NEGATIVE, None], "eps": [Interval(Real, 0, None, closed="neither")],
@@ -108,23 +123,30 @@ class StratifiedNMF(FactorEstimator):
         self.local_memory_budget = local_memory_budget
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, y=None, *, groups=None, W=None, H=None, v=None, client=None, W_out=None):
+    def fit(self, X, y=None, *, groups=None, mask=None, W=None, H=None, v=None, client=None, W_out=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with one stratum
         label per row (``groups``; a pandas Categorical fixes the strata and their order; None: one stratum).
         ``y`` is ignored (scikit-learn's place for targets).
+
+        ``mask``: which entries of X are observed, as :meth:`distfact.NMF.fit` takes it (None, a weight array or
+        sparse matrix of X's shape with 0 = missing, "nan" or "nonzero"); the objective, the stopping rule and
+        the per-stratum metrics are then over the observed entries (see ``distfact.methods.stratified_nmf``).
 
         ``W``, ``H``, ``v`` (init='custom'): W in X's row order (n_samples x r), H (r x n_features),
         v (n_strata x n_features, strata in sorted order, or the Categorical's). ``W_out``: a
         directory where W is written block by block (one Zarr array per block, in the store's order).
         """
         self._ignore_y(y, groups)
-        self._run_fit(X, groups, client, want_W=False, W_out=W_out, W=W, H=H, v=v)
+        X, mask = resolve_mask(X, mask)
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, mask=mask, W=W, H=H, v=v)
         return self
 
-    def fit_transform(self, X, y=None, *, groups=None, W=None, H=None, v=None, client=None):
-        """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
+    def fit_transform(self, X, y=None, *, groups=None, mask=None, W=None, H=None, v=None, client=None):
+        """Fit (``mask`` as in :meth:`fit`) and return W (n_samples x r) in X's row order (gathered on the
+        driver)."""
         self._ignore_y(y, groups)
-        return self._run_fit(X, groups, client, want_W=True, W=W, H=H, v=v)
+        X, mask = resolve_mask(X, mask)
+        return self._run_fit(X, groups, client, want_W=True, mask=mask, W=W, H=H, v=v)
 
     _custom_factors = ("W", "H", "v")
 
@@ -138,7 +160,15 @@ class StratifiedNMF(FactorEstimator):
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
     def _prepare(self, fit):
+        """The method, and the mask (``fit.inputs["mask"]``) cut per block: ``inputs["mask_blocks"]`` (None
+        without a mask) and its digest ``inputs["mask_digest"]``."""
         fit.method = StratifiedMU(fit.rank, int(self.v_updates), float(self.eps), self.tol)
+        blocks, digest = block_masks(fit.data, fit.inputs.get("mask"))
+        fit.inputs.update(mask_blocks=blocks, mask_digest=digest)
+        self._masked_fit = blocks is not None  # for _outputs, which sees the executor only
+
+    def _local_states_hold_inputs(self) -> bool:
+        return self._masked_fit  # the block's mask beside W_b
 
     def _local_factors(self, fit):
         return fit.rank, np.float64  # computed in float64 whatever X's dtype
@@ -148,32 +178,35 @@ class StratifiedNMF(FactorEstimator):
         method = fit.method
         config = {"estimator": "StratifiedNMF", "method": method.__dict__, "init": self.init,
                   "random_state": self.random_state, "data": data_fingerprint(fit.data)}
+        if fit.inputs["mask_digest"] is not None:  # (unmasked fits keep their configuration, and checkpoints)
+            config["mask"] = fit.inputs["mask_digest"]
         yield Phase(method, self._start(method, fit), self.max_iter, config)
 
     def _start(self, method, fit):
-        data, executor = fit.data, fit.executor
+        data, executor, masks = fit.data, fit.executor, fit.inputs["mask_blocks"]
         if self.init == "random":
-            return lambda: initialise(method, data, executor, self.random_state)
+            return lambda: initialise(method, data, executor, self.random_state, masks)
         W, H, v = fit.inputs["W"], fit.inputs["H"], fit.inputs["v"]
         if W is None or H is None or v is None:
             raise ValueError("init='custom' needs W, H and v")
         n, r = data.shape[1], method.n_components
         H = check_factor(H, (r, n), "H", np.float64)
         v = check_factor(v, (data.n_groups, n), "v", np.float64)
-        return self._custom_start(data, executor, W, r, np.float64, method.with_derived(H, v))
+        return self._custom_start(data, executor, W, r, np.float64, method.with_derived(H, v), masks)
 
     def _set_results(self, fit, method, state):
         data = fit.data
         G = method.final_global(state.global_state, state.stats)
         F = np.asarray(state.objectives)
+        sq_norms = method.observed_sq_norms(state.stats, data)
         self.components_ = G["H"]
         self.strata_features_ = G["v"]
         self.strata_names_ = data.group_names
-        self.loss_history_ = np.column_stack([np.sqrt(F), np.sqrt(F / data.group_sq_norms.sum())])
+        self.loss_history_ = np.column_stack([np.sqrt(F), np.sqrt(F / sq_norms.sum())])
         self.group_names_ = data.group_names
         self.group_loss_history_ = np.vstack(state.group_objectives)
         self.group_losses_ = self.group_loss_history_[-1]
-        self.group_errors_ = relative_error(self.group_losses_, data.group_sq_norms)
+        self.group_errors_ = relative_error(self.group_losses_, sq_norms)
         self.objective_history_ = F
         self.group_metrics_ = group_metric_frame(self.group_names_, {"relative_error": self.group_errors_,
                                                                      "objective": self.group_losses_})

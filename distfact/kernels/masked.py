@@ -242,6 +242,36 @@ def sq_errors(G, stats) -> np.ndarray:
                          + np.vdot(s["WtMWH_adj"], H), 0.0) for s in stats])
 
 
+# --------------------------------------------------------- a shifted reconstruction (Stratified-NMF)
+def weights_times(terms: BlockTerms) -> np.ndarray:
+    """W^T M (r x n): W^T P for the observed form, (W^T 1) 1^T - W^T P for the complement form."""
+    WtP = sparse_wt_times_block(terms.W, on_pattern(terms.P, terms.p))
+    return WtP if terms.observed else terms.W.sum(axis=0)[:, None] - WtP
+
+
+def column_sums(terms: BlockTerms) -> tuple[np.ndarray, np.ndarray]:
+    """((M o X)^T 1, M^T 1), float64 n-vectors: the block's weighted column sums of X and its weights' column
+    sums (over P for the observed form; the block's less P's for the complement form)."""
+    n = terms.P.shape[1]
+    p = terms.p.astype(np.float64)
+    on_p_x = np.bincount(terms.P.indices, weights=p * terms.x.astype(np.float64), minlength=n)
+    on_p = np.bincount(terms.P.indices, weights=p, minlength=n)
+    if terms.observed:
+        return on_p_x, on_p
+    return np.asarray(terms.X.sum(axis=0, dtype=np.float64)).ravel() - on_p_x, terms.P.shape[0] - on_p
+
+
+def shifted_w_update(terms: BlockTerms, HHt, v, Hv, eps: float):
+    """Weighted MU for W with a shift v (Stratified-NMF's line 7 over the observed entries):
+    W <- W * ((M o X) H^T) / ((M o (W H + 1 v^T)) H^T + eps), the denominator floored at the dtype's machine
+    epsilon as the unmasked kernel's is; (M o (WH + 1 v^T)) H^T is P_rec H^T (P's pattern holding
+    p ((WH)_ij + v_j)), or W (H H^T) + 1 (H v)^T - P_rec H^T for the complement form (``Hv`` = H v)."""
+    W, H = terms.W, terms.H
+    masked = terms.weighted(terms.wh + v[terms.P.indices]) @ H.T
+    den = masked if terms.observed else W @ HHt + Hv[None, :] - masked
+    return W * frobenius_numerator(terms) / np.maximum(den + eps, floor_eps(W.dtype))
+
+
 # --------------------------------------------------------------------- weighted HALS
 @numba.njit(nogil=True, cache=True)
 def _add_outer(G, c, v):

@@ -29,6 +29,25 @@ AM scheme (Algorithm 2), :class:`FairerAM`:
     line 7   W_l = argmin_{W >= 0} ||X_l - W H||: exact NNLS per row, local (``kernels/nnls.py``).
 Stopping rule (eq. 10): max_l | e_l^(k) - e_l^(k-1) | / e_l^(k) < tol, e_l = ||X_l - W_l H||_F, with e_l^(k)
 in the denominator floored at 1% of ||X_l|| (:func:`relative_change_below`).
+
+With a mask (weights M >= 0 of X's shape, 0 = missing; ``fit(X, groups, mask=...)``), every error, norm and
+update is over the observed entries: for a 0/1 mask e_l = ||M_l o (X_l - W_l H)||_F and ||X_l|| becomes
+||M_l o X_l||_F (for weights, e_l^2 = sum m (x - wh)^2 and ||X_l||^2 = sum m x^2, as masked NMF's loss), so
+
+    Definition 4.1   (||M_l o (X_l - W_l H)||_F - E_l) / ||M_l o X_l||_F,  relative errors e_l / ||M_l o X_l||
+    Algorithm 1      E_l = mean_t ||M_l o (X_l - W_l^(t) H_l^(t))||_F, each run weighted MU (masked NMF's updates):
+                     H <- H * (W^T (M o X)) / (W^T (M o W H)),  W <- W * ((M o X) H^T) / ((M o W H) H^T)
+    Algorithm 3
+      line 7   l* = argmax_l (||M_l o (X_l - W_l H)|| - E_l) / ||M_l o X_l||
+      line 10  H <- H * (sum_l w_l W_l^T (M_l o X_l)) / (sum_l w_l W_l^T (M_l o W_l H)),  w_l = (c_l / ||M_l o X_l||)^2
+      line 11  W_l <- W_l * ((M_l o X_l) H^T) / ((M_l o W_l H) H^T)                           (local, per block)
+
+with W^T (M o W H) = (W^T W) H + WtMWH_adj and e_l^2 = sum m x^2 - 2 <W^T (M o X), H> + <W^T W, H H^T> +
+<WtMWH_adj, H> from the pass's statistics (``kernels/masked.py``; denominators floored at machine epsilon as
+unmasked). The constants sum m x^2 and sum of X over the observed entries (for the random starts' scales) come
+from one read of X before the fit (``estimators/masks.py: observed_group_sums``). The AM scheme takes no mask: its
+H step's SOCP is written on W_l^T W_l, and with a mask every column of H has its own Gram W_l^T diag(m_j) W_l
+(n cones per group) and every row of W its own H diag(m_i) H^T.
 """
 
 from __future__ import annotations
@@ -38,6 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import masked as km
 from ..kernels import nmf as k
 from ..kernels.nnls import nnls_gram
 from ..kernels.products import block_times_ht
@@ -45,10 +65,59 @@ from ..kernels.products import block_times_ht
 C_UPDATES = ("decaying", "fixed", "largest")
 
 
-def group_errors(sq_norms, WtX, WtW, H, HHt) -> np.ndarray:
-    """||X_l - W_l H||_F from statistics (clipped at 0 against round-off)."""
+def group_errors(sq_norms, WtX, WtW, H, HHt, WtMWH_adj=None) -> np.ndarray:
+    """||X_l - W_l H||_F from statistics (clipped at 0 against round-off); with ``WtMWH_adj`` (a masked fit's),
+    sqrt(sum m (x - wh)^2) over the observed entries."""
     sq = sq_norms - 2.0 * np.vdot(WtX, H) + np.vdot(WtW, HHt)
+    if WtMWH_adj is not None:
+        sq += np.vdot(WtMWH_adj, H)
     return np.sqrt(max(float(sq), 0.0))
+
+
+def masked_mu_step(X_b, W, H, HHt, form, P, update: bool, base=None, X_sums=None):
+    """The :class:`~distfact.kernels.masked.BlockTerms` of a masked block at W_b after one weighted MU step
+    (``update``; else at W_b as it is), whose statistics ``masked_stats`` gives. ``base``: terms of the same
+    block, whose X_b, values and sums are reused; ``X_sums``: X_b's sums, when known (see ``BlockTerms``)."""
+    terms = km.BlockTerms(X_b, W, H, form, P, base=base, X_sums=X_sums)
+    return km.frobenius_local(terms, HHt) if update else terms
+
+
+def masked_stats(terms) -> dict:
+    """W^T (M o X), W^T W and WtMWH_adj of a masked block (``kernels/masked.py: frobenius_stats``; the groups'
+    sum m x^2 are the fit's constants)."""
+    stats = km.frobenius_stats(terms, False)
+    del stats["Mxx"]
+    return stats
+
+
+class ObservedConstants:
+    """What both of Fairer-NMF's phases take from X over its observed entries: ``group_totals`` (sum of X per
+    group, for the random starts' scales) and ``group_sq_norms`` (||X_l||^2, sum m x^2 for a masked fit); None:
+    the data's own (no mask). Fields of the methods, left out of their checkpoint configuration (the data
+    fingerprint and the mask's digest identify them)."""
+
+    #: the parts of a masked block's local state that are its inputs (its mask, X_b's sums): the scheme's start
+    #: keeps them from Algorithm 1's local state (``engine.driver.initialise_keeping``)
+    inputs_kept = (*km.FORMS, "X_sums")
+
+    def totals(self, data) -> np.ndarray:
+        return data.group_totals if self.group_totals is None else np.asarray(self.group_totals)
+
+    def sq_norms(self, data) -> np.ndarray:
+        return data.group_sq_norms if self.group_sq_norms is None else np.asarray(self.group_sq_norms)
+
+    @staticmethod
+    def local_state(W, inputs):
+        """W, or with ``inputs`` (a masked fit: the block's mask) the local state {**inputs, "W": W}."""
+        return W if inputs is None else {**inputs, "W": W}
+
+    @staticmethod
+    def kept(local: dict, W, terms) -> dict:
+        """A masked block's new local state: W, and X_b's sums (a constant, once computed) for the complement form."""
+        local = {**local, "W": W}
+        if km.mask_of(local)[0] == km.COMPLEMENT:
+            local["X_sums"] = terms.X_sums
+        return local
 
 
 class LastErrors:
@@ -95,7 +164,7 @@ def relative_change_below(previous, current, tol: float, floor: float = ERROR_FL
 
 
 @dataclass(frozen=True)
-class GroupErrorEstimate:
+class GroupErrorEstimate(ObservedConstants):
     """Algorithm 1 for every group at once: local factor of a block = its T rows-by-r W's.
 
     Stopping, per run: the reference code's NMF stops a run when its error e changes in an iteration by less
@@ -116,6 +185,8 @@ class GroupErrorEstimate:
     tol: float  # the estimator's estimate_tol: its default lives there only
     dtype: str = "float64"
     floor: float = ERROR_FLOOR
+    group_totals: tuple | None = None
+    group_sq_norms: tuple | None = None
 
     def initial_global(self, data, rng):
         L, T, r, n = data.n_groups, self.n_estimates, self.n_components, data.shape[1]
@@ -129,19 +200,36 @@ class GroupErrorEstimate:
 
     def group_scales(self, data) -> np.ndarray:
         """sqrt(mean(X_l) / r) per group: scikit-learn's random-init scale, group by group."""
-        return np.sqrt(data.group_totals / (data.group_sizes * data.shape[1]) / self.n_components)
+        return np.sqrt(self.totals(data) / (data.group_sizes * data.shape[1]) / self.n_components)
 
-    def initial_local(self, block, G, rows):
+    def initial_local(self, block, G, rows, inputs=None):
         W = np.stack([np.abs(rows.standard_normal(self.n_components, stream=t)) for t in range(self.n_estimates)])
-        return (W * G["scale"][block.group]).astype(self.dtype)
+        return self.local_state((W * G["scale"][block.group]).astype(self.dtype), inputs)
 
     def block_stats(self, X_b, W_b, block, G):
+        if isinstance(W_b, dict):
+            return self._masked_runs(X_b, W_b, block, G, update=False)[1]
         pairs = [k.frobenius_stats(X_b, W) for W in W_b]
         return {"WtX": np.stack([p[0] for p in pairs]), "WtW": np.stack([p[1] for p in pairs])}
+
+    def _masked_runs(self, X_b, local, block, G, update: bool):
+        """Every run's weighted MU step over the block's observed entries (``update``; a stopped run, or pass 0,
+        keeps its W) and the runs' statistics, stacked: (local state, statistics)."""
+        g, (form, P) = block.group, km.mask_of(local)
+        base, steps = None, []
+        for t in range(self.n_estimates):
+            terms = masked_mu_step(X_b, local["W"][t], G["H"][g, t], G["HHt"][g, t], form, P,
+                                   update and not G["done"][g, t], base, local.get("X_sums"))
+            base = terms
+            steps.append((terms.W, masked_stats(terms)))
+        W_new = np.stack([W for W, _ in steps])
+        return self.kept(local, W_new, base), {name: np.stack([s[name] for _, s in steps]) for name in steps[0][1]}
 
     def local_step(self, X_b, W_b, block, G):
         """One MU step of every run of the block's group that has not stopped; a stopped run keeps its W
         (its statistics are recomputed from it)."""
+        if isinstance(W_b, dict):
+            return self._masked_runs(X_b, W_b, block, G, update=True)
         g = block.group
         steps = [(W_b[t], *k.frobenius_stats(X_b, W_b[t])) if G["done"][g, t] else
                  k.frobenius_local(X_b, W_b[t], G["H"][g, t], G["HHt"][g, t], "mu") for t in range(self.n_estimates)]
@@ -151,23 +239,32 @@ class GroupErrorEstimate:
     def global_step(self, G, stats, data):
         relative = self.relative_errors(G, stats, data)
         done = G["done"] | relative_change_below(G["r"], relative, self.tol, self.floor)
-        H = np.stack([np.stack([G["H"][g, t] if done[g, t] else k.mu_h_update(G["H"][g, t], s["WtX"][t], s["WtW"][t])
+        H = np.stack([np.stack([G["H"][g, t] if done[g, t] else self._h_update(G["H"][g, t], s, t)
                                 for t in range(self.n_estimates)]) for g, s in enumerate(stats)])
         return {"H": H, "HHt": H @ np.swapaxes(H, -1, -2), "scale": G["scale"], "r": relative, "done": done}
 
+    @staticmethod
+    def _h_update(H, s, t):
+        """Run t's H step (weighted MU with a masked fit's statistics)."""
+        if "WtMWH_adj" in s:
+            return km.mu_h_update(H, s["WtX"][t], s["WtW"][t], s["WtMWH_adj"][t])
+        return k.mu_h_update(H, s["WtX"][t], s["WtW"][t])
+
     def errors(self, G, stats, data) -> np.ndarray:
-        """||X_l - W_l^(t) H_l^(t)||_F, shape (L, T) (the same array for the same ``G`` and ``stats``)."""
+        """||X_l - W_l^(t) H_l^(t)||_F, shape (L, T) (the same array for the same ``G`` and ``stats``); masked:
+        over the observed entries."""
         return LAST_ERRORS.get(self, G, stats, lambda: np.array([
-            [group_errors(sq, s["WtX"][t], s["WtW"][t], G["H"][g, t], G["HHt"][g, t]) for t in range(self.n_estimates)]
-            for g, (s, sq) in enumerate(zip(stats, data.group_sq_norms))]))
+            [group_errors(sq, s["WtX"][t], s["WtW"][t], G["H"][g, t], G["HHt"][g, t],
+                          s["WtMWH_adj"][t] if "WtMWH_adj" in s else None) for t in range(self.n_estimates)]
+            for g, (s, sq) in enumerate(zip(stats, self.sq_norms(data)))]))
 
     def relative_errors(self, G, stats, data) -> np.ndarray:
-        return self.errors(G, stats, data) / np.sqrt(data.group_sq_norms)[:, None]
+        return self.errors(G, stats, data) / np.sqrt(self.sq_norms(data))[:, None]
 
     def objective(self, G, stats, data):
         """Total: half the squared errors of every (group, run); per group: the runs' relative errors."""
         errors = self.errors(G, stats, data)
-        return float((0.5 * errors ** 2).sum()), (errors / np.sqrt(data.group_sq_norms)[:, None]).ravel()
+        return float((0.5 * errors ** 2).sum()), (errors / np.sqrt(self.sq_norms(data))[:, None]).ravel()
 
     def runs_stopped(self, G, stats, data) -> np.ndarray:
         """Per (group, run), shape (L, T): whether the run has met its rule by the iteration of ``stats``."""
@@ -187,7 +284,7 @@ class GroupErrorEstimate:
 
 
 @dataclass(frozen=True)
-class _FairerScheme:
+class _FairerScheme(ObservedConstants):
     """What both schemes share: statistics, errors, losses (Def. 4.1), objective (eq. 7), eq. (10)."""
 
     n_components: int
@@ -195,36 +292,42 @@ class _FairerScheme:
     tol: float  # the estimator's: its default lives there only
     dtype: str = "float64"
     floor: float = ERROR_FLOOR
+    group_totals: tuple | None = None
+    group_sq_norms: tuple | None = None
 
     def initial_global(self, data, rng):
-        scale = float(np.sqrt(data.group_totals.sum() / np.prod(data.shape) / self.n_components))
+        scale = float(np.sqrt(self.totals(data).sum() / np.prod(data.shape) / self.n_components))
         H = (scale * np.abs(rng.standard_normal((self.n_components, data.shape[1])))).astype(self.dtype)
         return {"H": H, "HHt": H @ H.T, "scale": scale, "c": np.zeros(data.n_groups)}
 
-    def initial_local(self, block, G, rows):
-        return (G["scale"] * np.abs(rows.standard_normal(self.n_components))).astype(self.dtype)
+    def initial_local(self, block, G, rows, inputs=None):
+        return self.local_state((G["scale"] * np.abs(rows.standard_normal(self.n_components))).astype(self.dtype),
+                                inputs)
 
     def block_stats(self, X_b, W_b, block, G):
+        if isinstance(W_b, dict):
+            return masked_stats(masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), False))
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         return {"WtX": WtX, "WtW": WtW}
 
     def errors(self, G, stats, data) -> np.ndarray:
-        """||X_l - W_l H||_F per group (the same array for the same ``G`` and ``stats``)."""
-        return LAST_ERRORS.get(self, G, stats, lambda: np.array([group_errors(sq, s["WtX"], s["WtW"], G["H"], G["HHt"])
-                                                           for s, sq in zip(stats, data.group_sq_norms)]))
+        """||X_l - W_l H||_F per group (the same array for the same ``G`` and ``stats``); masked: over the observed
+        entries."""
+        return LAST_ERRORS.get(self, G, stats, lambda: np.array([group_errors(
+            sq, s["WtX"], s["WtW"], G["H"], G["HHt"], s.get("WtMWH_adj")) for s, sq in zip(stats, self.sq_norms(data))]))
 
     def losses(self, G, stats, data) -> np.ndarray:
         """Relative reconstruction loss per group (Definition 4.1)."""
-        return (self.errors(G, stats, data) - np.asarray(self.E)) / np.sqrt(data.group_sq_norms)
+        return (self.errors(G, stats, data) - np.asarray(self.E)) / np.sqrt(self.sq_norms(data))
 
     def relative_losses(self, relative_errors, data) -> np.ndarray:
         """Definition 4.1 from the relative errors e_l / ||X_l|| (the per-group objective vectors, groups on the
         last axis): (e_l - E_l) / ||X_l||."""
-        return relative_errors - np.asarray(self.E) / np.sqrt(data.group_sq_norms)
+        return relative_errors - np.asarray(self.E) / np.sqrt(self.sq_norms(data))
 
     def objective(self, G, stats, data):
         """f = max_l relative loss (eq. 7); the per-group vector is the relative errors e_l / ||X_l|| (for eq. 10)."""
-        norms = np.sqrt(data.group_sq_norms)
+        norms = np.sqrt(self.sq_norms(data))
         errors = self.errors(G, stats, data)
         return float(((errors - np.asarray(self.E)) / norms).max()), errors / norms
 
@@ -248,7 +351,11 @@ class FairerMU(_FairerScheme):
             raise ValueError(f"c_step must be in (0, 1], got {self.c_step!r}")
 
     def local_step(self, X_b, W_b, block, G):
-        """Line 11: plain MU for W_l given H^(k); statistics of the new W_l."""
+        """Line 11: plain MU for W_l given H^(k) (masked: weighted MU over the block's observed entries);
+        statistics of the new W_l."""
+        if isinstance(W_b, dict):
+            terms = masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), True, X_sums=W_b.get("X_sums"))
+            return self.kept(W_b, terms.W, terms), masked_stats(terms)
         W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], "mu")
         return W_new, {"WtX": WtX, "WtW": WtW}
 
@@ -265,10 +372,13 @@ class FairerMU(_FairerScheme):
     def global_step(self, G, stats, data):
         """Lines 7-10 from the statistics of W^(k-1), H^(k-1)."""
         c = self.next_c(G["c"], int(np.argmax(self.losses(G, stats, data))))
-        weights = (c ** 2 / data.group_sq_norms).astype(self.dtype)
+        weights = (c ** 2 / self.sq_norms(data)).astype(self.dtype)
         WtX = sum(w * s["WtX"] for w, s in zip(weights, stats))
         WtW = sum(w * s["WtW"] for w, s in zip(weights, stats))
-        H = k.mu_h_update(G["H"], WtX, WtW)
+        if "WtMWH_adj" in stats[0]:
+            H = km.mu_h_update(G["H"], WtX, WtW, sum(w * s["WtMWH_adj"] for w, s in zip(weights, stats)))
+        else:
+            H = k.mu_h_update(G["H"], WtX, WtW)
         return {"H": H, "HHt": H @ H.T, "scale": G["scale"], "c": c}
 
 

@@ -27,6 +27,30 @@ The objective from statistics (never forming the residual):
 Section IV: loss = sqrt(F), normalised loss = sqrt(F / sum_i ||A(i)||^2); start H, W(i) ~ U[0, 1/sqrt(r)],
 v(i) ~ U[0, 1]. Stopping rule: ``tol`` None runs ``max_iter`` iterations (the paper's practice); otherwise
 stop when F fell by less than ``tol`` relative to the previous iteration.
+
+With a mask (weights M(i) >= 0 of A(i)'s shape, 0 = missing; ``fit(X, groups, mask=...)``) the objective is over
+the observed entries, F = sum_i sum_jk m_jk (a_jk - v(i)_k - (W(i) H)_jk)^2 (||M(i) o (A(i) - 1 v(i)^T - W(i) H)||^2
+for a 0/1 mask), and every product with A(i) or with the reconstruction R(i) = 1 v(i)^T + W(i) H is taken over the
+observed entries (M(i) enters where the all-ones matrix was; the same eps, the W denominator floored as unmasked):
+
+    line 5   v(i) <- v(i) * (M(i) o A(i))^T 1 / ((M(i)^T 1) o v(i) + (M(i) o W(i) H)^T 1 + eps),
+             (M o W H)^T 1 = column sums of H o (W^T M), so m_i v(i) becomes (M^T 1) o v(i)
+    line 7   W(i) <- W(i) * (M(i) o A(i)) H^T / ((M(i) o (W(i) H + 1 v(i)^T)) H^T + eps)          local
+    line 8   H <- H * sum_i W(i)^T (M(i) o A(i)) / (sum_i W(i)^T (M(i) o (W(i) H + 1 v(i)^T)) + eps),
+             W^T (M o (W H + 1 v^T)) = (W^T W) H + WtMWH_adj + (W^T M) diag(v)
+
+Statistics per stratum from one pass: W^T (M o A), W^T W and WtMWH_adj (``kernels/masked.py:
+frobenius_stats``, W^T (M o WH) = W^T W H + WtMWH_adj at the pass's H), W^T M, sum m a^2 and the column Grams
+W^T diag(m_k) W = W^T W + WtMW_cols[k] (``column_grams``); in pass 0 also the constants (M o A)^T 1 and M^T 1.
+The objective after line 8 (a new H, which the pass did not see) from them:
+
+    F(i) = sum m a^2 + (M^T 1) . v^2 + <W^T W, H H^T> + sum_k h_k^T WtMW_cols[k] h_k - 2 v . (M o A)^T 1
+           - 2 <W^T (M o A), H> + 2 <W^T M, H diag(v)>
+
+The column Grams cost O(stored entries of the mask's form x r^2) per pass and an n x r x r statistic per stratum
+(as weighted HALS's), the price of evaluating the quadratic term at the new H without another pass. A block's
+mask travels with its W(i) in its local state ({"W": W_b, form: P_b}, ``kernels/masked.py``); the per-stratum
+``relative_error`` of a masked fit is sqrt(F(i) / sum m a^2).
 """
 
 from __future__ import annotations
@@ -35,6 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import masked as km
 from ..kernels import nmf as k
 from .stopping import relative_decrease_below
 
@@ -51,86 +76,149 @@ class StratifiedMU:
         r, n = self.n_components, data.shape[1]
         return self.with_derived(rng.random((r, n)) / np.sqrt(r), rng.random((data.n_groups, n)))
 
-    def initial_local(self, block, G, rows):
-        return rows.uniform(self.n_components) / np.sqrt(self.n_components)
+    def initial_local(self, block, G, rows, inputs=None):
+        """W_b from the block's random rows; with ``inputs`` (a masked fit: the block's mask), the local state
+        {**inputs, "W": W_b}."""
+        W = rows.uniform(self.n_components) / np.sqrt(self.n_components)
+        return W if inputs is None else {**inputs, "W": W}
 
-    def with_derived(self, H, v, colsum=None, w_moved=False):
+    def with_derived(self, H, v, colsum=None, w_moved=False, Mt1=None):
         """Global state: H and v plus what the blocks need from them. ``w_moved``: W has been
-        updated since H was (line 8 is due at the next global step)."""
+        updated since H was (line 8 is due at the next global step). ``colsum`` (and, masked, ``Mt1``):
+        the constants of pass 0."""
         state = {"H": H, "HHt": H @ H.T, "v": v, "Hv": v @ H.T, "w_moved": w_moved}
         if colsum is not None:
             state["colsum"] = colsum
+        if Mt1 is not None:
+            state["Mt1"] = Mt1
         return state
 
     @staticmethod
     def block_state(G):
-        """What line 7 needs (v and A^T 1, s x n each, stay on the driver)."""
-        return {"H": G["H"], "HHt": G["HHt"], "Hv": G["Hv"]}
+        """What line 7 needs (v and A^T 1, s x n each, stay on the driver; a masked fit's line 7 needs v)."""
+        state = {"H": G["H"], "HHt": G["HHt"], "Hv": G["Hv"]}
+        if "Mt1" in G:
+            state["v"] = G["v"]
+        return state
 
     # -- pass ------------------------------------------------------------------------
     def block_stats(self, A_b, W_b, block, G):
-        """Pass 0: the statistics of the initial W, and the constant A(i)^T 1."""
+        """Pass 0: the statistics of the initial W, and the constant A(i)^T 1 (masked: (M o A)^T 1 and M^T 1)."""
+        if isinstance(W_b, dict):
+            terms = km.BlockTerms(A_b, W_b["W"], G["H"], *km.mask_of(W_b))
+            colsum, Mt1 = km.column_sums(terms)
+            return {**self._masked_stats(terms), "colsum": colsum, "Mt1": Mt1}
         WtA, WtW = k.frobenius_stats(A_b, W_b)
         colsum = np.asarray(A_b.sum(axis=0, dtype=np.float64)).ravel()
         return {"WtA": WtA, "WtW": WtW, "Wt1": W_b.sum(axis=0, dtype=np.float64), "colsum": colsum}
 
     def local_step(self, A_b, W_b, block, G):
         """Line 7 for the block's rows (its stratum's v), then the statistics of the new W."""
+        if isinstance(W_b, dict):
+            return self._masked_local_step(A_b, W_b, block, G)
         shift = G["Hv"][block.group] + self.eps
         W_new, WtA, WtW = k.frobenius_local(A_b, W_b, G["H"], G["HHt"], "mu", shift=shift)
         return W_new, {"WtA": WtA, "WtW": WtW, "Wt1": W_new.sum(axis=0, dtype=np.float64)}
+
+    def _masked_local_step(self, A_b, local, block, G):
+        """Line 7 over the block's observed entries (weighted MU with its stratum's shift), then the statistics of
+        the new W."""
+        form, P = km.mask_of(local)
+        g = block.group
+        terms = km.BlockTerms(A_b, local["W"], G["H"], form, P, X_sums=local.get("X_sums"))
+        W_new = km.shifted_w_update(terms, G["HHt"], G["v"][g], G["Hv"][g], self.eps)
+        terms = km.BlockTerms(A_b, W_new, G["H"], form, P, terms)
+        local = {**local, "W": W_new}
+        stats = self._masked_stats(terms)
+        if form == km.COMPLEMENT:  # A_b's sums, a constant, computed in its first step: kept with the block
+            local["X_sums"] = terms.X_sums
+        return local, stats
+
+    @staticmethod
+    def _masked_stats(terms):
+        """A masked block's statistics at (W_b, H): ``WtA`` = W^T (M o A), ``WtW``, ``WtMWH_adj``, ``Mxx`` =
+        sum m a^2, ``WtM`` = W^T M and ``WtMW_cols`` (see the module's docstring)."""
+        stats = km.frobenius_stats(terms, False)
+        stats["WtA"] = stats.pop("WtX")
+        stats["WtM"] = km.weights_times(terms)
+        stats["WtMW_cols"] = km.column_grams(terms)
+        return stats
 
     # -- global ---------------------------------------------------------------------
     def h_update(self, G, stats):
         """Line 8 from the statistics of the current W and the current v."""
         H, v = G["H"], G["v"]
         numerator = sum(s["WtA"] for s in stats)
-        # sum_i W(i)^T W(i) H + (W(i)^T 1) v(i)^T as two products over all strata (not 2 s products of r x n)
-        denominator = sum(s["WtW"] for s in stats) @ H + np.stack([s["Wt1"] for s in stats], axis=1) @ v
+        if "WtM" in stats[0]:  # masked: sum_i (W^T W) H + WtMWH_adj + (W^T M) diag(v(i))
+            denominator = sum(s["WtW"] for s in stats) @ H + sum(s["WtMWH_adj"] for s in stats) \
+                + sum(s["WtM"] * v[i] for i, s in enumerate(stats))
+        else:
+            # sum_i W(i)^T W(i) H + (W(i)^T 1) v(i)^T as two products over all strata (not 2 s products of r x n)
+            denominator = sum(s["WtW"] for s in stats) @ H + np.stack([s["Wt1"] for s in stats], axis=1) @ v
         denominator += self.eps
         numerator *= H
         numerator /= denominator
         return numerator
 
     def v_update(self, v, H, stats, colsum, sizes):
-        """Line 5, ``v_updates`` times (H^T W(i)^T 1 does not change between them)."""
-        HtWt1 = np.stack([s["Wt1"] for s in stats]) @ H
+        """Line 5, ``v_updates`` times (H^T W(i)^T 1 does not change between them). Masked: ``sizes`` is M(i)^T 1
+        (s x n) and H^T W(i)^T 1 becomes the column sums of H o W(i)^T M(i)."""
+        if "WtM" in stats[0]:
+            HtWt1 = np.stack([(H * s["WtM"]).sum(axis=0) for s in stats])
+        else:
+            HtWt1 = np.stack([s["Wt1"] for s in stats]) @ H
+            sizes = sizes[:, None]
         for _ in range(self.v_updates):
-            v = v * colsum / (sizes[:, None] * v + HtWt1 + self.eps)
+            v = v * colsum / (sizes * v + HtWt1 + self.eps)
         return v
 
     def global_step(self, G, stats, data):
-        colsum = self.stratum_colsums(G, stats)
+        colsum, Mt1 = self.stratum_colsums(G, stats)
         H = self.h_update(G, stats) if G["w_moved"] else G["H"]
-        v = self.v_update(G["v"], H, stats, colsum, data.group_sizes.astype(np.float64))
-        return self.with_derived(H, v, colsum, w_moved=True)
+        v = self.v_update(G["v"], H, stats, colsum, data.group_sizes.astype(np.float64) if Mt1 is None else Mt1)
+        return self.with_derived(H, v, colsum, w_moved=True, Mt1=Mt1)
 
     def final_global(self, G, stats):
         """The state after the last iteration's line 8. (The objective evaluates it too, and the next
         global step again: O(s r n) on the driver, against O(nnz r) for the pass.)"""
         if not G["w_moved"]:
             return G
-        return self.with_derived(self.h_update(G, stats), G["v"], G.get("colsum"), w_moved=False)
+        return self.with_derived(self.h_update(G, stats), G["v"], G.get("colsum"), w_moved=False, Mt1=G.get("Mt1"))
 
     @staticmethod
-    def stratum_colsums(G, stats) -> np.ndarray:
-        """A(i)^T 1 per stratum (s x n): from pass 0's statistics, then kept in the global state."""
+    def stratum_colsums(G, stats) -> tuple[np.ndarray, np.ndarray | None]:
+        """(A(i)^T 1 per stratum (s x n), None); masked: ((M(i) o A(i))^T 1, M(i)^T 1). From pass 0's
+        statistics, then kept in the global state."""
         if "colsum" in G:
-            return G["colsum"]
-        return np.stack([s["colsum"] for s in stats])
+            return G["colsum"], G.get("Mt1")
+        return np.stack([s["colsum"] for s in stats]), (np.stack([s["Mt1"] for s in stats]) if "Mt1" in stats[0]
+                                                        else None)
 
     # -- objective and stopping ---------------------------------------------------------
     def stratum_sq_errors(self, G, stats, data) -> np.ndarray:
         """||A(i) - 1 v(i)^T - W(i) H||_F^2 per stratum, after line 8 (eq. 2's terms; clipped at 0)."""
         G = self.final_global(G, stats)
         H, v = G["H"].astype(np.float64), G["v"].astype(np.float64)
-        HHt, colsum = H @ H.T, self.stratum_colsums(G, stats)
+        (colsum, Mt1), HHt = self.stratum_colsums(G, stats), H @ H.T
+        if Mt1 is not None:
+            return np.maximum(np.array([
+                float(s["Mxx"]) + Mt1[i] @ (v[i] * v[i]) + np.vdot(s["WtW"], HHt)
+                + np.einsum("kj,jkl,lj->", H, s["WtMW_cols"], H) - 2.0 * (v[i] @ colsum[i])
+                - 2.0 * np.vdot(s["WtA"], H) + 2.0 * np.vdot(s["WtM"], H * v[i]) for i, s in enumerate(stats)]), 0.0)
         sizes = data.group_sizes.astype(np.float64)
         errs = np.array([
             data.group_sq_norms[i] + sizes[i] * (v[i] @ v[i]) + np.vdot(s["WtW"], HHt)
             - 2.0 * (v[i] @ colsum[i]) - 2.0 * np.vdot(s["WtA"], H) + 2.0 * (s["Wt1"] @ (H @ v[i]))
             for i, s in enumerate(stats)])
         return np.maximum(errs, 0.0)
+
+    @staticmethod
+    def observed_sq_norms(stats, data) -> np.ndarray:
+        """||A(i)||_F^2 per stratum over the observed entries (sum m a^2; all of A(i) without a mask): what the
+        ``relative_error`` and the normalised loss are relative to."""
+        if "Mxx" in stats[0]:
+            return np.array([float(s["Mxx"]) for s in stats])
+        return data.group_sq_norms
 
     def objective(self, G, stats, data):
         per_stratum = self.stratum_sq_errors(G, stats, data)

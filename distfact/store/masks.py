@@ -157,6 +157,19 @@ def block_observed_total(X_b, form: str, P: sp.csr_matrix) -> float:
     """sum of X_b over the block's observed entries (X_b read as 0 at the missing ones), in float64: what a masked
     fit's random start is scaled by. Computed at ingest for a stored mask (recorded with the block's mask) and by
     ``estimators/masks.py: observed_total`` for a mask given to fit: one function, so both are the same number."""
+    return block_observed_sums(X_b, form, P)[0]
+
+
+def block_observed_sums(X_b, form: str, P: sp.csr_matrix) -> tuple[float, float]:
+    """(sum of X_b, sum m x^2) over the block's observed entries (X_b read as 0 at the missing ones), in float64:
+    the first is :func:`block_observed_total`, the second the block's squared norm over them, weighted."""
     X_b, x = observed_block(X_b, form, P)
     values = x if form == OBSERVED else (X_b.data if sp.issparse(X_b) else X_b)  # observed: P's entries only
-    return float(values.sum(dtype=np.float64))
+    x = x.astype(np.float64)
+    on_p = float(np.dot(P.data, x * x))
+    if form == OBSERVED:
+        sq = on_p
+    else:
+        flat = values.astype(np.float64, copy=False).reshape(-1)
+        sq = float(np.dot(flat, flat)) - on_p
+    return float(values.sum(dtype=np.float64)), sq
