@@ -9,7 +9,8 @@ never copy them.
 
 Small fits align tens of arrays per iteration (issue 19): an aligned array costs a look at its address, and
 the small arrays of one container (a block's statistics, a global state) that need copying share one aligned
-allocation, each of them at a 64-byte boundary in it.
+allocation, each of them at a 64-byte boundary in it. The engine keeps those allocations (:class:`ReusedBuffers`)
+and copies the next iteration's arrays into them once nothing refers to the earlier ones.
 """
 
 from __future__ import annotations
