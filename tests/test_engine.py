@@ -13,7 +13,7 @@ from conftest import grouped_data
 from distfact.engine import tree_reduce
 from distfact.engine.executor.distributed import DistributedExecutor, block_work, contiguous_placement
 from distfact.engine.reduce import merge, tree_reduce_arrivals
-from distfact.kernels.memory import aligned
+from distfact.kernels.memory import ReusedBuffers, aligned
 
 
 def test_tree_reduce_pairs_in_a_fixed_order():
@@ -76,6 +76,39 @@ def test_dense_blocks_are_aligned_once_where_they_are_read_or_staged(tmp_path):
             X_b = reader(block)
             assert X_b.ctypes.data % 64 == 0 and X_b.flags.c_contiguous
             assert aligned(X_b) is X_b
+
+
+def test_reused_aligned_copies_never_overwrite_an_array_still_held():
+    """``aligned(value, reused)`` copies into kept allocations (issue 19): every array it hands out holds its own
+    values at a 64-byte boundary, whoever still holds an earlier one (or a view of it), and an allocation is
+    reused once nothing refers to it."""
+    rng = np.random.default_rng(0)
+    reused = ReusedBuffers()
+    held, snapshots = [], []
+    for step in range(12):
+        # new arrays at an offset of 8 bytes: never aligned, so always copied
+        source = {"H": np.empty(5 * 7 + 1)[1:].reshape(5, 7), "c": np.empty(4)[1:], "scale": 0.5}
+        source["H"][...] = rng.random((5, 7))
+        source["c"][...] = rng.random(3)
+        out = aligned(source, reused)
+        assert out is not source and out["scale"] == 0.5
+        for name in ("H", "c"):
+            assert out[name].ctypes.data % 64 == 0 and out[name].flags.c_contiguous
+            assert np.array_equal(out[name], source[name])
+        if step % 3 == 0:  # kept whole, kept only through a view, or dropped
+            held.append(out["H"] if step % 2 else out["c"][1:])
+            snapshots.append(held[-1].copy())
+        del out
+    for array, snapshot in zip(held, snapshots):
+        assert np.array_equal(array, snapshot)
+    # with nothing held, a container of the same layout goes into an allocation already made
+    reused = ReusedBuffers()
+    addresses = set()
+    for _ in range(5):
+        out = aligned([np.empty(11)[1:]], reused)
+        addresses.add(out[0].ctypes.data)
+        del out
+    assert len(addresses) == 1
 
 
 @pytest.mark.cluster

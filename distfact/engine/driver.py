@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..kernels.memory import aligned
+from ..kernels.memory import ReusedBuffers, aligned
 from .finite import NonFiniteError, check_global, check_objective
 
 logger = logging.getLogger("distfact")
@@ -189,6 +189,7 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         state = FitState(global_state, stats, [value], [per_group])
         logger.info("pass 0: objective %.6g", value)
     columns = hasattr(method, "column_step")
+    reused = ReusedBuffers()  # the global state's aligned copies, made into the same allocations every iteration
     while state.iteration < max_iter and not state.converged:
         started = time.perf_counter()
         if time_limit is not None and started - began >= time_limit:
@@ -198,14 +199,14 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         iteration = state.iteration + 1
         try:
             # what a step leaves as it was (the same object) was checked already
-            state.global_state = aligned(method.global_step(state.global_state, state.stats, data))
+            state.global_state = aligned(method.global_step(state.global_state, state.stats, data), reused)
             check_global(state.global_state, iteration, checked=checked)
             checked = state.global_state
             state.stats = executor.run_pass(method.local_step, shipped(method, state.global_state), update=True)
             if columns:
                 pieces, column_stats = executor.run_column_pass(method.column_step,
                                                                 shipped(method, state.global_state))
-                state.global_state = aligned(method.assemble_columns(state.global_state, pieces))
+                state.global_state = aligned(method.assemble_columns(state.global_state, pieces), reused)
                 check_global(state.global_state, iteration, checked=checked)
                 checked = state.global_state
                 state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]

@@ -9,12 +9,14 @@ never copy them.
 
 Small fits align tens of arrays per iteration (issue 19): an aligned array costs a look at its address, and
 the small arrays of one container (a block's statistics, a global state) that need copying share one aligned
-allocation, each of them at a 64-byte boundary in it.
+allocation, each of them at a 64-byte boundary in it. The engine keeps those allocations (:class:`ReusedBuffers`)
+and copies the next iteration's arrays into them once nothing refers to the earlier ones.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 
 import numpy as np
@@ -51,7 +53,7 @@ def is_aligned(array: np.ndarray) -> bool:
     ref = _made.get(id(array))
     if ref is not None and ref() is array:
         return True
-    return array.flags.c_contiguous and address(array) % ALIGNMENT == 0
+    return array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0  # address(), inlined
 
 
 def empty_aligned(shape, dtype) -> np.ndarray:
@@ -80,10 +82,11 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 CONTAINERS = (dict, list, tuple)
 
 
-def aligned(value):
+def aligned(value, reused: "ReusedBuffers | None" = None):
     """``value`` with every numpy array in it (also inside dicts, lists, tuples) C-contiguous at a
     64-byte boundary: arrays already so are returned as they are, others copied; a container comes back
-    as it is when none of its items was copied, else rebuilt around the copies."""
+    as it is when none of its items was copied, else rebuilt around the copies. ``reused``: where the
+    small arrays of a container are copied to (:class:`ReusedBuffers`); default: a new allocation."""
     if isinstance(value, np.ndarray):
         return value if is_aligned(value) else aligned_copy(value)
     if not isinstance(value, CONTAINERS):
@@ -92,7 +95,7 @@ def aligned(value):
     _collect_unaligned(value, pending)
     if not pending:
         return value
-    return _with_copies(value, _copies(pending))
+    return _with_copies(value, _copies(pending, reused))
 
 
 def _collect_unaligned(container, pending: list) -> None:
@@ -104,8 +107,9 @@ def _collect_unaligned(container, pending: list) -> None:
             _collect_unaligned(item, pending)
 
 
-def _copies(arrays: list) -> dict[int, np.ndarray]:
-    """Aligned copies of ``arrays`` by id: the small ones cut from one allocation, the others each in its own."""
+def _copies(arrays: list, reused: "ReusedBuffers | None" = None) -> dict[int, np.ndarray]:
+    """Aligned copies of ``arrays`` by id: the small ones cut from one allocation (``reused``'s, when it has a free
+    one for them), the others each in its own."""
     out, shared = {}, []
     for array in arrays:
         if id(array) in out:
@@ -116,15 +120,76 @@ def _copies(arrays: list) -> dict[int, np.ndarray]:
         else:
             out[id(array)] = aligned_copy(array)
     if shared:
-        spans = [-(-array.nbytes // ALIGNMENT) * ALIGNMENT for array in shared]
-        buffer = empty_aligned(sum(spans), np.uint8)
-        start = 0
-        for array, span in zip(shared, spans):
-            copy = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+        copies = _SharedCopies(shared) if reused is None else reused.free_copies(shared)
+        for array, copy in zip(shared, copies.views):
             copy[...] = array
-            out[id(array)] = _remember(copy)
-            start += span
+            out[id(array)] = copy
     return out
+
+
+class _SharedCopies:
+    """One aligned allocation cut into arrays of the shapes and dtypes of ``arrays`` (not copied yet), each at a
+    64-byte boundary in it."""
+
+    def __init__(self, arrays: list):
+        spans = [-(-array.nbytes // ALIGNMENT) * ALIGNMENT for array in arrays]
+        self.nbytes = sum(spans)
+        buffer = empty_aligned(self.nbytes, np.uint8)
+        views, start = [], 0
+        for array, span in zip(arrays, spans):
+            views.append(_remember(buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)))
+            start += span
+        self.views = tuple(views)
+        self.owner = views[0].base  # the array that owns the memory: every view of it refers to it
+
+    def unused(self) -> bool:
+        """Whether nothing outside this object refers to its arrays or to any view of its allocation (a view of one
+        of them refers to the allocation): then writing into them changes nothing anyone can see."""
+        # references: the attribute and getrefcount's argument, plus one per array (its base); an array's:
+        # the tuple, the loop's name and getrefcount's argument
+        if sys.getrefcount(self.owner) != 2 + len(self.views):
+            return False
+        for view in self.views:
+            if sys.getrefcount(view) != 3:
+                return False
+        return True
+
+
+class ReusedBuffers:
+    """Aligned copies (as :func:`aligned` makes them) whose allocations are kept and reused (issue 19).
+
+    An owner that aligns containers of the same small arrays again and again (a fit's global state after each global
+    step, a pass's statistics and new local factors) would otherwise allocate them anew each time. The shared
+    allocation of a container's small arrays is kept, keyed by their shapes and dtypes, and a later container of the
+    same layout is copied into it once nothing refers to the arrays it holds (reference counts: an array anyone
+    still holds, or a view of it, is never overwritten; the arrays handed out are then the same objects again,
+    which nobody can tell apart from new ones, as nobody held the old): ``aligned(value, reused)``. Up to ``PER_LAYOUT`` allocations per layout
+    (the previous iteration's arrays are typically still held while the next are made), at most ``MAX_BYTES`` each,
+    ``MAX_LAYOUTS`` layouts (the oldest dropped first). One owner thread: not to be shared between threads.
+    """
+
+    PER_LAYOUT = 3
+    MAX_BYTES = 1 << 20
+    MAX_LAYOUTS = 16
+
+    def __init__(self):
+        self._kept: dict[tuple, list[_SharedCopies]] = {}
+
+    def free_copies(self, arrays: list) -> _SharedCopies:
+        """An allocation for ``arrays`` (by shape and dtype) that nothing uses, kept or new."""
+        layout = tuple([(array.shape, array.dtype) for array in arrays])
+        kept = self._kept.get(layout)
+        if kept is None:
+            kept = self._kept[layout] = []
+            if len(self._kept) > self.MAX_LAYOUTS:
+                del self._kept[next(iter(self._kept))]
+        for copies in kept:
+            if copies.unused():
+                return copies
+        copies = _SharedCopies(arrays)
+        if len(kept) < self.PER_LAYOUT and copies.nbytes <= self.MAX_BYTES:
+            kept.append(copies)
+        return copies
 
 
 def _with_copies(container, copies: dict):

@@ -9,7 +9,7 @@ import threading
 
 import scipy.sparse as sp
 
-from ...kernels.memory import aligned
+from ...kernels.memory import ReusedBuffers, aligned
 from ..reduce import by_group, merge, tree_reduce
 from .base import (Executor, checkpoint_one, init_one, map_local_one, map_one, restore_one, run_block, run_column_block,
                    stacked_rows)
@@ -55,7 +55,9 @@ class InProcessExecutor(Executor):
         # blocks held in memory, each aligned here once (they are staged aligned: no copy) so that no pass checks them
         self._resident = None if data._blocks is None else [block if sp.issparse(block) else aligned(block)
                                                              for block in data._blocks]
-        self._holds_blas = not self._serial()
+        self._in_turn = self._serial()  # asked at every pass: the answer cannot change
+        self._holds_blas = not self._in_turn
+        self._reused = ReusedBuffers()  # a pass's statistics and new local factors, copied aligned into these
         self._pool = None  # threads for the blocks of a pass, made at the first parallel pass
         if self._holds_blas:
             # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
@@ -64,21 +66,21 @@ class InProcessExecutor(Executor):
             SINGLE_THREAD_BLAS.acquire()
 
     def describe(self) -> dict:
-        mode = "loop" if self._serial() else "threads"
+        mode = "loop" if self._in_turn else "threads"
         return {"scheduler": "in-process", "mode": mode, "threads": self.n_threads}
 
     def _serial(self) -> bool:
         """Blocks run one after the other when there is nothing to overlap: one thread or
         one block, or dense blocks already in memory, whose BLAS products use every core
         (on 2 cores, one 2-thread product beats two 1-thread ones). Blocks read from disk,
-        or CSR blocks (single-threaded kernels), run in parallel threads."""
+        or CSR blocks (single-threaded kernels), run in parallel threads. (Decided once, in ``__init__``.)"""
         return (self.n_threads <= 1 or len(self.blocks) == 1
                 or (self.data.in_memory and not self.data.is_sparse))
 
     def _map(self, tasks: list, serial: bool | None = None):
         """The tasks' results in order. In parallel threads, every task ends before the first failure (in task
         order) is raised, so that none is still writing (a checkpoint, W) when the caller cleans up after it."""
-        if self._serial() if serial is None else serial:
+        if self._in_turn if serial is None else serial:
             return [task() for task in tasks]
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.n_threads, thread_name_prefix="distfact-block")
@@ -103,9 +105,9 @@ class InProcessExecutor(Executor):
         results = self._map(tasks)
         self._count_pass()
         if update:  # the new local factors aligned now, the small ones in one allocation, not each at its next use
-            self.locals = aligned([r[0] for r in results])
+            self.locals = aligned([r[0] for r in results], self._reused)
             results = [r[1] for r in results]
-        return aligned(by_group(tree_reduce(results, merge), self.data.n_groups))
+        return aligned(by_group(tree_reduce(results, merge), self.data.n_groups), self._reused)
 
     def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
         """One pass over the CSC column blocks (see the module docstring); column tasks are
