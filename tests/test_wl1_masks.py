@@ -256,3 +256,6 @@ def test_a_mask_on_unzeroed_X_is_refused():
     M = few_masked(X.shape, seed=24)
     with pytest.raises(ValueError, match="do not support WeightedL1NMF yet"):
         distfact.fit_many(distfact.WeightedL1NMF(RANK, max_iter=2), X, groups=groups, masks=[M, M])
+    with pytest.raises(ValueError, match="select_rank cannot use WeightedL1NMF: its HALS start reads X unmasked"):
+        distfact.select_rank(distfact.WeightedL1NMF(RANK, max_iter=2), X, groups=groups, ranks=[1, 2],
+                             random_state=0)

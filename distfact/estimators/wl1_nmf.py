@@ -114,6 +114,10 @@ class WeightedL1NMF(FactorEstimator):
     scheduler_ : dict
     """
 
+    #: why ``distfact.select_rank`` refuses this estimator (its folds share one X, which its start reads unmasked)
+    _select_rank_refusal = ("its HALS start reads X unmasked, so the folds' held-out entries, which share one X, "
+                            "would enter every model's start; fit(X, mask=...) alone zeroes them")
+
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "lam": [Interval(Real, 0, 1, closed="both")],
                                     "init": [StrOptions(set(INITS))], "hals_iter": [COUNT],
                                     "time_limit": [Interval(Real, 0, None, closed="neither"), None],
