@@ -22,9 +22,12 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ..metrics import relative_to
+from ..store.subset import GroupRows
 from .sweep import fit_many
 
 RULES = ("min", "one_se", "worst_group")
+#: what each (rank, fold) is fitted on: "joint", one model of all the rows; "per_group", one model per group
+FITS = ("joint", "per_group")
 
 
 def mix64(z: np.ndarray) -> np.ndarray:
@@ -128,6 +131,8 @@ class RankSelection:
     rank_ : int
         The rank chosen by ``rule``.
     rule : str
+    fit : str
+        "joint" or "per_group": what each (rank, fold) was fitted on (see :func:`select_rank`).
     choices : dict
         The rank each rule chooses.
     random_state_ : int
@@ -137,6 +142,7 @@ class RankSelection:
     table: pd.DataFrame
     rule: str
     random_state_: int
+    fit: str = "joint"
     summary: pd.DataFrame = field(init=False)
     choices: dict = field(init=False)
     rank_: int = field(init=False)
@@ -175,13 +181,18 @@ def choose_rank(summary: pd.DataFrame, rule: str) -> int:
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
 
 
-def _check(estimator, data, ranks, n_splits, holdout, rule) -> list[int]:
+def _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs) -> list[int]:
     kind = type(estimator)
     if "mask" not in inspect.signature(kind.fit).parameters:
         raise ValueError(f"{kind.__name__} takes no mask (its fit has no mask argument); select_rank holds entries "
                          "out with a mask, so it needs an estimator whose fit takes one")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if fit not in FITS:
+        raise ValueError(f"fit must be one of {FITS}, got {fit!r}")
+    if fit == "per_group" and any(value is not None for value in fit_inputs.values()):
+        raise ValueError(f"fit='per_group' takes no other fit arguments (got {sorted(fit_inputs)}): they are given "
+                         "for all of X's rows and the group's models see only theirs")
     if not isinstance(n_splits, numbers.Integral) or isinstance(n_splits, bool) or n_splits < 2:
         raise ValueError(f"n_splits must be an integer >= 2 (the standard error is over folds), got {n_splits!r}")
     if not isinstance(holdout, numbers.Real) or not 0 < holdout < 1:
@@ -190,10 +201,11 @@ def _check(estimator, data, ranks, n_splits, holdout, rule) -> list[int]:
         raise ValueError(f"the folds hold out disjoint entries: n_splits * holdout must be <= 1, got {n_splits} * "
                          f"{holdout}")
     ranks = list(ranks)
-    largest = min(data.shape)
+    largest, bound = (min(data.shape), "min(n_samples, n_features)") if fit == "joint" else \
+        (min(int(data.group_sizes.min()), data.shape[1]), "min(smallest group's rows, n_features)")
     bad = [r for r in ranks if not isinstance(r, numbers.Integral) or isinstance(r, bool) or not 1 <= r <= largest]
     if not ranks or bad:
-        raise ValueError(f"ranks must be integers in [1, min(n_samples, n_features)] = [1, {largest}], got "
+        raise ValueError(f"ranks must be integers in [1, {bound}] = [1, {largest}], got "
                          f"{bad[0] if bad else 'none'!r}")
     return sorted({int(r) for r in ranks})
 
@@ -259,17 +271,18 @@ def fold_masks(data, base, seed: int, holdout: float, n_splits: int) -> list:
     return masks
 
 
-def score(data, models: list, Ws: list, base, seed: int, holdout: float, n_splits: int, folds: list[int]):
+def score(data, Ws: list, Hs: list, base, seed: int, holdout: float, n_splits: int, folds: list[int]):
     """Per model and group: (held-out squared error, held-out squared norm, observed squared error, observed
-    squared norm), from each model's W (X's row order) and H, reading X block by block."""
-    sums = np.zeros((len(models), data.n_groups, 4))
+    squared norm), from each model's W (X's row order) and its H for each group (``Hs[k][l]``: model k's H on
+    group l's rows; the same H for every group of a joint fit), reading X block by block."""
+    sums = np.zeros((len(Ws), data.n_groups, 4))
     row_index = data.row_index()
     for block in data.blocks:
         rows = row_index[block.row_start:block.row_stop]
         X_b, base_b = data.load_block(block.index), _rows_of(base, rows)
         held = held_out(X_b, rows, base_b, seed, holdout, n_splits)
-        for k, (model, W, f) in enumerate(zip(models, Ws, folds)):
-            H = np.asarray(model.components_, dtype=np.float64)
+        for k, (W, f) in enumerate(zip(Ws, folds)):
+            H = np.asarray(Hs[k][block.group], dtype=np.float64)
             W_b = np.asarray(W[rows], dtype=np.float64)
             chosen = held.fold == f
             i, j, x, o = held.i[chosen], held.j[chosen], held.x[chosen], held.weight[chosen]
@@ -278,10 +291,38 @@ def score(data, models: list, Ws: list, base, seed: int, holdout: float, n_split
     return sums
 
 
+def per_group_fits(estimator, data, ranks: list[int], masks: list, client) -> tuple[list, list]:
+    """Every (fold, rank) model of every group fitted on that group's rows alone (:class:`GroupRows`), one
+    :func:`fit_many` sweep per group (each reading only its group's blocks). Returns per model (folds
+    outermost, as ``fit_many`` orders them) its W in X's row order, each group's rows from that group's model,
+    and its H per group."""
+    Ws = [np.zeros((data.shape[0], rank)) for _ in masks for rank in ranks]
+    Hs = [[None] * data.n_groups for _ in Ws]
+    for group in range(data.n_groups):
+        rows = GroupRows(data, group)
+        models, group_Ws = fit_many(estimator, rows, ranks=ranks, masks=[_rows_of(mask, rows.source_rows)
+                                                                          for mask in masks],
+                                    client=client, return_W=True)
+        for k, (model, W) in enumerate(zip(models, group_Ws)):
+            Ws[k][rows.source_rows] = W
+            Hs[k][group] = model.components_
+    return Ws, Hs
+
+
 def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, random_state=None, rule="min",
-                client=None, mask=None, **fit_inputs) -> RankSelection:
+                fit="joint", client=None, mask=None, **fit_inputs) -> RankSelection:
     """Choose the rank by masked cross-validation: hold out random observed entries, fit every rank on the rest,
     score the held-out entries per group.
+
+    ``fit="joint"`` (the default) fits one model of all the rows per (rank, fold), the model the estimator fits
+    on X: the rank chosen is the rank of that model, and group l's curve is how well that joint model, at each
+    rank, predicts group l's held-out entries. ``fit="per_group"`` fits one model per (group, rank, fold) on
+    that group's rows alone (as Fairer-NMF's E_l runs fit each group alone), and scores each group's held-out
+    entries by its own group's model: group l's curve then bottoms near group l's own rank, and "worst_group"
+    chooses the rank that the groups' separate factorisations need (on the Fairer-NMF paper's Table 1 data,
+    groups of ranks 3, 3 and 6: their curves bottom at 3, 3 and 6 and "worst_group" chooses 6; the joint curves
+    keep falling to about rank 8-12, as the groups' column spaces differ). The same entries are held out in
+    both modes.
 
     Fold f holds out about ``holdout`` of X's observed entries (disjoint from the other folds' entries; see the
     module docstring for how they are drawn, independently of X's blocks): any entry of a dense X, only the
@@ -311,34 +352,43 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
         of the mean over groups: every group weighs the same); "one_se", the smallest rank within one standard
         error (over folds) of that minimum; "worst_group", the lowest mean-over-folds held-out error of the worst
         group (the fairness-aware choice). Every rule's choice is in ``choices``.
+    fit : {"joint", "per_group"}
+        One model of all the rows per (rank, fold), or one per (group, rank, fold) on that group's rows alone
+        (one :func:`~distfact.fit_many` sweep per group, each reading only its group's blocks: every block of X
+        is still read once per iteration, in one pass per group; ranks then go up to the smallest group's rows).
     mask : array, sparse matrix, "nonzero" or "nan", optional
         X's observed entries and their weights (0: missing), as the estimator's ``fit`` takes them; held-out
         entries are drawn among those of positive weight, and errors are weighted by them.
     **fit_inputs
-        Other arguments of the estimator's ``fit``, the same for every model.
+        Other arguments of the estimator's ``fit``, the same for every model (joint fits only).
 
     Returns
     -------
     RankSelection
         ``table`` (rank, fold, group, train_error, heldout_error), ``summary``, ``rank_``, ``rule``,
-        ``choices``, ``random_state_``.
+        ``choices``, ``random_state_``, ``fit``.
     """
     if isinstance(mask, str) and mask == "nan":
         X, mask = _without_nan(X)
     data = estimator._grouped(X, groups)
-    ranks = _check(estimator, data, ranks, n_splits, holdout, rule)
+    ranks = _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs)
     if random_state is None:
         random_state = int(np.random.SeedSequence().entropy % 2 ** 63)
     base = _base_mask(mask, data)
     masks = fold_masks(data, base, random_state, holdout, n_splits)
-    models, Ws = fit_many(estimator, data, ranks=ranks, masks=masks, client=client, return_W=True, **fit_inputs)
+    if fit == "joint":
+        models, Ws = fit_many(estimator, data, ranks=ranks, masks=masks, client=client, return_W=True,
+                              **fit_inputs)
+        Hs = [[model.components_] * data.n_groups for model in models]
+    else:
+        Ws, Hs = per_group_fits(estimator, data, ranks, masks, client)
     folds = [f for f in range(n_splits) for _ in ranks]
-    sums = score(data, models, Ws, base, random_state, holdout, n_splits, folds)
+    sums = score(data, Ws, Hs, base, random_state, holdout, n_splits, folds)
     held_sq, held_norm, all_sq, all_norm = np.moveaxis(sums, -1, 0)
     table = pd.DataFrame({
-        "rank": np.repeat([model.n_components for model in models], data.n_groups),
+        "rank": np.repeat(ranks * n_splits, data.n_groups),
         "fold": np.repeat(folds, data.n_groups),
-        "group": np.tile(np.asarray(data.group_names, dtype=object), len(models)),
+        "group": np.tile(np.asarray(data.group_names, dtype=object), len(Ws)),
         "train_error": relative_to(np.maximum(all_sq - held_sq, 0.0), all_norm - held_norm).ravel(),
         "heldout_error": relative_to(held_sq, held_norm).ravel()})
-    return RankSelection(table, rule, random_state)
+    return RankSelection(table, rule, random_state, fit)
