@@ -89,29 +89,44 @@ def _wh_at(W_b, H, i, j) -> np.ndarray:
     return np.einsum("kr,rk->k", W_b[i], H[:, j])
 
 
-def observed_sums(X_b, W_b, H, base_b) -> tuple[float, float]:
-    """(sum o (x - wh)^2, sum o x^2) over the block's observed entries (weights ``base_b``; None: every entry,
-    1): at the stored weights of a sparse ``base_b``; by the Gram form for a sparse X without weights (X is
-    never densified); else on the dense block."""
-    if sp.issparse(base_b):
-        i, j = base_b.nonzero()
-        o = np.asarray(base_b[i, j], dtype=np.float64).ravel()
-        x = _values_at(X_b, i, j)
-        return float(np.sum(o * (x - _wh_at(W_b, H, i, j)) ** 2)), float(np.sum(o * x * x))
-    if sp.issparse(X_b) and base_b is None:
-        sq_norm = float(np.sum(X_b.data.astype(np.float64) ** 2))
-        cross = float(np.sum(np.asarray(X_b @ H.T) * W_b))
-        return sq_norm - 2.0 * cross + float(np.sum((W_b @ (H @ H.T)) * W_b)), sq_norm
-    residual = -(W_b @ H)
-    if sp.issparse(X_b):  # canonical CSR: no duplicate entries, so the fancy += adds each value once
-        X_b = sp.csr_matrix(X_b)
-        residual[np.repeat(np.arange(X_b.shape[0]), np.diff(X_b.indptr)), X_b.indices] += X_b.data
-        sq = (X_b.multiply(X_b)).multiply(base_b).sum()
-    else:
-        residual += X_b
-        sq = np.sum((X_b * X_b) if base_b is None else base_b * X_b * X_b)
-    o = 1.0 if base_b is None else base_b
-    return float(np.sum(o * residual ** 2)), float(sq)
+class ObservedBlock:
+    """A block's observed entries (weights ``base_b``; None: every entry, 1), with what does not depend on the
+    model computed once for all the models scored on it: ``sq_norm`` = sum o x^2, and for a sparse ``base_b``
+    its entries, weights and X's values there."""
+
+    def __init__(self, X_b, base_b):
+        self.X_b, self.base_b = X_b, base_b
+        if sp.issparse(base_b):
+            self.i, self.j = base_b.nonzero()
+            self.o = np.asarray(base_b[self.i, self.j], dtype=np.float64).ravel()
+            self.x = _values_at(X_b, self.i, self.j)
+            self.sq_norm = float(np.sum(self.o * self.x * self.x))
+        elif sp.issparse(X_b):
+            self.X_b = sp.csr_matrix(X_b)
+            self.sq_norm = float(np.sum(self.X_b.data.astype(np.float64) ** 2)) if base_b is None else \
+                float((self.X_b.multiply(self.X_b)).multiply(base_b).sum())
+        else:
+            self.sq_norm = float(np.sum((X_b * X_b) if base_b is None else base_b * X_b * X_b))
+
+    def sq_error(self, W_b, H) -> float:
+        """sum o (x - wh)^2 over the block's observed entries: at the stored weights of a sparse ``base_b``; by
+        the Gram form for a sparse X without weights (X is never densified); else on the dense block (squared
+        and weighted in place: the same values as ``o * residual ** 2``)."""
+        if sp.issparse(self.base_b):
+            return float(np.sum(self.o * (self.x - _wh_at(W_b, H, self.i, self.j)) ** 2))
+        X_b = self.X_b
+        if sp.issparse(X_b) and self.base_b is None:
+            cross = float(np.sum(np.asarray(X_b @ H.T) * W_b))
+            return self.sq_norm - 2.0 * cross + float(np.sum((W_b @ (H @ H.T)) * W_b))
+        residual = -(W_b @ H)
+        if sp.issparse(X_b):  # canonical CSR: no duplicate entries, so the fancy += adds each value once
+            residual[np.repeat(np.arange(X_b.shape[0]), np.diff(X_b.indptr)), X_b.indices] += X_b.data
+        else:
+            residual += X_b
+        residual *= residual
+        if self.base_b is not None:
+            residual *= self.base_b
+        return float(np.sum(residual))
 
 
 @dataclass
@@ -281,13 +296,18 @@ def score(data, Ws: list, Hs: list, base, seed: int, holdout: float, n_splits: i
         rows = row_index[block.row_start:block.row_stop]
         X_b, base_b = data.load_block(block.index), _rows_of(base, rows)
         held = held_out(X_b, rows, base_b, seed, holdout, n_splits)
+        observed = ObservedBlock(X_b, base_b)
+        by_fold = {}  # the fold's held-out entries, shared by its models
+        for f in set(folds):
+            chosen = held.fold == f
+            by_fold[f] = (held.i[chosen], held.j[chosen], held.x[chosen], held.weight[chosen])
+        held_norms = {f: np.sum(o * x * x) for f, (_, _, x, o) in by_fold.items()}
         for k, (W, f) in enumerate(zip(Ws, folds)):
             H = np.asarray(Hs[k][block.group], dtype=np.float64)
             W_b = np.asarray(W[rows], dtype=np.float64)
-            chosen = held.fold == f
-            i, j, x, o = held.i[chosen], held.j[chosen], held.x[chosen], held.weight[chosen]
-            sums[k, block.group] += (np.sum(o * (x - _wh_at(W_b, H, i, j)) ** 2), np.sum(o * x * x),
-                                     *observed_sums(X_b, W_b, H, base_b))
+            i, j, x, o = by_fold[f]
+            sums[k, block.group] += (np.sum(o * (x - _wh_at(W_b, H, i, j)) ** 2), held_norms[f],
+                                     observed.sq_error(W_b, H), observed.sq_norm)
     return sums
 
 
