@@ -12,7 +12,7 @@ interleaved, medians of the repeats:
   separate     the 50 models fitted one by one, each with its fold's mask (what one would do without a sweep)
 
 Case ``store``: 6,000 x 400 float64 dense store on disk (blocks of 500 rows, 4 groups), 20 iterations; about 2 GB
-of memory (each model keeps its blocks' rows of its fold's mask, as CSR, beside its W). Case ``small`` (--quick):
+of memory (each fold's mask, as CSR per block, shared by the fold's 10 models, beside their W). Case ``small`` (--quick):
 400 x 60 in memory. Results: benchmarks/results/select_rank.json (--quick: select_rank_quick.json).
 """
 

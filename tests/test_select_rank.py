@@ -14,8 +14,10 @@ import scipy.sparse as sp
 
 import distfact
 from distfact import NMF, SSNMF, StratifiedNMF, select_rank
+from distfact.datasets import make_fairer_synthetic
 from distfact.estimators.select import RULES, choose_rank, fold_masks, rank_summary
 from distfact.store.coerce import as_grouped
+from distfact.store.subset import GroupRows
 
 from conftest import grouped_data
 
@@ -159,6 +161,7 @@ def test_min_picks_the_known_rank_of_low_rank_data_plus_noise(estimator, seed):
     (dict(ranks=[2], n_splits=1), ValueError, "n_splits must be an integer >= 2"),
     (dict(ranks=[2], n_splits=5, holdout=0.3), ValueError, "n_splits \\* holdout must be <= 1"),
     (dict(ranks=[2], rule="best"), ValueError, "rule must be one of"),
+    (dict(ranks=[2], fit="both"), ValueError, "fit must be one of"),
     (dict(ranks=[2], mask="nonzero"), ValueError, "needs a sparse X"),
     (dict(ranks=[2], mask=np.ones((3, 3))), ValueError, "mask has shape"),
 ])
@@ -211,3 +214,72 @@ def test_the_command_line_end_to_end(tmp_path):
                               "stratified-nmf", "--ranks", "1:3"], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
     assert "cannot take stratified-nmf: select_rank cannot use StratifiedNMF" in refused.stderr
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_group_rows_fit_bitwise_as_the_groups_rows_ingested_alone(tmp_path, on_disk):
+    """``GroupRows``: one group's blocks renumbered, read where they are (no copy), rows numbered in X's order;
+    a fit with a mask cut to the group equals, bitwise, the fit of the group's rows ingested by themselves."""
+    whole = distfact.from_arrays(X, GROUPS, path=str(tmp_path / "x.zarr") if on_disk else None, block_rows=11)
+    if on_disk:
+        whole = distfact.open(str(tmp_path / "x.zarr"))
+    mask = WEIGHTS
+    for group, name in enumerate(whole.group_names):
+        part = GroupRows(whole, group)
+        rows = np.flatnonzero(GROUPS == name)
+        assert np.array_equal(part.source_rows, rows) and part.shape == (len(rows), X.shape[1])
+        assert part.n_groups == 1 and part.group_names == [name] and part.in_memory != on_disk
+        alone = distfact.from_arrays(X[rows], GROUPS[rows], block_rows=11)
+        np.testing.assert_array_equal(part.column_sums, alone.column_sums)
+        assert [b.n_rows for b in part.blocks] == [b.n_rows for b in alone.blocks]
+        fits = [NMF(3, max_iter=12, tol=0, random_state=5).fit(data, mask=mask[rows]) for data in (part, alone)]
+        Ws = [fit.transform(data) for fit, data in zip(fits, (part, alone))]
+        assert np.array_equal(fits[0].components_, fits[1].components_) and np.array_equal(*Ws)
+        np.testing.assert_array_equal(fits[0].objective_history_, fits[1].objective_history_)
+
+
+@pytest.mark.parametrize("case", ["dense", "sparse-nonzero", "dense-weights"])
+def test_per_group_errors_equal_a_numpy_recomputation_from_each_groups_model_fitted_alone(case):
+    """fit="per_group": group l's held-out entries scored by the (rank, fold) model fitted on group l's rows
+    alone (its rows ingested by themselves, the fold's mask cut to them); the held-out entries are those of the
+    joint fit."""
+    data, mask = SCORED[case]
+    template = NMF(1, max_iter=15, tol=0, random_state=4, block_rows=20)
+    result = select_rank(template, data, groups=GROUPS, ranks=[1, 3], n_splits=2, holdout=0.2, random_state=9,
+                         mask=mask, fit="per_group", rule="worst_group")
+    joint = select_rank(template, data, groups=GROUPS, ranks=[1, 3], n_splits=2, holdout=0.2, random_state=9,
+                        mask=mask)
+    assert result.fit == "per_group" and joint.fit == "joint"
+    assert list(result.table.columns) == list(joint.table.columns)
+    assert result.table[["rank", "fold", "group"]].equals(joint.table[["rank", "fold", "group"]])
+    base = (XS != 0).astype(float) if isinstance(mask, str) else mask
+    folds = fold_masks(as_grouped(data, GROUPS), None if base is None else
+                       (sp.csr_matrix(base) if sp.issparse(base) else base), 9, 0.2, 2)
+    for fold, fold_mask in enumerate(folds):
+        for rank in (1, 3):
+            rows = result.table[(result.table["rank"] == rank) & (result.table["fold"] == fold)]
+            for _, row in rows.iterrows():
+                mine = np.flatnonzero(GROUPS == row.group)
+                alone = NMF(rank, max_iter=15, tol=0, random_state=4, block_rows=20)
+                W = alone.fit_transform(data[mine], groups=GROUPS[mine], mask=fold_mask[mine])
+                expected = numpy_errors(data[mine], GROUPS[mine], fold_mask[mine],
+                                        None if base is None else base[mine], W, alone.components_)
+                np.testing.assert_allclose((row.train_error, row.heldout_error), expected[row.group], rtol=1e-9)
+    assert result.rank_ == choose_rank(rank_summary(result.table), "worst_group")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_per_group_curves_bottom_at_the_table1_groups_ranks_and_worst_group_picks_6(seed):
+    """The Fairer-NMF paper's Table 1 data (Kassab et al., "Towards a Fairer Non-negative Matrix Factorization",
+    2024, Section 6.2) with its groups at 0.6 of their sizes (600, 300 and 150 rows; ranks 3, 3 and 6) and 3%
+    noise: each group's mean held-out error is lowest at its own rank, and "worst_group" picks 6, with
+    fit="per_group" (each group's models fitted on its rows alone). Without noise every rank
+    from r_l on reconstructs group l exactly, so its curve is flat (about 0) from r_l on and its argmin is
+    decided by round-off and unconverged iterations; the noise makes the extra components fit noise, which the
+    held-out entries see. (Joint fits, the default: docs/select-rank.md.)"""
+    X_t1, groups = make_fairer_synthetic(seed, scale=0.6, noise=0.03)
+    result = select_rank(NMF(1, solver="hals", max_iter=400, tol=0, random_state=0), X_t1, groups=groups,
+                         ranks=range(1, 8), random_state=seed, rule="worst_group", fit="per_group")
+    curves = result.table.groupby(["group", "rank"])["heldout_error"].mean().unstack("rank")
+    assert curves.idxmin(axis=1).to_dict() == {"A": 3, "B": 3, "C": 6}, curves
+    assert result.rank_ == 6, result.summary

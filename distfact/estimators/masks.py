@@ -20,6 +20,8 @@ lives. No all-ones array is built and a sparse X is never densified.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 
 import numpy as np
@@ -90,6 +92,33 @@ def _nonzero(X):
 
 
 # ------------------------------------------------------------------------ per block
+_SHARED = contextvars.ContextVar("distfact_shared_masks", default=None)
+
+
+@contextlib.contextmanager
+def masks_shared():
+    """Within it, :func:`block_masks` and :func:`observed_total` are computed once per (data, mask) object pair
+    (``fit_many``: a fold's models share their fold's mask, whose per-block forms and X's observed total,
+    one read of X, are the same for all of them). The models' local states then hold the same mask arrays,
+    which no step changes."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _once(kind: str, data, mask, compute):
+    """``compute()``, or within :func:`masks_shared` what it gave for these very ``data`` and ``mask``."""
+    memo = _SHARED.get()
+    if memo is None:
+        return compute()
+    key = (kind, id(data), id(mask))
+    if key not in memo:
+        memo[key] = (data, mask, compute())  # data and mask kept alive, so that their ids stay theirs
+    return memo[key][2]
+
+
 def block_masks(data, mask) -> tuple[list | None, str | None]:
     """Per block of ``data`` (a GroupedMatrix), in the store's row order, the local inputs {form: P_b} of the
     mask (:func:`block_form`), and the mask's digest for a checkpoint's configuration (SHA-1 of every block's
@@ -99,7 +128,11 @@ def block_masks(data, mask) -> tuple[list | None, str | None]:
     A store with a mask of its own (written at ingest) gives that one: per block a :class:`ReadInput` that the
     block's first task reads where the block lives (checked against its CRC32C there), and as digest
     ``"stored:"`` + the store's :meth:`~distfact.store.grouped.GroupedMatrix.mask_identity`; ``mask`` must then
-    be None."""
+    be None. Computed once per mask within :func:`masks_shared`."""
+    return _once("blocks", data, mask, lambda: _block_masks(data, mask))
+
+
+def _block_masks(data, mask) -> tuple[list | None, str | None]:
     if data.mask_kind is not None:
         if mask is not None:
             raise ValueError(stored_mask_conflict(data))
@@ -147,7 +180,12 @@ def observed_total(data, mask_blocks) -> float:
     """sum of X over the observed entries (X read as 0 at the missing ones), block by block in the store's order:
     the same number whether or not X was zeroed there (one X serves every fold of ``fit_many``). Reads each block
     of X once (no pass of the engine: for a store, one read before the fit starts), except for a store's own
-    mask, whose blocks' totals were recorded at ingest by the same function (no read)."""
+    mask, whose blocks' totals were recorded at ingest by the same function (no read); once per ``mask_blocks``
+    within :func:`masks_shared`."""
+    return _once("total", data, mask_blocks, lambda: _observed_total(data, mask_blocks))
+
+
+def _observed_total(data, mask_blocks) -> float:
     total = 0.0
     if data.mask_kind is not None:
         for block in data.blocks:

@@ -22,9 +22,12 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ..metrics import relative_to
+from ..store.subset import GroupRows
 from .sweep import can_sweep, fit_many
 
 RULES = ("min", "one_se", "worst_group")
+#: what each (rank, fold) is fitted on: "joint", one model of all the rows; "per_group", one model per group
+FITS = ("joint", "per_group")
 
 
 def mix64(z: np.ndarray) -> np.ndarray:
@@ -86,29 +89,44 @@ def _wh_at(W_b, H, i, j) -> np.ndarray:
     return np.einsum("kr,rk->k", W_b[i], H[:, j])
 
 
-def observed_sums(X_b, W_b, H, base_b) -> tuple[float, float]:
-    """(sum o (x - wh)^2, sum o x^2) over the block's observed entries (weights ``base_b``; None: every entry,
-    1): at the stored weights of a sparse ``base_b``; by the Gram form for a sparse X without weights (X is
-    never densified); else on the dense block."""
-    if sp.issparse(base_b):
-        i, j = base_b.nonzero()
-        o = np.asarray(base_b[i, j], dtype=np.float64).ravel()
-        x = _values_at(X_b, i, j)
-        return float(np.sum(o * (x - _wh_at(W_b, H, i, j)) ** 2)), float(np.sum(o * x * x))
-    if sp.issparse(X_b) and base_b is None:
-        sq_norm = float(np.sum(X_b.data.astype(np.float64) ** 2))
-        cross = float(np.sum(np.asarray(X_b @ H.T) * W_b))
-        return sq_norm - 2.0 * cross + float(np.sum((W_b @ (H @ H.T)) * W_b)), sq_norm
-    residual = -(W_b @ H)
-    if sp.issparse(X_b):  # canonical CSR: no duplicate entries, so the fancy += adds each value once
-        X_b = sp.csr_matrix(X_b)
-        residual[np.repeat(np.arange(X_b.shape[0]), np.diff(X_b.indptr)), X_b.indices] += X_b.data
-        sq = (X_b.multiply(X_b)).multiply(base_b).sum()
-    else:
-        residual += X_b
-        sq = np.sum((X_b * X_b) if base_b is None else base_b * X_b * X_b)
-    o = 1.0 if base_b is None else base_b
-    return float(np.sum(o * residual ** 2)), float(sq)
+class ObservedBlock:
+    """A block's observed entries (weights ``base_b``; None: every entry, 1), with what does not depend on the
+    model computed once for all the models scored on it: ``sq_norm`` = sum o x^2, and for a sparse ``base_b``
+    its entries, weights and X's values there."""
+
+    def __init__(self, X_b, base_b):
+        self.X_b, self.base_b = X_b, base_b
+        if sp.issparse(base_b):
+            self.i, self.j = base_b.nonzero()
+            self.o = np.asarray(base_b[self.i, self.j], dtype=np.float64).ravel()
+            self.x = _values_at(X_b, self.i, self.j)
+            self.sq_norm = float(np.sum(self.o * self.x * self.x))
+        elif sp.issparse(X_b):
+            self.X_b = sp.csr_matrix(X_b)
+            self.sq_norm = float(np.sum(self.X_b.data.astype(np.float64) ** 2)) if base_b is None else \
+                float((self.X_b.multiply(self.X_b)).multiply(base_b).sum())
+        else:
+            self.sq_norm = float(np.sum((X_b * X_b) if base_b is None else base_b * X_b * X_b))
+
+    def sq_error(self, W_b, H) -> float:
+        """sum o (x - wh)^2 over the block's observed entries: at the stored weights of a sparse ``base_b``; by
+        the Gram form for a sparse X without weights (X is never densified); else on the dense block (squared
+        and weighted in place: the same values as ``o * residual ** 2``)."""
+        if sp.issparse(self.base_b):
+            return float(np.sum(self.o * (self.x - _wh_at(W_b, H, self.i, self.j)) ** 2))
+        X_b = self.X_b
+        if sp.issparse(X_b) and self.base_b is None:
+            cross = float(np.sum(np.asarray(X_b @ H.T) * W_b))
+            return self.sq_norm - 2.0 * cross + float(np.sum((W_b @ (H @ H.T)) * W_b))
+        residual = -(W_b @ H)
+        if sp.issparse(X_b):  # canonical CSR: no duplicate entries, so the fancy += adds each value once
+            residual[np.repeat(np.arange(X_b.shape[0]), np.diff(X_b.indptr)), X_b.indices] += X_b.data
+        else:
+            residual += X_b
+        residual *= residual
+        if self.base_b is not None:
+            residual *= self.base_b
+        return float(np.sum(residual))
 
 
 @dataclass
@@ -128,6 +146,8 @@ class RankSelection:
     rank_ : int
         The rank chosen by ``rule``.
     rule : str
+    fit : str
+        "joint" or "per_group": what each (rank, fold) was fitted on (see :func:`select_rank`).
     choices : dict
         The rank each rule chooses.
     random_state_ : int
@@ -137,6 +157,7 @@ class RankSelection:
     table: pd.DataFrame
     rule: str
     random_state_: int
+    fit: str = "joint"
     summary: pd.DataFrame = field(init=False)
     choices: dict = field(init=False)
     rank_: int = field(init=False)
@@ -222,16 +243,22 @@ def rank_range(text: str) -> range:
     return range(first, last + 1)
 
 
-def _check(estimator, data, ranks, n_splits, holdout, rule) -> list[int]:
+def _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs) -> list[int]:
     reason = refusal(type(estimator))
     if reason is not None:
         raise ValueError(reason)
     check_settings(n_splits, holdout, rule)
+    if fit not in FITS:
+        raise ValueError(f"fit must be one of {FITS}, got {fit!r}")
+    if fit == "per_group" and any(value is not None for value in fit_inputs.values()):
+        raise ValueError(f"fit='per_group' takes no other fit arguments (got {sorted(fit_inputs)}): they are given "
+                         "for all of X's rows and the group's models see only theirs")
     ranks = list(ranks)
-    largest = min(data.shape)
+    largest, bound = (min(data.shape), "min(n_samples, n_features)") if fit == "joint" else \
+        (min(int(data.group_sizes.min()), data.shape[1]), "min(smallest group's rows, n_features)")
     bad = [r for r in ranks if not isinstance(r, numbers.Integral) or isinstance(r, bool) or not 1 <= r <= largest]
     if not ranks or bad:
-        raise ValueError(f"ranks must be integers in [1, min(n_samples, n_features)] = [1, {largest}], got "
+        raise ValueError(f"ranks must be integers in [1, {bound}] = [1, {largest}], got "
                          f"{bad[0] if bad else 'none'!r}")
     return sorted({int(r) for r in ranks})
 
@@ -297,29 +324,63 @@ def fold_masks(data, base, seed: int, holdout: float, n_splits: int) -> list:
     return masks
 
 
-def score(data, models: list, Ws: list, base, seed: int, holdout: float, n_splits: int, folds: list[int]):
+def score(data, Ws: list, Hs: list, base, seed: int, holdout: float, n_splits: int, folds: list[int]):
     """Per model and group: (held-out squared error, held-out squared norm, observed squared error, observed
-    squared norm), from each model's W (X's row order) and H, reading X block by block."""
-    sums = np.zeros((len(models), data.n_groups, 4))
+    squared norm), from each model's W (X's row order) and its H for each group (``Hs[k][l]``: model k's H on
+    group l's rows; the same H for every group of a joint fit), reading X block by block."""
+    sums = np.zeros((len(Ws), data.n_groups, 4))
     row_index = data.row_index()
     for block in data.blocks:
         rows = row_index[block.row_start:block.row_stop]
         X_b, base_b = data.load_block(block.index), _rows_of(base, rows)
         held = held_out(X_b, rows, base_b, seed, holdout, n_splits)
-        for k, (model, W, f) in enumerate(zip(models, Ws, folds)):
-            H = np.asarray(model.components_, dtype=np.float64)
-            W_b = np.asarray(W[rows], dtype=np.float64)
+        observed = ObservedBlock(X_b, base_b)
+        by_fold = {}  # the fold's held-out entries, shared by its models
+        for f in set(folds):
             chosen = held.fold == f
-            i, j, x, o = held.i[chosen], held.j[chosen], held.x[chosen], held.weight[chosen]
-            sums[k, block.group] += (np.sum(o * (x - _wh_at(W_b, H, i, j)) ** 2), np.sum(o * x * x),
-                                     *observed_sums(X_b, W_b, H, base_b))
+            by_fold[f] = (held.i[chosen], held.j[chosen], held.x[chosen], held.weight[chosen])
+        held_norms = {f: np.sum(o * x * x) for f, (_, _, x, o) in by_fold.items()}
+        for k, (W, f) in enumerate(zip(Ws, folds)):
+            H = np.asarray(Hs[k][block.group], dtype=np.float64)
+            W_b = np.asarray(W[rows], dtype=np.float64)
+            i, j, x, o = by_fold[f]
+            sums[k, block.group] += (np.sum(o * (x - _wh_at(W_b, H, i, j)) ** 2), held_norms[f],
+                                     observed.sq_error(W_b, H), observed.sq_norm)
     return sums
 
 
+def per_group_fits(estimator, data, ranks: list[int], masks: list, client) -> tuple[list, list]:
+    """Every (fold, rank) model of every group fitted on that group's rows alone (:class:`GroupRows`), one
+    :func:`fit_many` sweep per group (each reading only its group's blocks). Returns per model (folds
+    outermost, as ``fit_many`` orders them) its W in X's row order, each group's rows from that group's model,
+    and its H per group."""
+    Ws = [np.zeros((data.shape[0], rank)) for _ in masks for rank in ranks]
+    Hs = [[None] * data.n_groups for _ in Ws]
+    for group in range(data.n_groups):
+        rows = GroupRows(data, group)
+        models, group_Ws = fit_many(estimator, rows, ranks=ranks, masks=[_rows_of(mask, rows.source_rows)
+                                                                          for mask in masks],
+                                    client=client, return_W=True)
+        for k, (model, W) in enumerate(zip(models, group_Ws)):
+            Ws[k][rows.source_rows] = W
+            Hs[k][group] = model.components_
+    return Ws, Hs
+
+
 def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, random_state=None, rule="min",
-                client=None, mask=None, **fit_inputs) -> RankSelection:
+                fit="joint", client=None, mask=None, **fit_inputs) -> RankSelection:
     """Choose the rank by masked cross-validation: hold out random observed entries, fit every rank on the rest,
     score the held-out entries per group.
+
+    ``fit="joint"`` (the default) fits one model of all the rows per (rank, fold), the model the estimator fits
+    on X: the rank chosen is the rank of that model, and group l's curve is how well that joint model, at each
+    rank, predicts group l's held-out entries. ``fit="per_group"`` fits one model per (group, rank, fold) on
+    that group's rows alone (as Fairer-NMF's E_l runs fit each group alone), and scores each group's held-out
+    entries by its own group's model: group l's curve then bottoms near group l's own rank, and "worst_group"
+    chooses the rank that the groups' separate factorisations need (on the Fairer-NMF paper's Table 1 data,
+    groups of ranks 3, 3 and 6: their curves bottom at 3, 3 and 6 and "worst_group" chooses 6; the joint curves
+    keep falling to about rank 8-12, as the groups' column spaces differ). The same entries are held out in
+    both modes.
 
     Fold f holds out about ``holdout`` of X's observed entries (disjoint from the other folds' entries; see the
     module docstring for how they are drawn, independently of X's blocks): any entry of a dense X, only the
@@ -349,37 +410,46 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
         of the mean over groups: every group weighs the same); "one_se", the smallest rank within one standard
         error (over folds) of that minimum; "worst_group", the lowest mean-over-folds held-out error of the worst
         group (the fairness-aware choice). Every rule's choice is in ``choices``.
+    fit : {"joint", "per_group"}
+        One model of all the rows per (rank, fold), or one per (group, rank, fold) on that group's rows alone
+        (one :func:`~distfact.fit_many` sweep per group, each reading only its group's blocks: every block of X
+        is still read once per iteration, in one pass per group; ranks then go up to the smallest group's rows).
     mask : array, sparse matrix, "nonzero" or "nan", optional
         X's observed entries and their weights (0: missing), as the estimator's ``fit`` takes them; held-out
         entries are drawn among those of positive weight, and errors are weighted by them.
     **fit_inputs
-        Other arguments of the estimator's ``fit``, the same for every model.
+        Other arguments of the estimator's ``fit``, the same for every model (joint fits only).
 
     Returns
     -------
     RankSelection
         ``table`` (rank, fold, group, train_error, heldout_error), ``summary``, ``rank_``, ``rule``,
-        ``choices``, ``random_state_``.
+        ``choices``, ``random_state_``, ``fit``.
     """
     if isinstance(mask, str) and mask == "nan":
         X, mask = _without_nan(X)
     data = estimator._grouped(X, groups)
-    ranks = _check(estimator, data, ranks, n_splits, holdout, rule)
+    ranks = _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs)
     if random_state is None:
         random_state = int(np.random.SeedSequence().entropy % 2 ** 63)
     base = _base_mask(mask, data)
     masks = fold_masks(data, base, random_state, holdout, n_splits)
-    models, Ws = fit_many(estimator, data, ranks=ranks, masks=masks, client=client, return_W=True, **fit_inputs)
+    if fit == "joint":
+        models, Ws = fit_many(estimator, data, ranks=ranks, masks=masks, client=client, return_W=True,
+                              **fit_inputs)
+        Hs = [[model.components_] * data.n_groups for model in models]
+    else:
+        Ws, Hs = per_group_fits(estimator, data, ranks, masks, client)
     folds = [f for f in range(n_splits) for _ in ranks]
-    sums = score(data, models, Ws, base, random_state, holdout, n_splits, folds)
+    sums = score(data, Ws, Hs, base, random_state, holdout, n_splits, folds)
     held_sq, held_norm, all_sq, all_norm = np.moveaxis(sums, -1, 0)
     table = pd.DataFrame({
-        "rank": np.repeat([model.n_components for model in models], data.n_groups),
+        "rank": np.repeat(ranks * n_splits, data.n_groups),
         "fold": np.repeat(folds, data.n_groups),
-        "group": np.tile(np.asarray(data.group_names, dtype=object), len(models)),
+        "group": np.tile(np.asarray(data.group_names, dtype=object), len(Ws)),
         "train_error": relative_to(np.maximum(all_sq - held_sq, 0.0), all_norm - held_norm).ravel(),
         "heldout_error": relative_to(held_sq, held_norm).ravel()})
-    return RankSelection(table, rule, random_state)
+    return RankSelection(table, rule, random_state, fit)
 
 
 #: select_rank's defaults of the settings the surfaces offer (``distfact select-rank``'s options, a spec's

@@ -19,6 +19,7 @@ from ..engine import fit as run_loop
 from ..engine.driver import IterationInfo
 from ..engine.many import ManyModels, SharedLocals, split_models
 from .base import FactorEstimator, Phase, check_new_directory, survives_worker_loss, warn_if_cut_short
+from .masks import masks_shared
 
 #: parameters that decide how X is cut into blocks and where the local factors live: one value for all models
 SHARED_PARAMETERS = ("block_rows", "n_threads", "local_memory_budget", "column_blocks")
@@ -96,7 +97,8 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, masks=None, c
     inputs = [shared_inputs] * len(models) if masks is None else \
         [{**shared_inputs, "mask": mask} for mask in model_masks]
     sweep = Sweep(models)
-    Ws = sweep.fit(X, groups, client, [None] * len(models) if W_out is None else list(W_out), inputs, return_W)
+    with masks_shared():  # a mask given to several models (a fold's) is cut into blocks once for all of them
+        Ws = sweep.fit(X, groups, client, [None] * len(models) if W_out is None else list(W_out), inputs, return_W)
     for model in models:
         model.worker_losses_ = sweep.worker_losses_
     return (models, Ws) if return_W else models
