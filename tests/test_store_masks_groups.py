@@ -74,6 +74,15 @@ def test_a_stored_mask_fits_the_same_on_a_local_cluster(tmp_path, local_cluster_
 
 
 @pytest.mark.parametrize("make", list(MAKERS))
+def test_fit_many_reads_the_stored_mask(tmp_path, make):
+    """A rank sweep in shared passes: each model as its fit alone (whose local states hold the mask its first
+    task read; Fairer-NMF's scheme keeps them from the E_l runs)."""
+    stored, *_ = stored_and_given(tmp_path, "csr", "weights", seed=7)
+    for rank, model in zip([2, 3], distfact.fit_many(MAKERS[make](), stored, ranks=[2, 3])):
+        assert_same_fit(model, MAKERS[make]().set_params(n_components=rank).fit(stored))
+
+
+@pytest.mark.parametrize("make", list(MAKERS))
 def test_checkpoints_carry_the_stored_mask_and_resume_bitwise(tmp_path, make):
     stored, *_ = stored_and_given(tmp_path, "dense", "nan", seed=4)
     whole = MAKERS[make]().fit(stored)
