@@ -230,9 +230,9 @@ def test_a_mask_given_to_fit_on_a_store_with_its_own_is_refused(tmp_path):
                 continue  # a path with a string mask: refused as needing X in memory (tests/test_masks.py)
             with pytest.raises(ValueError, match=r"has its own mask \(kind 'nan': X's NaN entries at ingest\)"):
                 NMF(3, max_iter=2).fit(data, mask=given)
-    with pytest.raises(ValueError, match=r"has a mask \(kind 'nan', written at ingest\), which FairerNMF does not "
-                                         r"read from a store yet"):
-        distfact.FairerNMF(3, max_iter=2).fit(stored)
+    with pytest.raises(ValueError, match=r"has a mask \(kind 'nan', written at ingest\), which WeightedL1NMF does "
+                                         r"not read from a store yet"):
+        distfact.WeightedL1NMF(3, max_iter=2).fit(stored)
 
 
 def test_one_read_of_X_per_pass_and_the_mask_once(tmp_path):

@@ -23,6 +23,7 @@ from ..engine import Checkpointer, FitState, WorkerLost, make_executor
 from ..engine import fit as run_loop
 from ..engine.executor.base import joined_input
 from ..store.coerce import as_grouped
+from .masks import block_masks
 from .persistence import save_model
 
 logger = logging.getLogger("distfact")
@@ -214,6 +215,11 @@ class FitRun:
         return None if self.deadline is None else max(self.deadline - time.perf_counter(), 1e-9)
 
 
+def _stored_block_masks(data) -> list:
+    """Per block, the mask ``data`` (a store with a mask of its own) holds, as a row solve's local inputs."""
+    return block_masks(data, None)[0]
+
+
 def _w_of_local_state(local, block):
     """W_b of a local state that holds the block's inputs beside it."""
     return local["W"]
@@ -255,6 +261,9 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
     #: whether the fit uses the mask a store holds beside X (``estimators/masks.py: block_masks``); a store with
     #: a mask is refused by the others rather than fitted as if every entry were observed
     _reads_stored_mask = False
+    #: the reason an estimator that takes no mask at all gives for refusing a store with one;
+    #: None: the store's mask is not read yet (:meth:`_refuse_stored_mask`)
+    _stored_mask_refusal: str | None = None
 
     # ------------------------------------------------------------------ the fit every estimator runs
     @survives_worker_loss
@@ -311,14 +320,27 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
 
     def _fit_run(self, data, inputs: dict, deadline: float | None) -> FitRun:
         """The fit of ``data`` with its checks of the data and of the inputs (``_prepare``); no pass yet."""
-        if data.mask_kind is not None and not self._reads_stored_mask:
-            where = f"store {data.path!r}" if data.path else "X (a GroupedMatrix)"
-            raise ValueError(f"{where} has a mask (kind {data.mask_kind!r}, written at ingest), which "
-                             f"{type(self).__name__} does not read from a store yet; fit it on X in memory with "
-                             "fit(X, mask=...), or ingest X without a mask")
+        if not self._reads_stored_mask:
+            self._refuse_stored_mask(data)
         fit = FitRun(data, check_rank(self.n_components, data.shape), inputs, deadline)
         self._prepare(fit)
         return fit
+
+    def _refuse_stored_mask(self, data, use: str = "fit") -> None:
+        """ValueError when ``data`` (a GroupedMatrix) holds a mask of its own (written at ingest) that ``use``
+        ("fit", or a method's name such as "transform") would not read: X would be fitted or solved as if every
+        entry were observed. Called by every surface that reads a store and does not read its mask. The reason
+        is the estimator's ``_stored_mask_refusal`` when it has one (it takes no mask at all)."""
+        if data.mask_kind is None:
+            return
+        where = f"store {data.path!r}" if data.path else "X (a GroupedMatrix)"
+        name = type(self).__name__ if use == "fit" else f"{type(self).__name__}.{use}"
+        reason = f": {self._stored_mask_refusal}" if self._stored_mask_refusal else (
+            f", which {name} does not read from a store yet; " + (
+                "fit it on X in memory with fit(X, mask=...), or ingest X without a mask" if use == "fit" else
+                "it would treat every entry as observed; ingest the rows without a mask, or fill the missing "
+                "entries first (NMF(...).fit(X, mask=...).impute(X))"))
+        raise ValueError(f"{where} has a mask (kind {data.mask_kind!r}, written at ingest){reason}")
 
     def _loop(self, fit: FitRun, phase: Phase) -> FitState:
         """Run one phase's loop (after its start phase, if it has one and there is no checkpoint of its own
@@ -411,9 +433,12 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         :class:`~distfact.methods.nmf.NMFMethod`, from the constant start of its scale): one read of X,
         rows in X's order. The caller checks that the estimator is fitted. ``local_inputs``: a function of the
         grouped X giving per block the row-aligned inputs ``solve_local`` receives as the block's local state
-        (a mask), or None."""
+        (a mask), or None: then a store with a mask of its own gives its blocks' masks (the rows are solved over
+        their observed entries, as :meth:`distfact.NMF.transform` solves them)."""
         data = self._grouped(X, groups)
         self._check_width(data.shape[1])
+        if local_inputs is None and data.mask_kind is not None:
+            local_inputs = _stored_block_masks
         inputs = None if local_inputs is None else local_inputs(data)
         executor = self._executor(data, client)
         try:

@@ -182,6 +182,9 @@ class FairerNMF(FactorEstimator):
         X, mask = resolve_mask(X, mask)
         return self._run_fit(X, groups, client, want_W=True, mask=mask)
 
+    #: a store's own mask (written at ingest) is read as fit's mask is used (solver='mu')
+    _reads_stored_mask = True
+
     def _check_params(self):
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
@@ -203,9 +206,10 @@ class FairerNMF(FactorEstimator):
         if small:
             raise ValueError(f"group {small[0][0]!r} has {small[0][1]} rows, fewer than n_components={r}: "
                              "its rank-r error E_l is not defined")
-        if fit.inputs.get("mask") is not None and self.solver == "am":
-            raise ValueError("FairerNMF(solver='am') takes no mask: its H step is a cone program written on each "
-                             "group's W_l^T W_l, and with a mask every column of H has its own Gram "
+        if (fit.inputs.get("mask") is not None or data.mask_kind is not None) and self.solver == "am":
+            held = " (the store holds one: it was written at ingest)" if data.mask_kind else ""
+            raise ValueError(f"FairerNMF(solver='am') takes no mask{held}: its H step is a cone program written on "
+                             "each group's W_l^T W_l, and with a mask every column of H has its own Gram "
                              "W_l^T diag(m_j) W_l (and every row of W its own); use solver='mu' (the weighted "
                              "multiplicative updates of Algorithm 3)")
         blocks, digest = block_masks(data, fit.inputs.get("mask"))

@@ -170,9 +170,11 @@ def missing_entries(mask) -> tuple[np.ndarray, np.ndarray]:
 
 def _observed_block_sums(data, mask_blocks):
     """Per block of ``data`` (in the store's order): (block, sum of X over the observed entries, sum m x^2 over
-    them), X read as 0 at the missing entries, in float64; one read of each block."""
+    them), X read as 0 at the missing entries, in float64; one read of each block (and, for a store's own mask,
+    whose ``mask_blocks`` are read where each block lives, of the block's mask too)."""
+    reader = None if data.mask_kind is None else data.mask_reader()
     for block, entry in zip(data.blocks, mask_blocks):
-        (form, P), = entry.items()
+        (form, P), = (entry if reader is None else reader(block)).items()
         yield block, *block_observed_sums(data.load_block(block.index), form, P)
 
 

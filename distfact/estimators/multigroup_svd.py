@@ -162,6 +162,7 @@ class MultigroupSVD(FactorEstimator):
     # -- fitting ---------------------------------------------------------------------------------------
     #: why ``distfact.select_rank`` refuses this estimator
     _select_rank_refusal = MASK_REFUSAL
+    _stored_mask_refusal = MASK_REFUSAL  # fit and transform refuse a store holding a mask
 
     def fit(self, X, y=None, *, groups=None, mask=None, client=None):
         """Fit on X (array, sparse matrix, DataFrame, GroupedMatrix or store path) with row ``groups``
@@ -178,6 +179,7 @@ class MultigroupSVD(FactorEstimator):
         if self.fw_step not in solvers.FW_STEPS:
             raise ValueError(f"fw_step must be one of {solvers.FW_STEPS}, got {self.fw_step!r}")
         data = as_grouped(X, groups, block_rows=self.block_rows, n_threads=self.n_threads, signed=True)
+        self._refuse_stored_mask(data)
         m, n = data.shape
         d = self._check_n_components(n)
         sizes = data.group_sizes
@@ -331,6 +333,7 @@ class MultigroupSVD(FactorEstimator):
         self._check_fitted()
         if isinstance(X, GroupedMatrix) or isinstance(X, (str, bytes)) or hasattr(X, "__fspath__"):
             data = as_grouped(X, signed=True)
+            self._refuse_stored_mask(data, "transform")
             self._check_width(data.shape[1])
             executor = self._executor(data, None)
             try:

@@ -304,6 +304,7 @@ class SSNMF(FactorEstimator):
         otherwise; one read of X."""
         self._check_fitted()
         data = self._grouped(X, groups)
+        self._refuse_stored_mask(data, "transform")  # its mask is given in memory (mask=...)
         self._check_width(data.shape[1])
         inputs = self._local_inputs(data, None, None, renamed_mask(mask, data_mask), None)[0]
         executor = self._executor(data, client)

@@ -149,6 +149,7 @@ class StratifiedNMF(FactorEstimator):
         return self._run_fit(X, groups, client, want_W=True, mask=mask, W=W, H=H, v=v)
 
     _custom_factors = ("W", "H", "v")
+    _reads_stored_mask = True  # a store's own mask (written at ingest) is read as fit's mask is used
 
     def _check_params(self):
         check_iteration_params(self.max_iter, 0.0 if self.tol is None else self.tol, self.random_state)
@@ -229,6 +230,7 @@ class StratifiedNMF(FactorEstimator):
         if hasattr(getattr(groups, "cat", groups), "categories"):
             groups = np.asarray(groups).astype(str)  # new rows need not cover every fitted stratum
         data = self._grouped(X, groups)
+        self._refuse_stored_mask(data, "transform")  # its row solve (line 7) takes no mask yet
         self._check_width(data.shape[1])
         unknown = sorted(set(data.group_names) - set(self.strata_names_))
         if unknown:

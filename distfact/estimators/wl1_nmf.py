@@ -304,6 +304,7 @@ class WeightedL1NMF(FactorEstimator):
         start until each block's objective falls by less than ``tol`` (relative); one read of X."""
         self._check_fitted()
         data = self._grouped(X, groups)
+        self._refuse_stored_mask(data, "transform")
         self._check_width(data.shape[1])
         check_iteration_params(max_iter, tol)
         executor = self._executor(data, client)

@@ -126,10 +126,43 @@ class MaskReader:
         mask = block.mask
         arrays = read_arrays(self.path, f"{node}/mask", f"{what}, mask", mask.arrays,
                              mask.array_shapes(block.n_rows), ("data", "indices", "indptr"), verify=self.verify)
-        P = sp.csr_matrix(tuple(arrays), shape=(block.n_rows, self.n_cols))
-        if not P.has_sorted_indices:  # written sorted: a check of O(entries), sorting only what was changed
-            P.sort_indices()
-        return {FORMS_BY_NAME[mask.form]: P}
+        check_mask_csr(*arrays, self.n_cols, mask.form, f"store {self.path!r} is corrupt: {what}, mask, array")
+        return {FORMS_BY_NAME[mask.form]: sp.csr_matrix(tuple(arrays), shape=(block.n_rows, self.n_cols))}
+
+
+def check_mask_csr(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_cols: int, form: str,
+                   where: str) -> None:
+    """A block's stored mask as the writer leaves it, in O(entries): ``indptr`` non-decreasing from 0 to the
+    number of entries, ``indices`` in [0, ``n_cols``) and increasing within each row (sorted, no duplicates),
+    ``data`` finite, and weights of the form ``form`` names: "observed" (the weights) >= 0, "complement"
+    (1 - weight, at the entries whose weight is not 1) <= 1 (weight >= 0) and not 0. The checksums cannot
+    tell a mask written wrong (or rewritten with new checksums) from a good one; a kernel reading such arrays
+    would index out of bounds or weigh entries negatively. ValueError: ``where`` + " 'name': the problem"."""
+    nnz = len(data)
+    steps = np.diff(indptr)
+    if indptr[0] != 0 or indptr[-1] != nnz:
+        raise ValueError(f"{where} 'indptr': runs from {indptr[0]} to {indptr[-1]}, not from 0 to the mask's "
+                         f"{nnz} entries")
+    if (steps < 0).any():
+        row = int(np.flatnonzero(steps < 0)[0])
+        raise ValueError(f"{where} 'indptr': decreases at row {row} ({indptr[row]} then {indptr[row + 1]})")
+    if nnz and (indices.min() < 0 or indices.max() >= n_cols):
+        at = int(np.flatnonzero((indices < 0) | (indices >= n_cols))[0])
+        raise ValueError(f"{where} 'indices': entry {at} is column {indices[at]}, outside [0, {n_cols})")
+    row_start = np.zeros(nnz, dtype=bool)
+    row_start[indptr[:-1][steps > 0]] = True
+    unsorted = (np.diff(indices) <= 0) & ~row_start[1:]
+    if unsorted.any():
+        at = int(np.flatnonzero(unsorted)[0]) + 1
+        raise ValueError(f"{where} 'indices': not increasing within a row at entry {at} (column {indices[at]} "
+                         f"after {indices[at - 1]}; the writer sorts each row's columns)")
+    bad = ~np.isfinite(data)
+    bad |= (data < 0) if form == "observed" else (data > 1) | (data == 0)
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        rule = ("weights must be finite and non-negative" if form == "observed" else
+                "a complement entry is 1 - weight: finite, at most 1 (weight >= 0) and not 0 (weight 1 is not stored)")
+        raise ValueError(f"{where} 'data': entry {at} is {float(data[at])!r} in form {form!r} ({rule})")
 
 
 @dataclass(frozen=True)
