@@ -11,6 +11,7 @@ import io
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ import pytest
 
 import distfact
 from distfact.pipeline import SpecError, load_spec, run_pipeline
-from distfact.pipeline.nightly import is_run, match_components, previous_run, published_runs, read_start
+from distfact.outputs import locked, sibling
+from distfact.pipeline.nightly import (is_run, match_components, previous_run, published_runs, read_start,
+                                      retain)
 
 RANK, FEATURES, FIRST_ROWS, NEW_ROWS = 4, 30, 400, 40
 H_TRUE = np.random.default_rng(7).random((RANK, FEATURES)) ** 4  # sparse-ish, distinct components
@@ -303,10 +306,48 @@ def test_retention_keeps_the_newest_runs_and_latest(tmp_path):
     runs = tmp_path / "runs" / "nightly"
     assert published_runs(str(runs)) == ["2026-01-03", "2026-01-04"]
     assert sorted(os.listdir(runs)) == ["2026-01-03", "2026-01-04", "LATEST"]
-    # a backfill of an older date: kept only while among the newest two; LATEST still names the newest
+    # a backfill of an older date: its own retention keeps it (LATEST still names the newest), the next removes it
     result = night(tmp_path, 1, text)
-    assert not os.path.exists(result["run_dir"]) and (runs / "LATEST").read_text().strip() == "2026-01-04"
-    assert published_runs(str(runs)) == ["2026-01-03", "2026-01-04"]
+    assert is_run(result["run_dir"]) and (runs / "LATEST").read_text().strip() == "2026-01-04"
+    assert published_runs(str(runs)) == ["2026-01-02", "2026-01-03", "2026-01-04"]
+    night(tmp_path, 4, text)
+    assert published_runs(str(runs)) == ["2026-01-04", "2026-01-05"]
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    """The runs directory of three nights (copied by each test that changes it)."""
+    directory = tmp_path_factory.mktemp("three")
+    for number in range(3):
+        night(directory, number, spec_text(warm=False))
+    return directory / "runs" / "nightly"
+
+
+def test_retention_skips_a_date_whose_run_is_in_progress(three_runs, tmp_path):
+    runs = tmp_path / "nightly"
+    shutil.copytree(three_runs, runs)
+    events = []
+    with locked(sibling(str(runs / "2026-01-01"), "lock"), "a rerun of 2026-01-01"):  # as run_pipeline holds it
+        assert retain(str(runs), 1, lambda *args, **fields: events.append((args, fields))) == ["2026-01-02"]
+    assert published_runs(str(runs)) == ["2026-01-01", "2026-01-03"]
+    assert [(args, fields["date"]) for args, fields in events if args[1] == "skipped"] == [
+        (("retention", "skipped"), "2026-01-01")]
+    assert retain(str(runs), 1, lambda *args, **fields: None) == ["2026-01-01"]  # the lock released
+
+
+def test_retention_removes_only_its_own_leftovers(three_runs, tmp_path):
+    runs = tmp_path / "nightly"
+    shutil.copytree(three_runs, runs)
+    mine = [runs / ".2024-01-01.removing-old-notes-keep", runs / ".2024-01-01.removing-0123abcd"]
+    for directory in mine:  # a user's, one of them named as retention names its own
+        directory.mkdir()
+        (directory / "notes.txt").write_text("mine")
+    shutil.copytree(runs / "2026-01-01", runs / ".2026-01-01.removing-89abcdef")  # a run being removed, killed
+    os.remove(runs / "2026-01-01" / "distfact-output.json")  # (now no run, so not retention's to remove)
+    (runs / ".2025-12-31.removing-fedcba98").mkdir()  # a removal killed after its manifest, its last file, went
+    assert retain(str(runs), 1, lambda *args, **fields: None) == ["2026-01-02"]
+    assert sorted(os.listdir(runs)) == sorted(["2026-01-01", "2026-01-03", "LATEST", *(d.name for d in mine)])
+    assert all((directory / "notes.txt").read_text() == "mine" for directory in mine)
 
 
 KILLED_RETENTION = """

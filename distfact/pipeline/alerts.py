@@ -44,6 +44,17 @@ def alert_options(check, table: dict, spec) -> dict:
     return out
 
 
+def read_alerts(run_dir: str) -> list[dict]:
+    """The alerts a run's evaluation found (``alerts.json`` at the run's top, named in the log by the evaluate
+    stage), or none for a run without the file; a rerun that had nothing to do returns them too (its exit status
+    is the run's)."""
+    path = os.path.join(run_dir, ALERTS)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
 def read_metrics(run_dir: str) -> pd.DataFrame:
     """A run's evaluate/group_metrics.csv (group names as written)."""
     return pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"), keep_default_na=False,
