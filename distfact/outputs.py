@@ -101,12 +101,9 @@ def write_json(path, doc, indent: int | None = 2) -> None:
 
 
 def file_sha256(path) -> str:
-    """The SHA-256 of the file ``path`` (hex), read in 1 MiB chunks."""
-    h = hashlib.sha256()
+    """The SHA-256 of the file ``path`` (hex), read in chunks."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_text(path) -> str | None:

@@ -20,8 +20,8 @@ import uuid
 
 import numpy as np
 
-from ..outputs import (MANIFEST, MANIFEST_FORMAT, Locked, file_sha256, locked, read_manifest, read_text, remove_output,
-                       sibling, write_json)
+from ..outputs import (MANIFEST, MANIFEST_FORMAT, Locked, file_sha256, locked, read_manifest, read_text,
+                       remove_output, sibling, write_json)
 from ..registry import get_method
 
 RUN_KIND = "pipeline run"
