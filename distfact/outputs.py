@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -97,6 +98,21 @@ def write_json(path, doc, indent: int | None = 2) -> None:
     except ValueError as exc:
         raise ValueError(f"{path}: not written: {exc} (a result holds NaN or an infinity)") from None
     write_text(path, text + "\n")
+
+
+def file_sha256(path) -> str:
+    """The SHA-256 of the file ``path`` (hex), read in chunks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def read_text(path) -> str | None:
+    """The content of the small text file ``path`` (``LATEST``, a hash), stripped, or None when there is none."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 def write_text(path, text: str) -> None:
@@ -334,6 +350,17 @@ class OutputDir:
         finally:
             self._stack.close()
         return False
+
+
+def remove_output(directory: str) -> None:
+    """Remove the output ``directory``, its manifest last, so that a removal killed midway leaves a directory
+    still recognisable as an output of ours (:func:`read_manifest`), or an empty one."""
+    for name in os.listdir(directory):
+        if name != MANIFEST:
+            _remove(os.path.join(directory, name))
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(directory, MANIFEST))
+    os.rmdir(directory)
 
 
 def _remove(path: str) -> None:

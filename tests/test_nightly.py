@@ -11,6 +11,7 @@ import io
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ import pytest
 
 import distfact
 from distfact.pipeline import SpecError, load_spec, run_pipeline
-from distfact.pipeline.nightly import is_run, match_components, previous_run, published_runs, read_start
+from distfact.outputs import locked, sibling
+from distfact.pipeline.nightly import (is_run, match_components, previous_run, published_runs, read_start,
+                                      retain)
 
 RANK, FEATURES, FIRST_ROWS, NEW_ROWS = 4, 30, 400, 40
 H_TRUE = np.random.default_rng(7).random((RANK, FEATURES)) ** 4  # sparse-ish, distinct components
@@ -231,6 +234,69 @@ def test_a_degraded_group_exits_3_with_everything_committed(tmp_path):
     assert len(lines) == 4 and lines[-1].split()[0] == "2026-01-03" and lines[-1].split()[-1] == "1"
 
 
+def test_a_rise_is_found_across_a_change_of_the_chosen_rank():
+    """An auto-ranked fit (one model a night, its rank chosen each night) is compared night to night whatever its
+    rank; a fit with explicit ranks only at the same rank."""
+    import pandas as pd
+
+    from distfact.pipeline.alerts import find_alerts
+
+    def table(rows):
+        return pd.DataFrame(rows, columns=["fit", "rank", "group", "metric", "value"])
+
+    options = {"metric": "relative_error", "rise": 0.2, "spread": None, "vanished": False}
+    now = table([("nmf-auto", 3, "a", "relative_error", 0.5), ("nmf-auto", 3, "b", "relative_error", 0.6),
+                 ("svd-r4", 2, "a", "relative_error", 0.5), ("svd-r4", 4, "a", "relative_error", 0.1)])
+    before = table([("nmf-auto", 4, "a", "relative_error", 0.11), ("nmf-auto", 4, "b", "relative_error", 0.21),
+                    ("svd-r4", 2, "a", "relative_error", 0.45), ("svd-r4", 4, "a", "relative_error", 0.09)])
+    found = find_alerts(options, now, before, {"fits": {}}, auto={"nmf-auto"})
+    assert [(a["fit"], a["group"], a["rank"], a["previous_rank"], a["previous"]) for a in found] == [
+        ("nmf-auto", "a", 3, 4, 0.11), ("nmf-auto", "b", 3, 4, 0.21)]  # svd-r4's rank 2 (0.5) is not its rank 4's
+    assert "rank 4 before, 3 tonight" in found[0]["message"]
+
+
+AUTO_NIGHTLY = """
+name = "nightly"
+[input]
+source = "data.npz"
+[[fit]]
+method = "nmf"
+ranks = "auto"
+solver = "hals"
+max_iter = 300
+tol = 1e-5
+[select]
+ranks = "{ranks}"
+n_splits = 3
+[alerts]
+rise = 1.0
+[report]
+trend_runs = 3
+"""
+
+
+def test_an_auto_ranked_fit_alerts_and_trends_across_a_change_of_rank(tmp_path):
+    """Data of rank 4: the first two nights choose among 3 and 4 (4), the third among 5 and 6, and group b
+    degrades that night: its rise is found (exit 3) whatever the rank, and the trends keep every night."""
+    for number in range(2):
+        result = night(tmp_path, number, AUTO_NIGHTLY.format(ranks="3:4"))
+        assert model(result["run_dir"], "nmf-auto").n_components == RANK
+    write_night(tmp_path, 2, degrade="b")
+    (tmp_path / "spec.toml").write_text(AUTO_NIGHTLY.format(ranks="5:6"))
+    done = cli("run", "spec.toml", "--date", "2026-01-03", "--output", "runs", cwd=tmp_path)
+    assert done.returncode == 3, done.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "nightly" / "2026-01-03"
+    chosen = model(str(run_dir), "nmf-auto").n_components
+    assert chosen in (5, 6)
+    alerts = json.loads((run_dir / "alerts.json").read_text())
+    assert [(a["alert"], a["group"], a["previous_rank"], a["rank"]) for a in alerts] == [("rise", "b", RANK, chosen)]
+    trend = (run_dir / "report" / "nmf-auto-trend.csv").read_text().splitlines()
+    assert trend[0] == "date,rank,a,b"
+    assert [line.split(",")[:2] for line in trend[1:]] == [["2026-01-01", str(RANK)], ["2026-01-02", str(RANK)],
+                                                           ["2026-01-03", str(chosen)]]
+    assert all(value for line in trend[1:] for value in line.split(","))  # every group every night
+
+
 # -- retention --------------------------------------------------------------------------------------
 
 def test_retention_keeps_the_newest_runs_and_latest(tmp_path):
@@ -240,10 +306,48 @@ def test_retention_keeps_the_newest_runs_and_latest(tmp_path):
     runs = tmp_path / "runs" / "nightly"
     assert published_runs(str(runs)) == ["2026-01-03", "2026-01-04"]
     assert sorted(os.listdir(runs)) == ["2026-01-03", "2026-01-04", "LATEST"]
-    # a backfill of an older date: kept only while among the newest two; LATEST still names the newest
+    # a backfill of an older date: its own retention keeps it (LATEST still names the newest), the next removes it
     result = night(tmp_path, 1, text)
-    assert not os.path.exists(result["run_dir"]) and (runs / "LATEST").read_text().strip() == "2026-01-04"
-    assert published_runs(str(runs)) == ["2026-01-03", "2026-01-04"]
+    assert is_run(result["run_dir"]) and (runs / "LATEST").read_text().strip() == "2026-01-04"
+    assert published_runs(str(runs)) == ["2026-01-02", "2026-01-03", "2026-01-04"]
+    night(tmp_path, 4, text)
+    assert published_runs(str(runs)) == ["2026-01-04", "2026-01-05"]
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    """The runs directory of three nights (copied by each test that changes it)."""
+    directory = tmp_path_factory.mktemp("three")
+    for number in range(3):
+        night(directory, number, spec_text(warm=False))
+    return directory / "runs" / "nightly"
+
+
+def test_retention_skips_a_date_whose_run_is_in_progress(three_runs, tmp_path):
+    runs = tmp_path / "nightly"
+    shutil.copytree(three_runs, runs)
+    events = []
+    with locked(sibling(str(runs / "2026-01-01"), "lock"), "a rerun of 2026-01-01"):  # as run_pipeline holds it
+        assert retain(str(runs), 1, lambda *args, **fields: events.append((args, fields))) == ["2026-01-02"]
+    assert published_runs(str(runs)) == ["2026-01-01", "2026-01-03"]
+    assert [(args, fields["date"]) for args, fields in events if args[1] == "skipped"] == [
+        (("retention", "skipped"), "2026-01-01")]
+    assert retain(str(runs), 1, lambda *args, **fields: None) == ["2026-01-01"]  # the lock released
+
+
+def test_retention_removes_only_its_own_leftovers(three_runs, tmp_path):
+    runs = tmp_path / "nightly"
+    shutil.copytree(three_runs, runs)
+    mine = [runs / ".2024-01-01.removing-old-notes-keep", runs / ".2024-01-01.removing-0123abcd"]
+    for directory in mine:  # a user's, one of them named as retention names its own
+        directory.mkdir()
+        (directory / "notes.txt").write_text("mine")
+    shutil.copytree(runs / "2026-01-01", runs / ".2026-01-01.removing-89abcdef")  # a run being removed, killed
+    os.remove(runs / "2026-01-01" / "distfact-output.json")  # (now no run, so not retention's to remove)
+    (runs / ".2025-12-31.removing-fedcba98").mkdir()  # a removal killed after its manifest, its last file, went
+    assert retain(str(runs), 1, lambda *args, **fields: None) == ["2026-01-02"]
+    assert sorted(os.listdir(runs)) == sorted(["2026-01-01", "2026-01-03", "LATEST", *(d.name for d in mine)])
+    assert all((directory / "notes.txt").read_text() == "mine" for directory in mine)
 
 
 KILLED_RETENTION = """

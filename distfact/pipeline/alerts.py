@@ -44,6 +44,17 @@ def alert_options(check, table: dict, spec) -> dict:
     return out
 
 
+def read_alerts(run_dir: str) -> list[dict]:
+    """The alerts a run's evaluation found (``alerts.json`` at the run's top, named in the log by the evaluate
+    stage), or none for a run without the file; a rerun that had nothing to do returns them too (its exit status
+    is the run's)."""
+    path = os.path.join(run_dir, ALERTS)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
 def read_metrics(run_dir: str) -> pd.DataFrame:
     """A run's evaluate/group_metrics.csv (group names as written)."""
     return pd.read_csv(os.path.join(run_dir, "evaluate", "group_metrics.csv"), keep_default_na=False,
@@ -75,21 +86,29 @@ def drift(components: dict, date: str, earlier: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["date", "fit", "id", "similarity"])
 
 
-def find_alerts(options: dict, table: pd.DataFrame, before: pd.DataFrame | None, components: dict) -> list[dict]:
+def find_alerts(options: dict, table: pd.DataFrame, before: pd.DataFrame | None, components: dict,
+                auto=frozenset()) -> list[dict]:
     """The thresholds of ``options`` (the spec's [alerts]) this run's metrics ``table`` crosses, against the
-    previous run's ``before`` (None on the first night) and this run's ``components.json``."""
+    previous run's ``before`` (None on the first night) and this run's ``components.json``. ``auto``: the fits
+    whose rank select_rank chooses each night (``ranks = "auto"``): such a fit has one model a night, compared to
+    the night before's whatever the two ranks (both recorded); any other fit is compared rank by rank."""
     metric, out = options["metric"], []
     now = table[table["metric"] == metric]
     if options["rise"] is not None and before is not None:
-        keys = ["fit", "rank", "group"]
-        both = now.merge(before[before["metric"] == metric], on=keys, suffixes=("", "_before"))
+        def keyed(metrics):  # an auto-ranked fit's one model a night: its rank no part of the key
+            return metrics.assign(key=metrics["rank"].where(~metrics["fit"].isin(auto), -1))
+
+        both = keyed(now).merge(keyed(before[before["metric"] == metric]), on=["fit", "key", "group"],
+                                suffixes=("", "_before"))
         for row in both.itertuples(index=False):
             if row.value > row.value_before * (1 + options["rise"]):
-                out.append({"alert": "rise", "fit": row.fit, "rank": int(row.rank), "group": row.group,
-                            "metric": metric, "value": float(row.value), "previous": float(row.value_before),
+                ranks = f" (rank {row.rank_before} before, {row.rank} tonight)" if row.rank != row.rank_before else ""
+                out.append({"alert": "rise", "fit": row.fit, "rank": int(row.rank),
+                            "previous_rank": int(row.rank_before), "group": row.group, "metric": metric,
+                            "value": float(row.value), "previous": float(row.value_before),
                             "threshold": options["rise"],
                             "message": f"{row.fit}: group {row.group}'s {metric} rose from {row.value_before:.4g} to "
-                                       f"{row.value:.4g} (more than {options['rise']:.0%})"})
+                                       f"{row.value:.4g}{ranks} (more than {options['rise']:.0%})"})
     if options["spread"] is not None:
         for (fit, rank), rows in now.groupby(["fit", "rank"], sort=False):
             spread = float(rows["value"].max() - rows["value"].min())
@@ -126,7 +145,8 @@ def evaluate_history(out: str, context: dict, fits: list[dict], table: pd.DataFr
             if options["trend_runs"] > 1 else []
     trends(table, context["date"], earlier).to_csv(os.path.join(out, "trends.csv"), index=False)
     drift(components, context["date"], earlier).to_csv(os.path.join(out, "drift.csv"), index=False)
-    found = find_alerts(options["alerts"], table, None if previous is None else read_metrics(previous), components)
+    found = find_alerts(options["alerts"], table, None if previous is None else read_metrics(previous), components,
+                        auto={entry["name"] for entry in fits if entry["fit"].select is not None})
     write_json(os.path.join(out, ALERTS), found, indent=1)
     for alert in found:
         log("evaluate", "alert", **alert)

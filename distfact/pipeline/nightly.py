@@ -13,24 +13,23 @@ row ``i`` of tonight is row ``i`` of last night for every ``i`` last night had.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
 import uuid
 
 import numpy as np
 
-from ..outputs import MANIFEST, MANIFEST_FORMAT, locked, write_json
+from ..outputs import (MANIFEST, MANIFEST_FORMAT, Locked, file_sha256, locked, read_manifest, read_text,
+                       remove_output, sibling, write_json)
 from ..registry import get_method
 
 RUN_KIND = "pipeline run"
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 #: a fit's warm-start factors (H, and W by input row number) and their facts, beside its model
 START_FILE, START_FACTS = "start.npz", "start.json"
-#: a run directory renamed aside by retention before it is removed: not a date, so no longer a run
-REMOVING = ".removing-"
+#: a run directory renamed aside by retention before it is removed (:func:`_aside`): not a date, so no longer a run
+REMOVING = re.compile(r"\.\d{4}-\d{2}-\d{2}\.removing-[0-9a-f]{8}")
 WARM_STARTS = ("none", "previous")
 
 
@@ -92,14 +91,6 @@ def warm_start_methods() -> list[str]:
     return [name for name in methods() if can_warm_start(name)]
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def save_start(directory: str, model, data) -> None:
     """The fit's factors a later night starts from, into ``directory``: ``start.npz`` holding H (the components)
     and W by input row number (read back from ``W/``, block by block), and ``start.json`` with their shapes,
@@ -115,7 +106,7 @@ def save_start(directory: str, model, data) -> None:
     np.savez(aside, H=H, W=W)
     os.replace(aside, path)
     write_json(os.path.join(directory, START_FACTS), {"H": list(H.shape), "W": list(W.shape), "dtype": str(H.dtype),
-                                                      "sha256": _sha256(path)}, indent=1)
+                                                      "sha256": file_sha256(path)}, indent=1)
 
 
 def read_start(directory: str, rank: int, n_features: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +119,7 @@ def read_start(directory: str, rank: int, n_features: int) -> tuple[np.ndarray, 
             facts = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{directory}: no readable {START_FACTS} ({exc})") from None
-    if not isinstance(facts, dict) or facts.get("sha256") != _sha256(path):
+    if not isinstance(facts, dict) or facts.get("sha256") != file_sha256(path):
         raise ValueError(f"{path}: its SHA-256 is not the one the run recorded in {START_FACTS} (damaged or changed)")
     with np.load(path, allow_pickle=False) as arrays:
         if sorted(arrays.files) != ["H", "W"]:
@@ -257,28 +248,52 @@ def component_ids(run_dir: str, previous: str | None, fits: list[dict], threshol
 
 # -- retention --------------------------------------------------------------------------------------
 
-def retain(runs_dir: str, keep: int, log) -> list[str]:
-    """Remove the runs older than the ``keep`` newest (never the one ``LATEST`` names; only directories
-    :func:`is_run` recognises), each renamed aside first (``.<date>.removing-<hex>``: no longer a run), then
-    removed; leftovers of a retention killed midway are removed first. Returns the dates removed."""
+def retain(runs_dir: str, keep: int, log, made: str | None = None) -> list[str]:
+    """Remove the runs older than the ``keep`` newest: only directories :func:`is_run` recognises, never the one
+    ``LATEST`` names, nor ``made`` (the date of the run this invocation just made: a backfill of an old date is
+    kept until a later retention), nor a date whose run lock (``.<date>.lock``) another process holds (a rerun or
+    backfill of it in progress: skipped, and logged). Each is renamed aside first (:func:`_aside`: no longer a
+    run), then removed, its manifest last; the leftovers of a retention killed midway (names :func:`_aside`
+    gives, still holding a pipeline run's manifest, or empty) are removed first. Returns the dates removed."""
     with locked(os.path.join(runs_dir, ".retention.lock"), f"retention in {runs_dir}"):
         for name in os.listdir(runs_dir):
-            if name.startswith(".") and REMOVING in name and DATE.fullmatch(name[1:11]):
-                shutil.rmtree(os.path.join(runs_dir, name), ignore_errors=True)
-        latest_path = os.path.join(runs_dir, "LATEST")
-        latest = open(latest_path).read().strip() if os.path.isfile(latest_path) else None
-        dates = published_runs(runs_dir)
+            path = os.path.join(runs_dir, name)
+            if (REMOVING.fullmatch(name) and not os.path.islink(path) and os.path.isdir(path)
+                    and (read_manifest(path, RUN_KIND) is not None or not os.listdir(path))):
+                remove_output(path)
+        latest, dates = read_latest(runs_dir), published_runs(runs_dir)
         removed = []
         for date in dates[:max(len(dates) - keep, 0)]:
             if date == latest:
                 continue
-            aside = os.path.join(runs_dir, f".{date}{REMOVING}{uuid.uuid4().hex[:8]}")
-            os.rename(os.path.join(runs_dir, date), aside)  # one step: from here on it is no run
-            shutil.rmtree(aside)
+            if date == made:
+                log("retention", "kept", to_file=False, date=date,
+                    reason=f"the run just made, though older than the {keep} newest (a later retention removes it)")
+                continue
+            run = os.path.join(runs_dir, date)
+            try:
+                with locked(sibling(run, "lock"), f"a run of {date}"):
+                    aside = os.path.join(runs_dir, _aside(date))
+                    os.rename(run, aside)  # one step: from here on it is no run
+            except Locked:
+                log("retention", "skipped", to_file=False, date=date,
+                    reason="a run of this date is in progress in another process (the next retention removes it)")
+                continue
+            remove_output(aside)
             removed.append(date)
         if removed:
             log("retention", "removed", to_file=False, runs=removed, kept=keep)  # (the run is committed: on the stream)
         return removed
+
+
+def _aside(date: str) -> str:
+    """The name a run of ``date`` is renamed to by retention before it is removed (:data:`REMOVING`)."""
+    return f".{date}.removing-{uuid.uuid4().hex[:8]}"
+
+
+def read_latest(runs_dir: str) -> str | None:
+    """The date ``LATEST`` in ``runs_dir`` names, or None when there is none yet."""
+    return read_text(os.path.join(runs_dir, "LATEST"))
 
 
 # -- distfact runs NAME -----------------------------------------------------------------------------
@@ -286,14 +301,14 @@ def retain(runs_dir: str, keep: int, log) -> list[str]:
 def run_summaries(runs_dir: str) -> list[dict]:
     """One row per complete run (oldest first): its date, whether ``LATEST`` names it, its rows, and per fit the
     worst group's value of the fit's first metric (``metrics.json``'s ``worst_group``), and its alerts."""
-    latest_path = os.path.join(runs_dir, "LATEST")
-    latest = open(latest_path).read().strip() if os.path.isfile(latest_path) else None
+    from .alerts import read_alerts
+
+    latest = read_latest(runs_dir)
     rows = []
     for date in published_runs(runs_dir):
         with open(os.path.join(runs_dir, date, "metrics.json")) as f:
             metrics = json.load(f)
-        alerts_path = os.path.join(runs_dir, date, "alerts.json")
-        alerts = json.load(open(alerts_path)) if os.path.isfile(alerts_path) else []
+        alerts = read_alerts(os.path.join(runs_dir, date))
         row = {"date": date, "latest": "<-" if date == latest else "", "rows": metrics["input"]["shape"][0]}
         seen = set()
         for worst in metrics["worst_group"]:  # in fit order, each fit's metrics in its declared order

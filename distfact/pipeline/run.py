@@ -29,10 +29,12 @@ from ..registry import get_method
 from .._version import __version__
 from ..estimators.persistence import load as load_model
 from ..estimators.sweep import can_sweep, fit_many
-from ..outputs import Locked, OutputDir, locked, settle, sibling, write_json
+from ..outputs import Locked, OutputDir, locked, read_text, settle, sibling, write_json
+from ..outputs import file_sha256 as _file_digest  # (the name data_digest and stage_hashes use)
 from ..reports.fits import group_metric_rows, read_fit_facts
-from .alerts import ALERTS, evaluate_history
-from .nightly import WarmStart, previous_identity, previous_run, retain, save_start, warm_start
+from .alerts import ALERTS, evaluate_history, read_alerts
+from .nightly import (RUN_KIND, WarmStart, previous_identity, previous_run, read_latest, retain, save_start,
+                      warm_start)
 from .select import selected_rank
 from .spec import Spec, load_spec
 
@@ -89,14 +91,6 @@ def _digest(*parts) -> str:
     h = hashlib.sha256()
     for part in parts:
         h.update(json.dumps(part, sort_keys=True, default=str).encode() if not isinstance(part, bytes) else part)
-    return h.hexdigest()
-
-
-def _file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
     return h.hexdigest()
 
 
@@ -237,26 +231,13 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
             shutil.copyfile(os.path.join(build.path, "evaluate", ALERTS), os.path.join(build.path, ALERTS))
             build.commit()
         _update_latest(run_dir, date)
-    alerts = nightly_alerts(run_dir)
+    alerts = read_alerts(run_dir)
     if spec.nightly.get("keep"):
-        retain(os.path.dirname(run_dir), spec.nightly["keep"], log)
+        retain(os.path.dirname(run_dir), spec.nightly["keep"], log, made=date)
     if not ran:
         log("run", "up-to-date", message=f"{run_dir}: every stage is committed with the same spec and data; "
                                          "nothing to do (--force redoes it)")
     return {"run_dir": run_dir, "ran": ran, "skipped": skipped, "alerts": alerts}
-
-
-def nightly_alerts(run_dir: str) -> list[dict]:
-    """The alerts the run's evaluation found (``alerts.json``, named in the log by the evaluate stage); a rerun
-    that had nothing to do returns them too (its exit status is the run's)."""
-    path = os.path.join(run_dir, ALERTS)
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return json.load(f)
-
-
-RUN_KIND = "pipeline run"
 
 
 def _start_build(build: str, run_dir: str, spec: Spec, reused: list[str], to_run) -> None:
@@ -305,8 +286,7 @@ def _update_latest(run_dir: str, date: str) -> None:
     runs = os.path.dirname(run_dir)
     latest = os.path.join(runs, "LATEST")
     with locked(os.path.join(runs, ".LATEST.lock"), f"updating {latest}"):
-        current = open(latest).read().strip() if os.path.isfile(latest) else ""
-        if date > current:
+        if date > (read_latest(runs) or ""):
             aside = f"{latest}.partial-{uuid.uuid4().hex[:8]}"
             with open(aside, "w") as f:
                 f.write(date + "\n")
@@ -355,8 +335,7 @@ def _run_stage(stage: str, digest: str, context: dict) -> None:
 
 
 def _partial_hash(partial: str):
-    path = os.path.join(partial, "HASH")
-    return open(path).read().strip() if os.path.isfile(path) else None
+    return read_text(os.path.join(partial, "HASH"))
 
 
 # -- the stages -------------------------------------------------------------------------------------

@@ -31,14 +31,16 @@ def trend_sections(run_dir: str, metric: str, out_dir: str) -> tuple[list[str], 
                                  if alerts else "<p>No alert threshold crossed.</p>")]
     images = []
     shown = trends[trends["metric"] == metric]
-    shown = shown[shown["rank"] == shown.groupby("fit")["rank"].transform("max")]  # a nested-rank fit: its own rank
+    # a nested-rank fit: its own rank, the largest of the night's (an auto-ranked fit has one, chosen that night)
+    shown = shown[shown["rank"] == shown.groupby(["fit", "date"])["rank"].transform("max")]
     body.append(f"<h2>Trends: {html.escape(metric)} per group over the last {shown['date'].nunique()} runs</h2>")
     for fit, rows in shown.groupby("fit", sort=False):
-        wide = rows.pivot_table(index="date", columns="group", values="value", sort=False)
+        wide = rows.pivot_table(index=["date", "rank"], columns="group", values="value", sort=False)
         wide.to_csv(os.path.join(out_dir, f"{fit}-trend.csv"))
-        body.append(f"<h3>{html.escape(fit)}</h3>" + html_table(
-            ["date", *wide.columns], [[date, *("" if pd.isna(v) else float(v) for v in values)]  # "": a group not
-                                      for date, values in zip(wide.index, wide.to_numpy())]))  # there that night
+        nights = [[date, int(rank), *("" if pd.isna(v) else float(v) for v in values)]  # "": a group not there
+                  for (date, rank), values in zip(wide.index, wide.to_numpy())]      # that night
+        body.append(f"<h3>{html.escape(fit)}</h3>" + html_table(["date", "rank", *wide.columns], nights))
+        wide.index = wide.index.get_level_values("date")  # the plot's x axis
         images.append((f"{fit}-trend.png", _lines(wide, f"{fit}: {metric} per group", metric)))
     body.append(f"<h2>Components (matched to {html.escape(str(components['previous']))}, cosine similarity "
                 f"threshold {components['threshold']})</h2>")
