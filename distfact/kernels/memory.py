@@ -98,18 +98,38 @@ def aligned(value, reused: "ReusedBuffers | None" = None):
     return _with_copies(value, _copies(pending, reused))
 
 
-def _collect_unaligned(container, pending: list) -> None:
+def aligned_holding(value, reused: "ReusedBuffers"):
+    """:func:`aligned` ``(value, reused)``, and a list of what together holds every value in the result: each kept
+    allocation it was copied into, whole (one flat array whose padding is zero; its arrays one by one when their
+    dtypes differ), every array copied alone or not copied, and every other item that is not a container (numbers,
+    sparse matrices). So one test over a few items (a finite check) covers a whole pass's small arrays."""
+    pending: list[np.ndarray] = []
+    holding: list = []
+    _collect_unaligned(value, pending, holding)
+    if not pending:
+        return value, holding
+    return _with_copies(value, _copies(pending, reused, holding)), holding
+
+
+def _collect_unaligned(container, pending: list, rest: list | None = None) -> None:
+    """The arrays in ``container`` that are not aligned into ``pending``; with ``rest``, every other item that is not
+    a container into it."""
     for item in container.values() if isinstance(container, dict) else container:
         if isinstance(item, np.ndarray):
             if not is_aligned(item):
                 pending.append(item)
+            elif rest is not None:
+                rest.append(item)
         elif isinstance(item, CONTAINERS):
-            _collect_unaligned(item, pending)
+            _collect_unaligned(item, pending, rest)
+        elif rest is not None:
+            rest.append(item)
 
 
-def _copies(arrays: list, reused: "ReusedBuffers | None" = None) -> dict[int, np.ndarray]:
+def _copies(arrays: list, reused: "ReusedBuffers | None" = None, holding: list | None = None) -> dict[int, np.ndarray]:
     """Aligned copies of ``arrays`` by id: the small ones cut from one allocation (``reused``'s, when it has a free
-    one for them), the others each in its own."""
+    one for them), the others each in its own. ``holding``: the allocations' contents are appended to it (see
+    :func:`aligned_holding`)."""
     out, shared = {}, []
     for array in arrays:
         if id(array) in out:
@@ -118,12 +138,19 @@ def _copies(arrays: list, reused: "ReusedBuffers | None" = None) -> dict[int, np
             shared.append(array)
             out[id(array)] = None
         else:
-            out[id(array)] = aligned_copy(array)
+            out[id(array)] = copy = aligned_copy(array)
+            if holding is not None:
+                holding.append(copy)
     if shared:
         copies = _SharedCopies(shared) if reused is None else reused.free_copies(shared)
         for array, copy in zip(shared, copies.views):
             copy[...] = array
             out[id(array)] = copy
+        if holding is not None:
+            if copies.whole is None:
+                holding.extend(copies.views)
+            else:
+                holding.append(copies.whole)
     return out
 
 
@@ -135,19 +162,24 @@ class _SharedCopies:
         spans = [-(-array.nbytes // ALIGNMENT) * ALIGNMENT for array in arrays]
         self.nbytes = sum(spans)
         buffer = empty_aligned(self.nbytes, np.uint8)
+        buffer[...] = 0  # the padding between the arrays: zero, so that a sum over the whole allocation is theirs
         views, start = [], 0
         for array, span in zip(arrays, spans):
             views.append(_remember(buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)))
             start += span
         self.views = tuple(views)
         self.owner = views[0].base  # the array that owns the memory: every view of it refers to it
+        dtypes = {array.dtype for array in arrays}
+        #: the whole allocation as one flat array of its arrays' dtype (None when they have several)
+        self.whole = buffer.view(arrays[0].dtype) if len(dtypes) == 1 else None
+        self._references = 2 + len(self.views) + (self.whole is not None)
 
     def unused(self) -> bool:
         """Whether nothing outside this object refers to its arrays or to any view of its allocation (a view of one
         of them refers to the allocation): then writing into them changes nothing anyone can see."""
-        # references: the attribute and getrefcount's argument, plus one per array (its base); an array's:
-        # the tuple, the loop's name and getrefcount's argument
-        if sys.getrefcount(self.owner) != 2 + len(self.views):
+        # references: the attribute and getrefcount's argument, plus one per array and ``whole`` (their base); an
+        # array's: the tuple, the loop's name and getrefcount's argument
+        if sys.getrefcount(self.owner) != self._references:
             return False
         for view in self.views:
             if sys.getrefcount(view) != 3:
