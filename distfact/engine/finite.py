@@ -38,6 +38,9 @@ def all_finite(items: list) -> bool:
         if isinstance(item, np.ndarray):
             if item.dtype.kind == "f" and not finite_array(item):
                 return False
+        elif isinstance(item, float):  # also numpy's float64
+            if not math.isfinite(item):
+                return False
         elif _nonfinite_path(item) is not None:
             return False
     return True

@@ -56,8 +56,20 @@ def is_aligned(array: np.ndarray) -> bool:
     return array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0  # address(), inlined
 
 
+def _copied_in_container(array: np.ndarray) -> bool:
+    """Whether :func:`aligned` copies ``array`` found in a container: one this module did not make that is small
+    (its address is not looked at: numpy builds ``__array_interface__`` in Python, 1-2 µs, more than copying a small
+    array into the container's shared allocation) or not aligned."""
+    ref = _made.get(id(array))
+    if ref is not None and ref() is array:
+        return False
+    return (array.nbytes < SHARED_BELOW_BYTES
+            or not (array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0))
+
+
 def empty_aligned(shape, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data start at a 64-byte boundary."""
+    """An uninitialised C-contiguous array whose data start at a 64-byte boundary (remembered as aligned: a kernel's
+    output made here is known as such when a pass aligns it)."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     size, itemsize = math.prod(shape), dtype.itemsize
@@ -65,18 +77,18 @@ def empty_aligned(shape, dtype) -> np.ndarray:
         buffer = np.empty(size + ALIGNMENT // itemsize, dtype=dtype)
         skip = (-address(buffer)) % ALIGNMENT
         if skip % itemsize == 0:
-            return buffer[skip // itemsize:skip // itemsize + size].reshape(shape)
+            return _remember(buffer[skip // itemsize:skip // itemsize + size].reshape(shape))
     nbytes = size * itemsize
     buffer = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-address(buffer)) % ALIGNMENT
-    return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
+    return _remember(buffer[offset:offset + nbytes].view(dtype).reshape(shape))
 
 
 def aligned_copy(array: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``array`` at a 64-byte boundary."""
     out = empty_aligned(array.shape, array.dtype)
     out[...] = array
-    return _remember(out)
+    return out
 
 
 CONTAINERS = (dict, list, tuple)
@@ -84,15 +96,16 @@ CONTAINERS = (dict, list, tuple)
 
 def aligned(value, reused: "ReusedBuffers | None" = None):
     """``value`` with every numpy array in it (also inside dicts, lists, tuples) C-contiguous at a
-    64-byte boundary: arrays already so are returned as they are, others copied; a container comes back
-    as it is when none of its items was copied, else rebuilt around the copies. ``reused``: where the
-    small arrays of a container are copied to (:class:`ReusedBuffers`); default: a new allocation."""
+    64-byte boundary: arrays already so are returned as they are, others copied (in a container, also the small
+    arrays this module did not make, see :func:`_copied_in_container`); a container comes back as it is when none of
+    its items was copied, else rebuilt around the copies. ``reused``: where the small arrays of a container are
+    copied to (:class:`ReusedBuffers`); default: a new allocation."""
     if isinstance(value, np.ndarray):
         return value if is_aligned(value) else aligned_copy(value)
     if not isinstance(value, CONTAINERS):
         return value
     pending: list[np.ndarray] = []
-    _collect_unaligned(value, pending)
+    _collect_to_copy(value, pending)
     if not pending:
         return value
     return _with_copies(value, _copies(pending, reused))
@@ -105,23 +118,23 @@ def aligned_holding(value, reused: "ReusedBuffers"):
     sparse matrices). So one test over a few items (a finite check) covers a whole pass's small arrays."""
     pending: list[np.ndarray] = []
     holding: list = []
-    _collect_unaligned(value, pending, holding)
+    _collect_to_copy(value, pending, holding)
     if not pending:
         return value, holding
     return _with_copies(value, _copies(pending, reused, holding)), holding
 
 
-def _collect_unaligned(container, pending: list, rest: list | None = None) -> None:
-    """The arrays in ``container`` that are not aligned into ``pending``; with ``rest``, every other item that is not
-    a container into it."""
+def _collect_to_copy(container, pending: list, rest: list | None = None) -> None:
+    """The arrays in ``container`` that :func:`aligned` copies into ``pending``; with ``rest``, every other item that
+    is not a container into it."""
     for item in container.values() if isinstance(container, dict) else container:
         if isinstance(item, np.ndarray):
-            if not is_aligned(item):
+            if _copied_in_container(item):
                 pending.append(item)
             elif rest is not None:
                 rest.append(item)
         elif isinstance(item, CONTAINERS):
-            _collect_unaligned(item, pending, rest)
+            _collect_to_copy(item, pending, rest)
         elif rest is not None:
             rest.append(item)
 

@@ -128,14 +128,15 @@ class InProcessExecutor(Executor):
         name where, in block order, as the tasks would have."""
         outputs = [fn(X_b, aligned(local), block, *args)
                    for X_b, local, block in zip(self._resident, self.locals, self.blocks)]
-        (new_locals, stats), holding = aligned_holding(
-            ([out[0] for out in outputs], [outputs[b][1] for b in self._block_of_group]), self._reused)
+        n_blocks = len(outputs)  # one flat list: local factors, then statistics by group
+        made, holding = aligned_holding([out[0] for out in outputs] + [outputs[b][1] for b in self._block_of_group],
+                                        self._reused)
         if not all_finite(holding):
             for block, (local, block_stats) in zip(self.blocks, outputs):
                 check_block(block, local, block_stats)
-        self.locals = new_locals
+        self.locals = made[:n_blocks]
         self._count_pass()
-        return stats
+        return made[n_blocks:]
 
     def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
         """One pass over the CSC column blocks (see the module docstring); column tasks are
