@@ -10,7 +10,10 @@ never copy them.
 Small fits align tens of arrays per iteration (issue 19): an aligned array costs a look at its address, and
 the small arrays of one container (a block's statistics, a global state) that need copying share one aligned
 allocation, each of them at a 64-byte boundary in it. The engine keeps those allocations (:class:`ReusedBuffers`)
-and copies the next iteration's arrays into them once nothing refers to the earlier ones.
+and copies the next iteration's arrays into them once nothing refers to the earlier ones; one check over an
+allocation (:func:`aligned_holding`) covers all its arrays. Arrays made here are known without a look at their
+address (numpy builds ``__array_interface__`` in Python), and a small array found in a container that was not made
+here is copied without that look.
 """
 
 from __future__ import annotations
