@@ -19,8 +19,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..kernels.memory import ReusedBuffers, aligned
-from .finite import NonFiniteError, check_global, check_objective
+from ..kernels.memory import ReusedBuffers, aligned_holding
+from .finite import NonFiniteError, all_finite, check_global, check_objective
 
 logger = logging.getLogger("distfact")
 
@@ -162,7 +162,6 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
     a resumed state is checked against the global state they give (:func:`check_restored`)."""
     began = time.perf_counter()
     state = None
-    checked = None  # the last global state checked for non-finite values (None: a restored one, never checked here)
     if resume and checkpointer is not None:
         found = checkpointer.restore(executor, lambda saved: check_restored(saved, method, data, global_args or {}))
         if found is not None:
@@ -179,7 +178,7 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             if isinstance(started, tuple):  # an initialisation whose last pass already gave the statistics
                 global_state, stats = started
             else:
-                global_state = checked = started
+                global_state = started
                 check_global(global_state, 0, "the initial global state")
                 stats = executor.run_pass(method.block_stats, shipped(method, global_state), update=False)
             value, per_group = method.objective(global_state, stats, data)
@@ -199,16 +198,16 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         iteration = state.iteration + 1
         try:
             # what a step leaves as it was (the same object) was checked already
-            state.global_state = aligned(method.global_step(state.global_state, state.stats, data), reused)
-            check_global(state.global_state, iteration, checked=checked)
-            checked = state.global_state
-            state.stats = executor.run_pass(method.local_step, shipped(method, state.global_state), update=True)
+            state.global_state = aligned_checked(method.global_step(state.global_state, state.stats, data), reused,
+                                                 iteration)
+            block_args = shipped(method, state.global_state)  # the global state itself: aligned just now
+            state.stats = executor.run_pass(method.local_step, block_args, update=True,
+                                            args_aligned=block_args is state.global_state)
             if columns:
                 pieces, column_stats = executor.run_column_pass(method.column_step,
                                                                 shipped(method, state.global_state))
-                state.global_state = aligned(method.assemble_columns(state.global_state, pieces), reused)
-                check_global(state.global_state, iteration, checked=checked)
-                checked = state.global_state
+                state.global_state = aligned_checked(method.assemble_columns(state.global_state, pieces), reused,
+                                                     iteration)
                 state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
             value, per_group = method.objective(state.global_state, state.stats, data)
             check_objective(value, per_group, data.group_names, iteration)
@@ -231,6 +230,16 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
                 "group_objectives": np.stack(state.group_objectives), "converged": state.converged,
                 "n_passes": executor.n_passes}, executor)
     return state
+
+
+def aligned_checked(global_state: dict, reused: ReusedBuffers, iteration: int) -> dict:
+    """A global state after a step, aligned (its small arrays copied into ``reused``'s allocations) and checked for
+    non-finite values: one test over what holds it (each kept allocation whole), and :func:`check_global`, to name
+    the entry, only when that fails."""
+    global_state, holding = aligned_holding(global_state, reused)
+    if not all_finite(holding):
+        check_global(global_state, iteration)
+    return global_state
 
 
 def check_restored(saved: dict, method, data, global_args: dict) -> None:

@@ -1,7 +1,9 @@
 """Stop a fit at the first non-finite value (DESIGN §7: never exit 0 with NaN in an output).
 
 Checked where the values are made: every block task checks its statistics and its new local factor, the driver
-checks the global state after each global step and the objective after each pass. The error names the iteration,
+checks the global state after each global step and the objective after each pass. Small fits (issue 19) check what
+the engine copies into its kept allocations by one test over each allocation (:func:`all_finite`): the blocks of an
+in-process pass run in turn all at once, the global state as a whole; the per-array checks then only name where. The error names the iteration,
 the block and its group, and the array. The arrays are a block's rows x rank or rank x n_features: a cheap check
 beside the products that made them.
 """
@@ -26,6 +28,22 @@ def finite_array(array: np.ndarray) -> bool:
     if 0 < array.size <= DOT_CHECK_MAX_SIZE and math.isfinite(np.vdot(array, array)):
         return True
     return bool(np.isfinite(array).all())
+
+
+def all_finite(items: list) -> bool:
+    """Whether every floating-point array or number in ``items`` (as :func:`first_nonfinite` reads them) is finite:
+    one test over what :func:`~distfact.kernels.memory.aligned_holding` returns covers a whole pass's small arrays
+    (issue 19); only when it fails does :func:`check_block` look for where."""
+    for item in items:
+        if isinstance(item, np.ndarray):
+            if item.dtype.kind == "f" and not finite_array(item):
+                return False
+        elif isinstance(item, float):  # also numpy's float64
+            if not math.isfinite(item):
+                return False
+        elif _nonfinite_path(item) is not None:
+            return False
+    return True
 
 
 def first_nonfinite(value, name: str = "") -> str | None:
@@ -99,11 +117,8 @@ def check_block(block, local=None, stats=None, local_name: str = "its local fact
         raise NonFiniteError(f"statistic {found!r}", block)
 
 
-def check_global(state: dict, iteration: int, where: str = "the global step", checked: dict | None = None) -> None:
-    """On the driver, after a global step (or the start). ``checked``: a global state already checked, whose
-    entries ``state`` holds as the same objects (what the step left as it was) are not checked again."""
-    if checked is not None:
-        state = {key: item for key, item in state.items() if checked.get(key) is not item}
+def check_global(state: dict, iteration: int, where: str = "the global step") -> None:
+    """On the driver, after a global step (or the start)."""
     found = first_nonfinite(state)
     if found is not None:
         raise NonFiniteError(f"{found!r}", where=where, iteration=iteration)

@@ -362,9 +362,9 @@ class ModelView:
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         self.shared.pending.append(InitRequest(self.model, fn, args, None if per_block is None else list(per_block)))
 
-    def run_pass(self, fn, *args, update: bool) -> list[dict]:
+    def run_pass(self, fn, *args, update: bool, args_aligned: bool = False) -> list[dict]:
         self.shared.flush()
-        out = self.executor.run_pass(OnModel(fn, self.model, update), *args, update=update)
+        out = self.executor.run_pass(OnModel(fn, self.model, update), *args, update=update, args_aligned=args_aligned)
         self.shared.created |= update
         self.n_passes += 1
         return out

@@ -10,7 +10,10 @@ never copy them.
 Small fits align tens of arrays per iteration (issue 19): an aligned array costs a look at its address, and
 the small arrays of one container (a block's statistics, a global state) that need copying share one aligned
 allocation, each of them at a 64-byte boundary in it. The engine keeps those allocations (:class:`ReusedBuffers`)
-and copies the next iteration's arrays into them once nothing refers to the earlier ones.
+and copies the next iteration's arrays into them once nothing refers to the earlier ones; one check over an
+allocation (:func:`aligned_holding`) covers all its arrays. Arrays made here are known without a look at their
+address (numpy builds ``__array_interface__`` in Python), and a small array found in a container that was not made
+here is copied without that look.
 """
 
 from __future__ import annotations
@@ -56,8 +59,20 @@ def is_aligned(array: np.ndarray) -> bool:
     return array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0  # address(), inlined
 
 
+def _copied_in_container(array: np.ndarray) -> bool:
+    """Whether :func:`aligned` copies ``array`` found in a container: one this module did not make that is small
+    (its address is not looked at: numpy builds ``__array_interface__`` in Python, 1-2 µs, more than copying a small
+    array into the container's shared allocation) or not aligned."""
+    ref = _made.get(id(array))
+    if ref is not None and ref() is array:
+        return False
+    return (array.nbytes < SHARED_BELOW_BYTES
+            or not (array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0))
+
+
 def empty_aligned(shape, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data start at a 64-byte boundary."""
+    """An uninitialised C-contiguous array whose data start at a 64-byte boundary (remembered as aligned: a kernel's
+    output made here is known as such when a pass aligns it)."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     size, itemsize = math.prod(shape), dtype.itemsize
@@ -65,18 +80,18 @@ def empty_aligned(shape, dtype) -> np.ndarray:
         buffer = np.empty(size + ALIGNMENT // itemsize, dtype=dtype)
         skip = (-address(buffer)) % ALIGNMENT
         if skip % itemsize == 0:
-            return buffer[skip // itemsize:skip // itemsize + size].reshape(shape)
+            return _remember(buffer[skip // itemsize:skip // itemsize + size].reshape(shape))
     nbytes = size * itemsize
     buffer = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-address(buffer)) % ALIGNMENT
-    return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
+    return _remember(buffer[offset:offset + nbytes].view(dtype).reshape(shape))
 
 
 def aligned_copy(array: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``array`` at a 64-byte boundary."""
     out = empty_aligned(array.shape, array.dtype)
     out[...] = array
-    return _remember(out)
+    return out
 
 
 CONTAINERS = (dict, list, tuple)
@@ -84,32 +99,53 @@ CONTAINERS = (dict, list, tuple)
 
 def aligned(value, reused: "ReusedBuffers | None" = None):
     """``value`` with every numpy array in it (also inside dicts, lists, tuples) C-contiguous at a
-    64-byte boundary: arrays already so are returned as they are, others copied; a container comes back
-    as it is when none of its items was copied, else rebuilt around the copies. ``reused``: where the
-    small arrays of a container are copied to (:class:`ReusedBuffers`); default: a new allocation."""
+    64-byte boundary: arrays already so are returned as they are, others copied (in a container, also the small
+    arrays this module did not make, see :func:`_copied_in_container`); a container comes back as it is when none of
+    its items was copied, else rebuilt around the copies. ``reused``: where the small arrays of a container are
+    copied to (:class:`ReusedBuffers`); default: a new allocation."""
     if isinstance(value, np.ndarray):
         return value if is_aligned(value) else aligned_copy(value)
     if not isinstance(value, CONTAINERS):
         return value
     pending: list[np.ndarray] = []
-    _collect_unaligned(value, pending)
+    _collect_to_copy(value, pending)
     if not pending:
         return value
     return _with_copies(value, _copies(pending, reused))
 
 
-def _collect_unaligned(container, pending: list) -> None:
+def aligned_holding(value, reused: "ReusedBuffers"):
+    """:func:`aligned` ``(value, reused)``, and a list of what together holds every value in the result: each kept
+    allocation it was copied into, whole (one flat array whose padding is zero; its arrays one by one when their
+    dtypes differ), every array copied alone or not copied, and every other item that is not a container (numbers,
+    sparse matrices). So one test over a few items (a finite check) covers a whole pass's small arrays."""
+    pending: list[np.ndarray] = []
+    holding: list = []
+    _collect_to_copy(value, pending, holding)
+    if not pending:
+        return value, holding
+    return _with_copies(value, _copies(pending, reused, holding)), holding
+
+
+def _collect_to_copy(container, pending: list, rest: list | None = None) -> None:
+    """The arrays in ``container`` that :func:`aligned` copies into ``pending``; with ``rest``, every other item that
+    is not a container into it."""
     for item in container.values() if isinstance(container, dict) else container:
         if isinstance(item, np.ndarray):
-            if not is_aligned(item):
+            if _copied_in_container(item):
                 pending.append(item)
+            elif rest is not None:
+                rest.append(item)
         elif isinstance(item, CONTAINERS):
-            _collect_unaligned(item, pending)
+            _collect_to_copy(item, pending, rest)
+        elif rest is not None:
+            rest.append(item)
 
 
-def _copies(arrays: list, reused: "ReusedBuffers | None" = None) -> dict[int, np.ndarray]:
+def _copies(arrays: list, reused: "ReusedBuffers | None" = None, holding: list | None = None) -> dict[int, np.ndarray]:
     """Aligned copies of ``arrays`` by id: the small ones cut from one allocation (``reused``'s, when it has a free
-    one for them), the others each in its own."""
+    one for them), the others each in its own. ``holding``: the allocations' contents are appended to it (see
+    :func:`aligned_holding`)."""
     out, shared = {}, []
     for array in arrays:
         if id(array) in out:
@@ -118,12 +154,19 @@ def _copies(arrays: list, reused: "ReusedBuffers | None" = None) -> dict[int, np
             shared.append(array)
             out[id(array)] = None
         else:
-            out[id(array)] = aligned_copy(array)
+            out[id(array)] = copy = aligned_copy(array)
+            if holding is not None:
+                holding.append(copy)
     if shared:
         copies = _SharedCopies(shared) if reused is None else reused.free_copies(shared)
         for array, copy in zip(shared, copies.views):
             copy[...] = array
             out[id(array)] = copy
+        if holding is not None:
+            if copies.whole is None:
+                holding.extend(copies.views)
+            else:
+                holding.append(copies.whole)
     return out
 
 
@@ -135,19 +178,24 @@ class _SharedCopies:
         spans = [-(-array.nbytes // ALIGNMENT) * ALIGNMENT for array in arrays]
         self.nbytes = sum(spans)
         buffer = empty_aligned(self.nbytes, np.uint8)
+        buffer[...] = 0  # the padding between the arrays: zero, so that a sum over the whole allocation is theirs
         views, start = [], 0
         for array, span in zip(arrays, spans):
             views.append(_remember(buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)))
             start += span
         self.views = tuple(views)
         self.owner = views[0].base  # the array that owns the memory: every view of it refers to it
+        dtypes = {array.dtype for array in arrays}
+        #: the whole allocation as one flat array of its arrays' dtype (None when they have several)
+        self.whole = buffer.view(arrays[0].dtype) if len(dtypes) == 1 else None
+        self._references = 2 + len(self.views) + (self.whole is not None)
 
     def unused(self) -> bool:
         """Whether nothing outside this object refers to its arrays or to any view of its allocation (a view of one
         of them refers to the allocation): then writing into them changes nothing anyone can see."""
-        # references: the attribute and getrefcount's argument, plus one per array (its base); an array's:
-        # the tuple, the loop's name and getrefcount's argument
-        if sys.getrefcount(self.owner) != 2 + len(self.views):
+        # references: the attribute and getrefcount's argument, plus one per array and ``whole`` (their base); an
+        # array's: the tuple, the loop's name and getrefcount's argument
+        if sys.getrefcount(self.owner) != self._references:
             return False
         for view in self.views:
             if sys.getrefcount(view) != 3:

@@ -12,6 +12,7 @@ import distfact
 from conftest import grouped_data
 from damage import assert_refused, cli, snapshot
 from distfact.engine.finite import NonFiniteError
+from distfact.kernels.memory import aligned_copy
 
 
 @pytest.fixture
@@ -91,8 +92,8 @@ class Exploding:
     step named ``where`` makes a NaN or an infinity: a block's statistic ('local', in block 1), the global state
     ('global') or a column block's piece ('column')."""
 
-    def __init__(self, at: int, where: str):
-        self.at, self.where = at, where
+    def __init__(self, at: int, where: str, make_stat=np.array):
+        self.at, self.where, self.make_stat = at, where, make_stat
 
     def initial_global(self, data, rng):
         return {"k": np.zeros(1)}
@@ -105,7 +106,7 @@ class Exploding:
 
     def local_step(self, X_b, W_b, block, G):
         bad = self.where == "local" and G["k"][0] == self.at and block.index == 1
-        return W_b, {"s": np.array([1.0, np.nan if bad else 1.0])}
+        return W_b, {"s": self.make_stat([1.0, np.nan if bad else 1.0])}
 
     def global_step(self, G, stats, data):
         k = G["k"] + 1
@@ -146,3 +147,25 @@ def test_the_engine_names_the_iteration_and_the_step_of_a_non_finite_value(where
     finally:
         executor.close()
     assert seen == [1, 2]  # stopped at once: iteration 3 never completed
+
+
+@pytest.mark.parametrize("make_stat", [np.array, lambda values: aligned_copy(np.array(values))],
+                         ids=["copied into the kept allocation", "aligned already: checked alone"])
+def test_a_pass_of_one_block_per_group_in_turn_names_the_block_of_a_non_finite_value(make_stat):
+    """The in-process executor runs such a pass without tasks and checks its new local factors and statistics by one
+    test over its kept allocations (and the arrays it did not copy); the blocks' own checks then name where."""
+    from distfact.engine import InProcessExecutor, fit, initialise
+
+    X, groups = grouped_data(m=60, n=6, n_groups=3, seed=4)
+    data = distfact.from_arrays(X, groups).with_column_blocks(n_blocks=2)  # Exploding sweeps columns too
+    method, executor = Exploding(3, "local", make_stat), InProcessExecutor(data, n_threads=1)
+    assert executor._direct  # the path this test is about
+    seen = []
+    try:
+        with pytest.raises(NonFiniteError, match=r"^iteration 3: block 1 \(group 'g1', stored rows \d+:\d+\) produced "
+                                                 r"a non-finite value \(NaN or infinity\) in statistic 's'"):
+            fit(method, data, executor, max_iter=10, start=lambda: initialise(method, data, executor, 0),
+                callback=lambda info: seen.append(info.iteration))
+    finally:
+        executor.close()
+    assert seen == [1, 2]

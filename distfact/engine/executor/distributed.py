@@ -202,7 +202,9 @@ class DistributedExecutor(Executor):
         own = [] if per_block is None else [self._scatter(list(per_block), self.home)]
         self.locals = self._per_block(init_one, fn, self.blocks, args_ref, self.spill, *own, homes=self.home)
 
-    def run_pass(self, fn, *args, update: bool) -> list[dict]:
+    def run_pass(self, fn, *args, update: bool, args_aligned: bool = False) -> list[dict]:
+        """One pass (the package docstring). ``args_aligned`` changes nothing here: each block's task aligns what it
+        receives, which arrives by pickling."""
         from dask.sizeof import sizeof
 
         args_ref = args if sizeof(args) <= EMBEDDED_ARGS_BYTES else self._broadcast(args)

@@ -9,7 +9,8 @@ import threading
 
 import scipy.sparse as sp
 
-from ...kernels.memory import ReusedBuffers, aligned
+from ...kernels.memory import ReusedBuffers, aligned, aligned_holding
+from ..finite import all_finite, check_block
 from ..reduce import by_group, merge, tree_reduce
 from .base import (Executor, checkpoint_one, init_one, map_local_one, map_one, restore_one, run_block, run_column_block,
                    stacked_rows)
@@ -58,6 +59,11 @@ class InProcessExecutor(Executor):
         self._in_turn = self._serial()  # asked at every pass: the answer cannot change
         self._holds_blas = not self._in_turn
         self._reused = ReusedBuffers()  # a pass's statistics and new local factors, copied aligned into these
+        groups = [block.group for block in self.blocks]
+        # blocks in memory, run in turn, one per group: an update pass calls each block's step directly (_direct_pass)
+        self._direct = (self._in_turn and self._resident is not None and self.spill is None
+                        and sorted(groups) == list(range(data.n_groups)))
+        self._block_of_group = sorted(range(len(groups)), key=groups.__getitem__)
         self._pool = None  # threads for the blocks of a pass, made at the first parallel pass
         if self._holds_blas:
             # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
@@ -94,9 +100,14 @@ class InProcessExecutor(Executor):
         self.locals = self._map([functools.partial(init_one, fn, block, args, self.spill, *own[block.index])
                                  for block in self.blocks])
 
-    def run_pass(self, fn, *args, update: bool) -> list[dict]:
+    def run_pass(self, fn, *args, update: bool, args_aligned: bool = False) -> list[dict]:
+        """One pass (the package docstring). ``args_aligned``: the arguments are aligned already (the driver's global
+        state), not walked again."""
         self.generation += update
-        args = aligned(args)  # once for all blocks; the resident blocks were aligned once when the executor began
+        if not args_aligned:  # once for all blocks; the resident blocks were aligned once when the executor began
+            args = aligned(args)
+        if update and self._direct:
+            return self._direct_pass(fn, args)
         resident = self._resident
         tasks = [functools.partial(run_block, fn, self.reader, block, None if resident is None else resident[block.index],
                                    self.locals[block.index], args, update, self.spill, self.generation,
@@ -108,6 +119,24 @@ class InProcessExecutor(Executor):
             self.locals = aligned([r[0] for r in results], self._reused)
             results = [r[1] for r in results]
         return aligned(by_group(tree_reduce(results, merge), self.data.n_groups), self._reused)
+
+    def _direct_pass(self, fn, args) -> list[dict]:
+        """An update pass as ``run_block`` tasks and the reduction would make it, for blocks in memory run in turn,
+        one per group (a small fit, issue 19): each block's step called here, its statistics those of its group
+        (the reduction would only gather them), and one finite check over the new local factors and statistics once
+        copied into the kept allocations; only when that finds a non-finite value does each block's own check
+        name where, in block order, as the tasks would have."""
+        outputs = [fn(X_b, aligned(local), block, *args)
+                   for X_b, local, block in zip(self._resident, self.locals, self.blocks)]
+        n_blocks = len(outputs)  # one flat list: local factors, then statistics by group
+        made, holding = aligned_holding([out[0] for out in outputs] + [outputs[b][1] for b in self._block_of_group],
+                                        self._reused)
+        if not all_finite(holding):
+            for block, (local, block_stats) in zip(self.blocks, outputs):
+                check_block(block, local, block_stats)
+        self.locals = made[:n_blocks]
+        self._count_pass()
+        return made[n_blocks:]
 
     def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
         """One pass over the CSC column blocks (see the module docstring); column tasks are
