@@ -36,9 +36,12 @@ class GroupedMatrix:
 
     def __init__(self, meta: Metadata, column_sums: np.ndarray, *, path: str | None = None,
                  blocks: list | None = None, block_rows: list | None = None,
-                 feature_names: np.ndarray | None = None, column_data: list | None = None, verify: bool = True):
+                 feature_names: np.ndarray | None = None, column_data: list | None = None, verify: bool = True,
+                 group_column_sums: np.ndarray | None = None, idf: np.ndarray | None = None):
         self.meta = meta
         self.column_sums = column_sums
+        self.group_column_sums = group_column_sums  # (groups x n), None in a store written before appends
+        self.idf = idf  # a tf-idf corpus's idf weights (what an append weighs its documents with)
         self.path = path
         self.verify = verify  # check every array read from the store against its CRC32C
         self._blocks = blocks
@@ -72,11 +75,12 @@ class GroupedMatrix:
             raise ValueError(f"{where} has no distfact metadata (not a store, or an ingest that did not finish)")
         meta = Metadata.from_json(doc, where)
         for block in meta.column_blocks:  # read only by the methods that need them: at least they must be there
-            if not os.path.isfile(os.path.join(path, "columns", block.key, "zarr.json")):
+            if not os.path.isfile(os.path.join(path, block.node, "zarr.json")):
                 raise ValueError(f"{where} is corrupt: column block {block.index} (key {block.key!r}) is missing")
         shapes = meta.array_shapes()
-        own = dict(zip(shapes, read_arrays(path, "", "", meta.arrays, shapes, shapes, verify=verify)))
-        data = cls(meta, own["column_sums"], path=path, feature_names=own.get("feature_names"), verify=verify)
+        own = dict(zip(shapes, read_arrays(path, meta.node, "", meta.arrays, shapes, shapes, verify=verify)))
+        data = cls(meta, own["column_sums"], path=path, feature_names=own.get("feature_names"), verify=verify,
+                   group_column_sums=own.get("group_column_sums"), idf=own.get("idf"))
         data.row_index()  # read and checked now, so that a damaged one stops a fit before it starts
         return data
 
@@ -222,9 +226,30 @@ class GroupedMatrix:
             column_blocks, matrices = build_column_blocks(self, ranges, None)
             return GroupedMatrix(replace(self.meta, column_blocks=column_blocks), self.column_sums,
                                  blocks=self._blocks, block_rows=self._block_rows,
-                                 feature_names=self.feature_names, column_data=matrices)
+                                 feature_names=self.feature_names, column_data=matrices,
+                                 group_column_sums=self.group_column_sums, idf=self.idf)
         commit_column_blocks(self, ranges)
         return GroupedMatrix.open(self.path, verify=self.verify)
+
+    def append(self, X, groups=None, *, feature_names=None, block_rows=None, block_bytes=None) -> "GroupedMatrix":
+        """The store with the rows of X appended, as its next version (see ``docs/format.md``, "Appends").
+
+        X (numpy, scipy.sparse, dask or a DataFrame, with the store's columns; cast to its dtype and layout) and one
+        group label per row (``None``: all in the group ``"all"``): rows of the store's groups go into new blocks
+        after theirs, new groups follow the store's (in sorted order). Blocks are cut as :func:`from_arrays` cuts
+        them (``block_rows`` rows, or about ``block_bytes``). The metadata is written last and atomically: this
+        object, and any reader of the previous version, keeps reading that version, and an append that fails or is
+        killed leaves the store as it was. The per-group statistics are updated from the new blocks only. Column
+        blocks are not carried over (their rows would move): :meth:`with_column_blocks` builds the new version's.
+        Requires a store on disk, written by a distfact with appends.
+        """
+        from .append import append_arrays
+        from .writing import DEFAULT_BLOCK_BYTES
+
+        if self.in_memory:
+            raise ValueError("append() adds rows to a store on disk; this GroupedMatrix is in memory")
+        return append_arrays(self.path, X, groups, feature_names=feature_names, block_rows=block_rows,
+                             block_bytes=DEFAULT_BLOCK_BYTES if block_bytes is None else block_bytes)
 
     def load_block(self, index: int):
         """Block ``index`` as a numpy array (dense layout) or a CSR matrix."""

@@ -174,7 +174,8 @@ def build_column_blocks(matrix, ranges, stage_path) -> tuple[list[ColumnBlock], 
         else:
             write_arrays(stage.create_group(f"columns/{j:06d}"), **arrays)
             column_blocks.append(ColumnBlock(j, f"{j:06d}", start, stop, len(data),
-                                             array_records(stage.store.written, f"columns/{j:06d}", **arrays)))
+                                             array_records(stage.store.written, f"columns/{j:06d}", **arrays),
+                                             version=matrix.meta.version))
             if filled[j]:  # its pieces are done with: do not keep two staged copies of X
                 shutil.rmtree(os.path.join(stage_path, "pieces", f"{j:06d}"))
     return column_blocks, matrices
@@ -191,7 +192,9 @@ def commit_column_blocks(matrix, ranges) -> None:
     where = f"store {matrix.path!r}"  # on disk only
     parent, name = os.path.split(matrix.path)
     stage_path = os.path.join(parent, f".{name}.columns-partial-{uuid.uuid4().hex[:8]}")
-    target = os.path.join(matrix.path, "columns")
+    # beside this version's own arrays: the column blocks of an earlier version, which a reader may still hold,
+    # are never replaced
+    target = os.path.join(matrix.path, matrix.meta.node, "columns")
     try:
         column_blocks, _ = build_column_blocks(matrix, ranges, stage_path)
         meta = replace(matrix.meta, column_blocks=column_blocks)
