@@ -26,7 +26,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 
 import distfact
 from distfact.store import from_arrays, from_corpus, from_table
-from distfact.store.append import StoreLocked, lock_store
+from distfact.store.writing import StoreLocked, lock_store
 from distfact.store.sources import append_source
 
 

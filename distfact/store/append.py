@@ -18,8 +18,6 @@ vocabulary (and idf weights) or its hashing vectoriser, and the tokens the vocab
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import math
@@ -31,15 +29,11 @@ from .files import fingerprint
 from .format import Metadata, group_stats, version_node
 from .grouped import GroupedMatrix
 from .ingest import StoreWriter, group_codes, input_rows, write_rows
-from .writing import DEFAULT_BLOCK_BYTES, array_records, write_arrays
+from .writing import DEFAULT_BLOCK_BYTES, array_records, lock_store, write_arrays
 
 logger = logging.getLogger("distfact")
 
 STAGED_ROOT_DOCUMENT = ".root-zarr.json"  # the next root zarr.json, moved with the version into the store
-
-
-class StoreLocked(ValueError):
-    """Another process is appending to the store."""
 
 
 class AppendWriter(StoreWriter):
@@ -154,23 +148,6 @@ class AppendWriter(StoreWriter):
             os.fsync(directory)
         finally:
             os.close(directory)
-
-
-def lock_store(path: str) -> int:
-    """The store's append lock: an exclusive ``flock`` on its directory (no file is created; the system releases it
-    when the process ends). Returns the descriptor holding it; ``StoreLocked`` if another process holds it."""
-    if not os.path.isdir(path):
-        raise ValueError(f"store {path!r} does not exist (write one with 'distfact ingest' first)")
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise StoreLocked(f"store {path!r}: another process is appending to it; try again when it is done") \
-                from None
-        raise
-    return fd
 
 
 def ingested_sources(meta: Metadata) -> dict[str, int]:

@@ -22,14 +22,15 @@ import distfact
 from test_append import referenced_files
 
 APPEND = """
-import sys, numpy as np, scipy.sparse as sp, distfact
-store = distfact.open(sys.argv[1])
+import sys, numpy as np, scipy.sparse as sp
+from distfact.store.append import append_arrays
 X, groups = sp.load_npz(sys.argv[2]), np.load(sys.argv[3])
 print("ready", flush=True)
-store.append(X, groups, block_rows=int(sys.argv[4]))
+append_arrays(sys.argv[1], X, groups, block_rows=int(sys.argv[4]), progress=lambda done, total: print(done, flush=True))
 print("done", flush=True)
 """
 BLOCK_ROWS = 20
+N_BLOCKS = 60  # appended
 
 
 def start_append(store, tmp_path):
@@ -47,33 +48,40 @@ def read_everything(store) -> None:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    """The store before the append (a copy kept pristine), the rows to append (150 blocks of 20 rows: the append takes
-    long enough for kills at random points), and the store after an uninterrupted append, with its duration."""
+    """The store before the append (a copy kept pristine), the rows to append (60 blocks of 20 rows), and the store
+    after an uninterrupted append."""
     tmp_path = tmp_path_factory.mktemp("appends")
     rng = np.random.default_rng(0)
     X = sp.random(400, 60, density=0.2, random_state=rng, format="csr")
     distfact.from_arrays(X, rng.choice(["a", "b"], size=400), tmp_path / "pristine", block_rows=BLOCK_ROWS)
-    sp.save_npz(tmp_path / "X.npz", sp.random(3000, 60, density=0.2, random_state=rng, format="csr"))
-    np.save(tmp_path / "groups.npy", rng.choice(["a", "b", "c"], size=3000))
+    sp.save_npz(tmp_path / "X.npz", sp.random(N_BLOCKS * BLOCK_ROWS, 60, density=0.2, random_state=rng, format="csr"))
+    np.save(tmp_path / "groups.npy", np.repeat(["a", "b", "c"], N_BLOCKS * BLOCK_ROWS // 3))
     shutil.copytree(tmp_path / "pristine", tmp_path / "reference")
     process = start_append(tmp_path / "reference", tmp_path)
-    started = time.perf_counter()
-    assert process.wait() == 0
-    return tmp_path, time.perf_counter() - started, distfact.open(tmp_path / "reference")
+    lines = process.stdout.read().split()
+    assert process.wait() == 0 and len(lines) == N_BLOCKS + 1 and lines[-1] == "done"
+    return tmp_path, distfact.open(tmp_path / "reference")
+
+
+outcomes_seen = []
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_an_append_killed_at_a_random_point_leaves_the_previous_version(stores, tmp_path, seed):
-    source, duration, reference = stores
+    source, reference = stores
     store = tmp_path / "s"
     shutil.copytree(source / "pristine", store)
     before = distfact.open(store)
     previous = referenced_files(before)
     rng = np.random.default_rng(seed)
     outcomes = []
-    for _ in range(2):  # kills on the same store: what a killed append leaves must not trouble the next
+    for _ in range(3):  # kills on the same store: what a killed append leaves must not trouble the next
         process = start_append(store, source)
-        time.sleep(rng.uniform(0, duration))
+        # after a random number of blocks written (each one a line), and a random part of the next block's time:
+        # anywhere in the staging or, after the last block (2 kills in 5), in the commit
+        for _ in range(N_BLOCKS if rng.random() < 0.4 else rng.integers(0, N_BLOCKS)):
+            process.stdout.readline()
+        time.sleep(rng.uniform(0, 0.1))
         process.send_signal(signal.SIGKILL)
         process.wait()
         opened = distfact.open(store)  # the metadata checked, its checksum too
@@ -88,6 +96,7 @@ def test_an_append_killed_at_a_random_point_leaves_the_previous_version(stores, 
             shutil.rmtree(store)
             shutil.copytree(source / "pristine", store)
     assert "previous" in outcomes, "no kill landed before the commit"
+    outcomes_seen.extend(outcomes)
     process = start_append(store, source)  # an append after the kills completes, as if none had been
     assert process.wait() == 0
     appended = distfact.open(store)
@@ -96,3 +105,10 @@ def test_an_append_killed_at_a_random_point_leaves_the_previous_version(stores, 
     for j in range(appended.n_blocks):
         assert (appended.load_block(j) != reference.load_block(j)).nnz == 0
     assert not os.path.exists(store / "versions" / "000002")
+
+
+def test_the_kills_landed_on_both_sides_of_the_commit():
+    """Of the kills above, some left the previous version and some (in the commit, or just after it) the next."""
+    if len(outcomes_seen) < 15:
+        pytest.skip("runs after the kills above (in the same process)")
+    assert {"previous", "next"} <= set(outcomes_seen), outcomes_seen
