@@ -234,3 +234,24 @@ def append_corpus(path, files: list[str], *, block_rows=None, block_bytes=DEFAUL
                                        batch_docs, where, counting)
         record = {"sources": [fingerprint(f) for f in files], **({"out_of_vocabulary": oov} if counting else {})}
         return writer.commit(new_rows_groups(sort_group_names(seen), store), ingest=record), oov
+
+
+def append_rows(self, X, groups=None, *, feature_names=None, block_rows=None, block_bytes=None) -> GroupedMatrix:
+    """The store with the rows of X appended, as its next version (see ``docs/format.md``, "Appends").
+
+    X (numpy, scipy.sparse, dask or a DataFrame, with the store's columns; cast to its dtype and layout) and one
+    group label per row (``None``: all in the group ``"all"``): rows of the store's groups go into new blocks
+    after theirs, new groups follow the store's (in sorted order). Blocks are cut as :func:`from_arrays` cuts
+    them (``block_rows`` rows, or about ``block_bytes``). The metadata is written last and atomically: this
+    object, and any reader of the previous version, keeps reading that version, and an append that fails or is
+    killed leaves the store as it was. The per-group statistics are updated from the new blocks only. Column
+    blocks are not carried over (their rows would move): :meth:`with_column_blocks` builds the new version's.
+    Requires a store on disk, written by a distfact with appends.
+    """
+    if self.in_memory:
+        raise ValueError("append() adds rows to a store on disk; this GroupedMatrix is in memory")
+    return append_arrays(self.path, X, groups, feature_names=feature_names, block_rows=block_rows,
+                         block_bytes=DEFAULT_BLOCK_BYTES if block_bytes is None else block_bytes)
+
+
+GroupedMatrix.append = append_rows  # a method of the matrix, defined above the ingest's writer (see grouped.py)

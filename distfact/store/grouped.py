@@ -4,7 +4,9 @@ It lives either on disk (a Zarr v3 store, see ``docs/format.md``) or in memory (
 fast path for data that fit); both expose the same row blocks, which never straddle
 a group, and the per-group constants gathered at ingest (||X_l||_F^2, sums, nnz).
 Methods that sweep over columns can add a CSC copy of X by column blocks
-(``with_column_blocks``), built out of core for stores on disk.
+(``with_column_blocks``), built out of core for stores on disk. ``GroupedMatrix.append`` (rows added as the
+store's next version) is defined in ``append.py``: it writes as an ingest does, with the ingest's writer, which
+opens the stores it writes with this class.
 """
 
 from __future__ import annotations
@@ -230,26 +232,6 @@ class GroupedMatrix:
                                  group_column_sums=self.group_column_sums, idf=self.idf)
         commit_column_blocks(self, ranges)
         return GroupedMatrix.open(self.path, verify=self.verify)
-
-    def append(self, X, groups=None, *, feature_names=None, block_rows=None, block_bytes=None) -> "GroupedMatrix":
-        """The store with the rows of X appended, as its next version (see ``docs/format.md``, "Appends").
-
-        X (numpy, scipy.sparse, dask or a DataFrame, with the store's columns; cast to its dtype and layout) and one
-        group label per row (``None``: all in the group ``"all"``): rows of the store's groups go into new blocks
-        after theirs, new groups follow the store's (in sorted order). Blocks are cut as :func:`from_arrays` cuts
-        them (``block_rows`` rows, or about ``block_bytes``). The metadata is written last and atomically: this
-        object, and any reader of the previous version, keeps reading that version, and an append that fails or is
-        killed leaves the store as it was. The per-group statistics are updated from the new blocks only. Column
-        blocks are not carried over (their rows would move): :meth:`with_column_blocks` builds the new version's.
-        Requires a store on disk, written by a distfact with appends.
-        """
-        from .append import append_arrays
-        from .writing import DEFAULT_BLOCK_BYTES
-
-        if self.in_memory:
-            raise ValueError("append() adds rows to a store on disk; this GroupedMatrix is in memory")
-        return append_arrays(self.path, X, groups, feature_names=feature_names, block_rows=block_rows,
-                             block_bytes=DEFAULT_BLOCK_BYTES if block_bytes is None else block_bytes)
 
     def load_block(self, index: int):
         """Block ``index`` as a numpy array (dense layout) or a CSR matrix."""
