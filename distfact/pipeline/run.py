@@ -103,9 +103,10 @@ def _file_digest(path: str) -> str:
 def data_digest(spec: Spec) -> str:
     """A content hash of the input: SHA-256 of a source's file(s); the bundled data set's name (and distfact's
     version); for a store, which may be far larger than memory, a fingerprint instead of its bytes: its logical
-    metadata (shape, groups with their norms, sums and non-zeros, blocks) plus the name, size and modification
-    time of every file of its row blocks, so that rewriting any block changes it, while adding column blocks
-    (which some methods do to the store) does not."""
+    metadata (shape, groups with their norms, sums and non-zeros, blocks with their masks, version) plus the name,
+    size and modification time of every file of its row blocks (each block's node: ``blocks/<key>`` or, for a
+    block an append added, ``versions/<k>/blocks/<key>``; its mask's arrays are in it), so that rewriting any
+    block or mask changes it, while adding column blocks (which some methods do to the store) does not."""
     kind, value = spec.input["kind"], spec.input["value"]
     if kind == "dataset":
         return _digest("dataset", value, __version__)
@@ -113,9 +114,10 @@ def data_digest(spec: Spec) -> str:
     if kind == "store":
         from ..store import open_store
 
-        meta = open_store(path).meta.to_json()
+        store = open_store(path)
+        meta = store.meta.to_json()
         meta.pop("column_blocks", None)
-        files = sorted(_walk(os.path.join(path, "blocks")))
+        files = sorted(f for block in store.blocks for f in _walk(os.path.join(path, block.node)))
         return _digest("store", meta, [(os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns)
                                        for f in files])
     files = sorted(_walk(path)) if os.path.isdir(path) else [path]
