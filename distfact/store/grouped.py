@@ -57,7 +57,7 @@ class GroupedMatrix:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def open(cls, path, *, verify: bool = True) -> "GroupedMatrix":
+    def open(cls, path, *, verify: bool = True, version_metadata: dict | None = None) -> "GroupedMatrix":
         """Open a store written by distfact; a missing, damaged or inconsistent store raises ``ValueError``.
 
         The metadata is checked (:meth:`Metadata.from_json`), every column block must be there, and
@@ -66,6 +66,10 @@ class GroupedMatrix:
         they are read, by every pass.
         ``verify=False`` leaves out the CRC32C checks (to measure what they cost); shapes and dtypes are
         checked all the same. The command line has no way to turn them off.
+        ``version_metadata``: the metadata document (``meta.to_json()``) of an earlier version of the store, to
+        open that version rather than the current one (an append leaves what an earlier version references in
+        place: a pipeline run reads the version it ingested, whatever was appended since). Checked as the
+        store's own; its arrays are checked against their CRC32Cs as they are read.
         """
         path = os.path.abspath(os.path.normpath(os.fspath(path)))  # workers may run elsewhere
         where = f"store {path!r}"
@@ -77,6 +81,9 @@ class GroupedMatrix:
             doc = root.attrs.get("distfact")
         except Exception as exc:  # zarr raises several types for a damaged zarr.json
             raise ValueError(f"{where} is not a readable Zarr group: {exc}") from exc
+        if version_metadata is not None and doc is not None:
+            doc = version_metadata
+            where = f"{where}, version {doc.get('version', 0) if isinstance(doc, dict) else '?'}"
         if doc is None:
             raise ValueError(f"{where} has no distfact metadata (not a store, or an ingest that did not finish)")
         meta = Metadata.from_json(doc, where)
