@@ -377,3 +377,25 @@ def test_appending_a_table_with_holes_to_a_store_of_kind_nan(tmp_path):
                        missing="nan")
     assert appended.mask_kind == "nan"
     assert_same_as_fresh(appended, fresh)
+
+
+def test_an_earlier_version_opens_from_its_metadata_document(tmp_path):
+    """``GroupedMatrix.open(path, version_metadata=...)``: what a pipeline run reads after later appends, the
+    version it ingested (blocks, own arrays, masks), checked against its CRC32Cs; a damaged document is refused."""
+    X, groups, first, _ = masked_split(True, "nan", True, seed=6)
+    (X1, g1), (X2, g2) = halves(X, groups, first)
+    store = from_arrays(X1, g1, tmp_path / "s", block_rows=5, missing="nan")
+    document = store.meta.to_json()
+    appended = store.append(X2, g2, block_rows=5).append(X2[:4], g2[:4], block_rows=5)
+    assert appended.meta.version == 2
+    earlier = distfact.open(tmp_path / "s")  # the current version
+    pinned = type(earlier).open(tmp_path / "s", version_metadata=document)
+    assert pinned.meta == store.meta and pinned.shape == (30, 7) and earlier.shape == (64, 7)
+    np.testing.assert_array_equal(pinned.column_sums, store.column_sums)
+    for j in range(store.n_blocks):
+        assert (pinned.load_block(j) != store.load_block(j)).nnz == 0
+        (P,), (Q,) = pinned.mask_reader()(pinned.blocks[j]).values(), store.mask_reader()(store.blocks[j]).values()
+        assert (P != Q).nnz == 0
+    assert_same_fits(pinned, store)
+    with pytest.raises(ValueError, match=r"store '.*s', version 0: corrupt metadata"):
+        type(earlier).open(tmp_path / "s", version_metadata={**document, "shape": [29, 7]})
