@@ -98,21 +98,8 @@ def main() -> dict:
     return out
 
 
-CORPUS_SPEC = """
-name = "corpus-nightly"
-[input]
-source = "incoming/*.jsonl"
-max_features = 20000
-[[fit]]
-method = "nmf"
-rank = {rank}
-solver = "hals"
-tol = 1e-4
-max_iter = 2000
-{warm}
-[output]
-checkpoint_every = 0
-"""
+CORPUS_SPEC = SPEC.replace('"digits-nightly"', '"corpus-nightly"').replace(
+    'source = "data.npz"', 'source = "incoming/*.jsonl"\nmax_features = 20000')
 
 
 def corpus_case(docs: int, repeats: int) -> dict:
@@ -139,7 +126,7 @@ def corpus_case(docs: int, repeats: int) -> dict:
         write_corpus(tmp / "incoming" / "part-00.jsonl", docs - n_new, words, 60, seed=0)
         for kind in ("warm", "cold"):
             (tmp / f"{kind}.toml").write_text(CORPUS_SPEC.format(
-                rank=RANK, warm='warm_start = "previous"' if kind == "warm" else ""))
+                rank=RANK, solver="hals", warm='warm_start = "previous"' if kind == "warm" else ""))
         night0 = stages(run_pipeline(tmp / "warm.toml", date="2026-03-01", root=str(tmp / "night0"),
                                      stream=io.StringIO()))
         write_corpus(tmp / "incoming" / "part-01.jsonl", n_new, words, 60, seed=1)
