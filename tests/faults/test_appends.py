@@ -26,16 +26,22 @@ import sys, numpy as np, scipy.sparse as sp
 from distfact.store.append import append_arrays
 X, groups = sp.load_npz(sys.argv[2]), np.load(sys.argv[3])
 print("ready", flush=True)
-append_arrays(sys.argv[1], X, groups, block_rows=int(sys.argv[4]), progress=lambda done, total: print(done, flush=True))
+def paced(done, total):  # each block written: said, then (paced by the test) waited for the go-ahead
+    print(done, flush=True)
+    sys.stdin.readline()
+append_arrays(sys.argv[1], X, groups, block_rows=int(sys.argv[4]), progress=paced)
 print("done", flush=True)
 """
 BLOCK_ROWS = 20
 N_BLOCKS = 60  # appended
 
 
-def start_append(store, tmp_path):
+def start_append(store, tmp_path, paced: bool = False):
+    """The append in a subprocess; ``paced``: it waits after each block for a line on its stdin (so that a kill
+    lands where the test chose, however loaded the machine), else it runs through (stdin empty)."""
     process = subprocess.Popen([sys.executable, "-c", APPEND, str(store), str(tmp_path / "X.npz"),
-                                str(tmp_path / "groups.npy"), str(BLOCK_ROWS)], stdout=subprocess.PIPE, text=True)
+                                str(tmp_path / "groups.npy"), str(BLOCK_ROWS)], stdout=subprocess.PIPE, text=True,
+                               stdin=subprocess.PIPE if paced else subprocess.DEVNULL)
     assert process.stdout.readline().strip() == "ready"  # distfact imported, the store opened: the append starts
     return process
 
@@ -76,11 +82,13 @@ def test_an_append_killed_at_a_random_point_leaves_the_previous_version(stores, 
     rng = np.random.default_rng(seed)
     outcomes = []
     for _ in range(3):  # kills on the same store: what a killed append leaves must not trouble the next
-        process = start_append(store, source)
-        # after a random number of blocks written (each one a line), and a random part of the next block's time:
-        # anywhere in the staging or, after the last block (2 kills in 5), in the commit
+        process = start_append(store, source, paced=True)
+        # after a random number of blocks written (each one a line, each let go on), and a random part of the next
+        # block's time: anywhere in the staging or, after the last block (2 kills in 5), in the commit
         for _ in range(N_BLOCKS if rng.random() < 0.4 else rng.integers(0, N_BLOCKS)):
             process.stdout.readline()
+            process.stdin.write("\n")
+            process.stdin.flush()
         time.sleep(rng.uniform(0, 0.1))
         process.send_signal(signal.SIGKILL)
         process.wait()
