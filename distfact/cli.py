@@ -139,8 +139,13 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                    help="arrays and tables: NaN entries (a table's empty or NA fields) are missing; X is stored with "
                         "0 there and a mask beside it, which fits of the store use")
     p.add_argument("--mask", metavar="FILE", help="arrays and tables: entry weights (0 = missing) of X's shape, "
-                                                  "a dense .npy or a scipy sparse .npz, stored beside X")
+                                                  "a dense .npy or a scipy sparse .npz, stored beside X (with "
+                                                  "--append: the appended rows' weights)")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--append", action="store_true",
+                   help="add SOURCE's rows to the existing store DEST as its next version (new blocks; new groups "
+                        "follow its groups), read as the store's first ingest was (its columns, vocabulary or "
+                        "hashing, fields); files whose content the store already holds are skipped")
     _add_progress_option(p)
 
     p = sub.add_parser("info", help="groups, sizes, nnz and norms of a store")
@@ -268,7 +273,7 @@ def cmd_ingest(args):
     from .store.sources import ingest_source, source_kind
 
     kind = source_kind(args.source) if os.path.exists(args.source) else None  # (ingest_source names a missing one)
-    if kind == "table" and not args.group_column:
+    if kind == "table" and not args.group_column and not args.append:  # (an append's is the store's)
         raise ValueError("a table source needs --group-column")
     if kind == "corpus" and args.signed:
         raise ValueError("--signed applies to array and table sources; a corpus is non-negative")
@@ -279,6 +284,8 @@ def cmd_ingest(args):
     bytes_read = kind == "corpus" or (kind == "table" and not args.source.lower().endswith(PARQUET_SUFFIXES))
     progress = Progress(what="read" if bytes_read else "rows", unit="B" if bytes_read else "rows",
                         shown=not args.no_progress)
+    if args.append:
+        return _append(args, progress)
     data = ingest_source(args.source, args.dest, group_column=args.group_column, groups_file=args.groups_file,
                          signed=args.signed, text_field=args.text_field, group_field=args.group_field,
                          vectorizer=args.vectorizer, max_features=args.max_features, block_rows=args.block_rows,
@@ -288,6 +295,34 @@ def cmd_ingest(args):
     if args.column_blocks:
         data = data.with_column_blocks()
     print(f"wrote {data!r}")
+
+
+def _append(args, progress) -> None:
+    """``distfact ingest --append``: the options of a first ingest that an append takes from the store are refused."""
+    from .store.sources import append_source
+
+    fixed = [option for option, given in (("--overwrite", args.overwrite), ("--signed", args.signed),
+                                          ("--vectorizer", args.vectorizer != "tfidf"),
+                                          ("--max-features", args.max_features != 20000),
+                                          ("--text-field", args.text_field != "text"),
+                                          ("--group-field", args.group_field != "group")) if given]
+    if fixed:
+        raise ValueError(f"--append reads SOURCE as the store's first ingest did; {', '.join(fixed)} cannot be given")
+    data, outcome = append_source(args.source, args.dest, group_column=args.group_column,
+                                  groups_file=args.groups_file, block_rows=args.block_rows, missing=args.missing,
+                                  mask_file=args.mask, progress=lambda done, total: progress.update(done, total=total))
+    progress.close()
+    for file, version in outcome["skipped"].items():
+        print(f"skipped {file}: its content is already in the store (version {version})")
+    if outcome["version"] is None:
+        print(f"nothing appended: {data!r} is unchanged")
+    else:
+        oov = outcome.get("out_of_vocabulary")
+        print(f"appended {outcome['rows']} rows as version {outcome['version']}"
+              + (f" ({oov['tokens']} out-of-vocabulary tokens in {oov['documents']} documents)" if oov else ""))
+        if args.column_blocks:
+            data = data.with_column_blocks()
+        print(f"wrote {data!r}")
 
 
 def cmd_info(args):

@@ -2,9 +2,10 @@
 component ids kept across runs, trends and alerts (exit status 3), retention (and a retention killed midway),
 ``distfact runs``.
 
-The growing data: :func:`write_night` writes night ``k``'s source, the same planted factorisation with more rows
-each night (new rows after the old ones), re-ingested whole each night. When the store can be appended to
-(``distfact ingest --append``), only :func:`write_night` changes.
+The growing data: the same planted factorisation with more rows each night (new rows after the old ones), as
+partitions: :func:`write_partition` writes partition ``p`` (``incoming/part-<p>.npz``: the first rows, or the rows
+night ``p`` adds), and the spec's ``source = "incoming/*.npz"`` makes each run append to a persistent store only
+the partitions it does not hold yet.
 """
 
 import io
@@ -42,15 +43,30 @@ def night_rows(night: int) -> tuple[np.ndarray, np.ndarray]:
     return W @ H_TRUE + noise, groups.astype(str)
 
 
-def write_night(directory, night: int, degrade: str | None = None):
-    """Night ``night``'s source (``data.npz`` in ``directory``); ``degrade``: a group whose rows get centred
-    unstructured noise (its error rises about tenfold, the other's by about a quarter)."""
-    X, groups = night_rows(night)
+def write_partition(directory, partition: int, degrade: str | None = None):
+    """Partition ``partition`` into ``directory/incoming``: the rows night ``partition`` adds to
+    :func:`night_rows` (night 0: all its rows); ``degrade``: a group whose rows in it get centred unstructured noise
+    (that group's error rises several times, the other's barely). Returns its path."""
+    X, groups = night_rows(partition)
+    start = 0 if partition == 0 else FIRST_ROWS + NEW_ROWS * (partition - 1)
+    X, groups = X[start:], groups[start:]
     if degrade is not None:
         rows = groups == degrade
         noise = np.random.default_rng(13).random((int(rows.sum()), FEATURES)) - 0.5
-        X[rows] = np.maximum(X[rows] + 0.3 * X.mean() * noise, 0)
-    np.savez(os.path.join(directory, "data.npz"), X=X, groups=groups)
+        X[rows] = np.maximum(X[rows] + X.mean() * noise, 0)
+    os.makedirs(os.path.join(directory, "incoming"), exist_ok=True)
+    path = os.path.join(directory, "incoming", f"part-{partition:02d}.npz")
+    np.savez(path, X=X, groups=groups)
+    return path
+
+
+def write_night(directory, night: int, degrade: str | None = None):
+    """Night ``night``'s partitions: the ones up to ``night`` not yet written, and night ``night``'s (with
+    ``degrade``, see :func:`write_partition`)."""
+    for partition in range(night):
+        if not os.path.exists(os.path.join(directory, "incoming", f"part-{partition:02d}.npz")):
+            write_partition(directory, partition)
+    write_partition(directory, night, degrade)
 
 
 def spec_text(*, warm: bool, seed: int = 0, extra: str = "", name: str = "nightly", solver: str = "hals",
@@ -58,7 +74,7 @@ def spec_text(*, warm: bool, seed: int = 0, extra: str = "", name: str = "nightl
     return f"""
 name = "{name}"
 [input]
-source = "data.npz"
+source = "incoming/*.npz"
 [[fit]]
 method = "nmf"
 rank = {RANK}
@@ -258,7 +274,7 @@ def test_a_rise_is_found_across_a_change_of_the_chosen_rank():
 AUTO_NIGHTLY = """
 name = "nightly"
 [input]
-source = "data.npz"
+source = "incoming/*.npz"
 [[fit]]
 method = "nmf"
 ranks = "auto"
@@ -305,7 +321,7 @@ def test_retention_keeps_the_newest_runs_and_latest(tmp_path):
         night(tmp_path, number, text)
     runs = tmp_path / "runs" / "nightly"
     assert published_runs(str(runs)) == ["2026-01-03", "2026-01-04"]
-    assert sorted(os.listdir(runs)) == ["2026-01-03", "2026-01-04", "LATEST"]
+    assert sorted(os.listdir(runs)) == ["2026-01-03", "2026-01-04", "LATEST", "store.zarr"]
     # a backfill of an older date: its own retention keeps it (LATEST still names the newest), the next removes it
     result = night(tmp_path, 1, text)
     assert is_run(result["run_dir"]) and (runs / "LATEST").read_text().strip() == "2026-01-04"
@@ -346,13 +362,20 @@ def test_retention_removes_only_its_own_leftovers(three_runs, tmp_path):
     os.remove(runs / "2026-01-01" / "distfact-output.json")  # (now no run, so not retention's to remove)
     (runs / ".2025-12-31.removing-fedcba98").mkdir()  # a removal killed after its manifest, its last file, went
     assert retain(str(runs), 1, lambda *args, **fields: None) == ["2026-01-02"]
-    assert sorted(os.listdir(runs)) == sorted(["2026-01-01", "2026-01-03", "LATEST", *(d.name for d in mine)])
+    assert sorted(os.listdir(runs)) == sorted(["2026-01-01", "2026-01-03", "LATEST", "store.zarr",
+                                               *(d.name for d in mine)])
     assert all((directory / "notes.txt").read_text() == "mine" for directory in mine)
 
 
 KILLED_RETENTION = """
-import sys
+import os, sys, time
 from distfact.pipeline.nightly import retain
+if len(sys.argv) > 2:  # each file's removal slowed, so that a kill lands mid-removal even on a loaded machine
+    unlink = os.unlink
+    def slow_unlink(*args, **kwargs):
+        time.sleep(0.0002)
+        return unlink(*args, **kwargs)
+    os.unlink = os.remove = slow_unlink
 retain(sys.argv[1], 1, lambda *args, **fields: None)
 """
 
@@ -371,7 +394,7 @@ def test_a_killed_retention_leaves_no_broken_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     lock, interrupted = os.path.join(runs, ".retention.lock"), 0
     for delay in (0, 0.01, 0.03, 0.06, 0.1, 0.2):
-        process = subprocess.Popen([sys.executable, "-c", KILLED_RETENTION, runs], env=env)
+        process = subprocess.Popen([sys.executable, "-c", KILLED_RETENTION, runs, "slow"], env=env)
         deadline = time.monotonic() + 120
         while not (os.path.isfile(lock) and open(lock).read() == str(process.pid)):  # retention has begun
             assert time.monotonic() < deadline and process.poll() is None
@@ -391,4 +414,90 @@ def test_a_killed_retention_leaves_no_broken_run(tmp_path):
     assert interrupted, "no kill landed while a run was being removed"
     done = subprocess.run([sys.executable, "-c", KILLED_RETENTION, runs], env=env)
     assert done.returncode == 0
-    assert sorted(os.listdir(runs)) == ["2026-01-06", "LATEST"]  # (and the lock the kills left is gone)
+    assert sorted(os.listdir(runs)) == ["2026-01-06", "LATEST", "store.zarr"]  # (and the lock the kills left is gone)
+
+
+# -- seven nights of partitions (issue 21) ----------------------------------------------------------
+
+SEVEN_NIGHTS_ALERTS = ALERTS.replace("trend_runs = 3", "trend_runs = 7")
+
+
+def files_of(directory):
+    """Every file under ``directory`` with its modification time (what a no-op rerun leaves as it was)."""
+    return {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns for d, _, names in os.walk(directory)
+            for f in names}
+
+
+def test_seven_nights_of_a_growing_partitioned_corpus(tmp_path):
+    """Nights 0-6 of ``source = "incoming/*.npz"``: night 3 brings a new group (c), night 4 no partition, night 6 a
+    degraded group b. Each night ingests only its new partition (counted in input.json), its warm-started fit
+    reaches the cold start's error in fewer iterations, the planted component keeps its id, the trend table has one
+    row per night and group, the degraded night exits 3 with alerts.json, and rerunning any night is a no-op."""
+    partition_of = {0: 0, 1: 1, 2: 2, 3: 3, 5: 4, 6: 5}  # night -> the partition it brings (night 4: none)
+    warm_text, cold_text = spec_text(warm=True, extra=SEVEN_NIGHTS_ALERTS), spec_text(warm=False)
+    runs, store = tmp_path / "runs" / "nightly", tmp_path / "runs" / "nightly" / "store.zarr"
+    ids = []
+    for number in range(7):
+        date = f"2026-01-{number + 1:02d}"
+        if number in partition_of:
+            write_partition(tmp_path, partition_of[number], degrade="b" if number == 6 else None)
+        (tmp_path / "spec.toml").write_text(warm_text)
+        done = cli("run", "spec.toml", "--date", date, "--output", "runs", cwd=tmp_path)
+        assert done.returncode == (3 if number == 6 else 0), done.stderr[-2000:]
+        run_dir = runs / date
+        with open(run_dir / "ingest" / "input.json") as f:
+            ingested = json.load(f)
+        expected = [f"part-{partition_of[number]:02d}.npz"] if number in partition_of else []
+        assert ingested["partitions"]["ingested"] == expected
+        assert len(ingested["partitions"]["skipped"]) == len([n for n in partition_of if n < number])
+        rows = FIRST_ROWS + NEW_ROWS * max(0, len([n for n in partition_of if n <= number]) - 1)
+        assert ingested["shape"] == [rows, FEATURES] and ingested["version"] == distfact.open(store).meta.version
+        # the planted component's id
+        H = model(run_dir).components_
+        position = int(np.argmax((H / np.linalg.norm(H, axis=1, keepdims=True)) @ H_TRUE[0]))
+        with open(run_dir / "evaluate" / "components.json") as f:
+            ids.append(json.load(f)["fits"]["nmf-r4"]["ids"][position])
+        if number in (1, 3, 5):  # warm against cold, on the same partitions (a root of its own)
+            (tmp_path / "spec.toml").write_text(cold_text)
+            cold = run_pipeline(tmp_path / "spec.toml", date=date, root=str(tmp_path / "cold"), stream=io.StringIO())
+            warm_model, cold_model = model(run_dir), model(cold["run_dir"])
+            target = cold_model.objective_history_[-1] * 1.001
+            reached = np.flatnonzero(warm_model.objective_history_ <= target)
+            assert reached.size and reached[0] < np.flatnonzero(cold_model.objective_history_ <= target)[0]
+            assert warm_model.n_iter_ < cold_model.n_iter_, (number, warm_model.n_iter_, cold_model.n_iter_)
+        # a rerun of the night: nothing ingested, nothing rerun, nothing of the run or the store rewritten
+        (tmp_path / "spec.toml").write_text(warm_text)
+        before, version = files_of(run_dir), distfact.open(store).meta.version
+        again = cli("run", "spec.toml", "--date", date, "--output", "runs", cwd=tmp_path)
+        assert again.returncode == (3 if number == 6 else 0) and "up to date" in again.stdout, again.stderr[-2000:]
+        assert files_of(run_dir) == before and distfact.open(store).meta.version == version
+    assert len(set(ids)) == 1, ids
+    final = runs / "2026-01-07"
+    alerts = json.loads((final / "alerts.json").read_text())
+    assert {(a["alert"], a.get("group")) for a in alerts} == {("rise", "b")}, alerts
+    trends = (final / "evaluate" / "trends.csv").read_text().splitlines()
+    rows = sorted((r[0], r[3]) for r in (line.split(",") for line in trends[1:]) if r[4] == "relative_error")
+    assert rows == sorted((f"2026-01-0{d}", g) for d in range(1, 8) for g in ("ab" if d <= 3 else "abc"))
+    # a backfill: a partition already in the store, under another name, adds nothing
+    (tmp_path / "incoming" / "part-99.npz").write_bytes((tmp_path / "incoming" / "part-01.npz").read_bytes())
+    result = run_pipeline(tmp_path / "spec.toml", date="2026-01-08", root=str(tmp_path / "runs"), stream=io.StringIO())
+    with open(os.path.join(result["run_dir"], "ingest", "input.json")) as f:
+        assert json.load(f)["partitions"] == {"ingested": [], "skipped": [f"part-{p:02d}.npz" for p in range(6)]
+                                              + ["part-99.npz"], "rows": 0}
+
+
+def test_spec_errors_of_a_source_of_partitions(tmp_path):
+    write_night(tmp_path, 0)
+    for source, extra, words in (
+            ("missing/*.npz", "", r"'missing/\*.npz': a pattern of partitions names files of one existing folder"),
+            ("incoming/*.txt", "", r"unknown kind of source 'incoming/\*.txt'"),
+            ("incoming/part-00.npz", 'store_path = "s.zarr"', r"key 'store_path': applies to a source of partitions")):
+        (tmp_path / "spec.toml").write_text(spec_text(warm=False).replace('source = "incoming/*.npz"',
+                                                                          f'source = "{source}"\n{extra}'))
+        with pytest.raises(SpecError, match=r"spec.toml:\d+: \[input\].*" + words):
+            load_spec(tmp_path / "spec.toml")
+    (tmp_path / "spec.toml").write_text(spec_text(warm=False).replace('source = "incoming/*.npz"',
+                                                                      'source = "incoming/*.npz"\nstore_path = "kept"'))
+    result = run_pipeline(tmp_path / "spec.toml", date="2026-01-01", root=str(tmp_path / "runs"), stream=io.StringIO())
+    assert distfact.open(tmp_path / "kept").shape[0] == FIRST_ROWS
+    assert not os.path.exists(os.path.join(os.path.dirname(result["run_dir"]), "store.zarr"))

@@ -378,3 +378,28 @@ def test_the_cluster_table_takes_a_tls_directory_relative_to_the_spec(tmp_path):
     assert load_spec(write_spec(tmp_path, SMALL + cluster)).cluster["tls_dir"] == str(tmp_path / "certs")
     with pytest.raises(SpecError, match="key 'tls_dir': is for kind = 'scheduler'"):
         load_spec(write_spec(tmp_path, SMALL + cluster.replace('"scheduler"', '"local"')))
+
+
+def test_the_data_digest_of_a_store_covers_appended_blocks_and_their_masks(tmp_path):
+    """The ingest stage's digest of an [input] store: every block's files, found by its node (an appended block
+    lives under versions/<k>/), masks included; column blocks, which fits add, do not count."""
+    import distfact
+    from distfact.pipeline.run import data_digest
+
+    rng = np.random.default_rng(0)
+    X = rng.random((40, 6))
+    X[rng.random(X.shape) < 0.1] = np.nan
+    groups = np.repeat(["a", "b"], 20)
+    store = distfact.from_arrays(X[:30], groups[:30], tmp_path / "s", block_rows=5, missing="nan")
+    spec = load_spec(write_spec(tmp_path, SMALL.replace('dataset = "digits"', 'store = "s"')))
+    before = data_digest(spec)
+    appended = store.append(X[30:], groups[30:], block_rows=5)
+    digests = [before, data_digest(spec)]
+    block = next(b for b in appended.blocks if b.version == 1 and b.mask.nnz)
+    for array in ("X", "mask/data"):  # a chunk of the appended block's X rewritten, then one of its mask
+        chunk = os.path.join(appended.path, block.node, array, "c", "0" if "/" in array else "0/0")
+        os.utime(chunk, ns=(os.stat(chunk).st_atime_ns, os.stat(chunk).st_mtime_ns + 10**9))
+        digests.append(data_digest(spec))
+    assert len(set(digests)) == 4
+    appended.with_column_blocks(n_blocks=2)
+    assert data_digest(spec) == digests[-1]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import glob
 import hashlib
 import json
 import os
@@ -97,19 +98,25 @@ def _digest(*parts) -> str:
 def data_digest(spec: Spec) -> str:
     """A content hash of the input: SHA-256 of a source's file(s); the bundled data set's name (and distfact's
     version); for a store, which may be far larger than memory, a fingerprint instead of its bytes: its logical
-    metadata (shape, groups with their norms, sums and non-zeros, blocks) plus the name, size and modification
-    time of every file of its row blocks, so that rewriting any block changes it, while adding column blocks
-    (which some methods do to the store) does not."""
+    metadata (shape, groups with their norms, sums and non-zeros, blocks with their masks, version) plus the name,
+    size and modification time of every file of its row blocks (each block's node: ``blocks/<key>`` or, for a
+    block an append added, ``versions/<k>/blocks/<key>``; its mask's arrays are in it), so that rewriting any
+    block or mask changes it, while adding column blocks (which some methods do to the store) does not. For a
+    source of partitions (a pattern), the SHA-256 of every file it matches, by name: a night that brings no new
+    partition has the previous night's digest."""
     kind, value = spec.input["kind"], spec.input["value"]
     if kind == "dataset":
         return _digest("dataset", value, __version__)
     path = spec.input["path"]
+    if spec.input.get("partitions"):
+        return _digest("partitions", *[(os.path.basename(f), _file_digest(f)) for f in sorted(glob.glob(path))])
     if kind == "store":
         from ..store import open_store
 
-        meta = open_store(path).meta.to_json()
+        store = open_store(path)
+        meta = store.meta.to_json()
         meta.pop("column_blocks", None)
-        files = sorted(_walk(os.path.join(path, "blocks")))
+        files = sorted(f for block in store.blocks for f in _walk(os.path.join(path, block.node)))
         return _digest("store", meta, [(os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns)
                                        for f in files])
     files = sorted(_walk(path)) if os.path.isdir(path) else [path]
@@ -341,15 +348,61 @@ def _partial_hash(partial: str):
 # -- the stages -------------------------------------------------------------------------------------
 
 def open_input(run_dir: str):
-    """The grouped matrix the ingest stage committed."""
-    from ..store import open_store
+    """The grouped matrix the ingest stage committed: for partitions appended to a persistent store, the version
+    of the store the stage ingested (its metadata kept beside ``input.json``), whatever was appended since."""
+    from ..store import GroupedMatrix, open_store
 
     with open(os.path.join(run_dir, "ingest", "input.json")) as f:
         store = json.load(f)["store"]
+    pinned = os.path.join(run_dir, "ingest", STORE_VERSION)
+    if os.path.isfile(pinned):
+        with open(pinned) as f:
+            return GroupedMatrix.open(store, version_metadata=json.load(f))
     return open_store(store if os.path.isabs(store) else os.path.join(run_dir, "ingest", store))
 
 
 SOURCE_OPTIONS = ("group_column", "signed", "text_field", "group_field", "vectorizer", "max_features", "block_rows")
+STORE_VERSION = "store-version.json"  # the metadata of the version of a persistent store a run ingested
+PARTITIONS_STORE = "store.zarr"  # the persistent store of a source of partitions, by default beside the runs
+
+
+def partitions_store(spec: Spec, runs_dir: str) -> str:
+    """Where the runs of a spec whose source is a pattern of partitions append them: ``[input] store_path``, or
+    ``store.zarr`` beside the dated runs (``<root>/<name>/``)."""
+    return spec.input.get("store_path") or os.path.join(runs_dir, PARTITIONS_STORE)
+
+
+def ingest_partitions(options: dict, dest: str, log):
+    """Every file the pattern ``options["path"]`` matches that the store ``dest`` does not hold yet (by content:
+    its SHA-256 among those the store's ``ingests`` record), in name order: the first into a new store (the
+    source's ingest, which fixes its columns and vocabulary), the others appended, each as a version. Returns the
+    store and ``{"ingested": [names], "skipped": [names], "rows": rows added}``. Idempotent: what a run killed
+    midway appended is skipped by the next."""
+    from ..store.sources import append_source, ingest_source
+
+    files = sorted(glob.glob(options["path"]))
+    if not files and not os.path.exists(os.path.join(dest, "zarr.json")):
+        raise ValueError(f"no partition matches {options['value']!r} and the store {dest!r} does not exist yet")
+    source_options = {key: options[key] for key in SOURCE_OPTIONS if key in options}
+    record = {"ingested": [], "skipped": [], "rows": 0}
+    data = None
+    for file in files:
+        if not os.path.exists(os.path.join(dest, "zarr.json")):
+            data = ingest_source(file, dest, **source_options)
+            record["ingested"].append(os.path.basename(file))
+            record["rows"] += data.shape[0]
+            continue
+        data, outcome = append_source(file, dest, group_column=options.get("group_column"),
+                                      block_rows=options.get("block_rows"))
+        record["skipped" if outcome["version"] is None else "ingested"].append(os.path.basename(file))
+        record["rows"] += outcome["rows"]
+    log("ingest", "partitions", ingested=len(record["ingested"]), skipped=len(record["skipped"]),
+        rows=record["rows"], store=dest)
+    if data is None:
+        from ..store import open_store
+
+        data = open_store(dest)
+    return data, record
 
 
 def stage_ingest(out: str, context: dict) -> dict:
@@ -372,14 +425,21 @@ def stage_ingest(out: str, context: dict) -> dict:
         data = from_arrays(X, groups, target, feature_names=names, signed=options["value"] == "heart-multigroup",
                            block_rows=options.get("block_rows"))
         store = "data.zarr"
+    elif options.get("partitions"):
+        data, partitions = ingest_partitions(options, partitions_store(spec, os.path.dirname(context["final_dir"])),
+                                             context["log"])
+        store = data.path
     else:
         data = ingest_source(options["path"], target, **{key: options[key] for key in SOURCE_OPTIONS if key in options})
         store = "data.zarr"
     if options.get("column_blocks") and not data.has_column_blocks:
         data = data.with_column_blocks()
+    if options.get("partitions"):  # the version this run reads, whatever later runs append
+        write_json(os.path.join(out, STORE_VERSION), data.meta.to_json())
     write_json(os.path.join(out, "input.json"), {
         "store": store, "shape": list(data.shape), "groups": dict(zip(data.group_names, data.group_sizes.tolist())),
-        "layout": data.layout, "nnz": int(data.nnz)}, indent=1)
+        "layout": data.layout, "nnz": int(data.nnz),
+        **({"version": data.meta.version, "partitions": partitions} if options.get("partitions") else {})}, indent=1)
     return {"shape": list(data.shape), "n_groups": data.n_groups}
 
 

@@ -25,6 +25,7 @@ A spec (see ``pipelines/*.toml`` and docs/pipelines.md)::
 from __future__ import annotations
 
 import difflib
+import glob
 import math
 import os
 import re
@@ -216,7 +217,7 @@ def load_spec(path) -> Spec:
 def _input(check: Checker, spec: Spec, table: dict) -> dict:
     path = ("input",)
     check.keys(table, path, {"store", "source", "dataset", "group_column", "signed", "text_field", "group_field",
-                             "vectorizer", "max_features", "block_rows", "column_blocks"})
+                             "vectorizer", "max_features", "block_rows", "column_blocks", "store_path"})
     given = [key for key in ("store", "source", "dataset") if key in table]
     if len(given) != 1:
         check.fail(path, "give exactly one of 'store', 'source' or 'dataset'"
@@ -224,7 +225,8 @@ def _input(check: Checker, spec: Spec, table: dict) -> dict:
     kind = given[0]
     out = {"kind": kind, "value": check.typed(table, path, kind, str)}
     for key, typ in (("group_column", str), ("signed", bool), ("text_field", str), ("group_field", str),
-                     ("vectorizer", str), ("max_features", int), ("block_rows", int), ("column_blocks", bool)):
+                     ("vectorizer", str), ("max_features", int), ("block_rows", int), ("column_blocks", bool),
+                     ("store_path", str)):
         if key in table:
             out[key] = check.typed(table, path, key, typ)
     if kind == "dataset":
@@ -235,7 +237,18 @@ def _input(check: Checker, spec: Spec, table: dict) -> dict:
     out["path"] = location
     if "://" in location:
         check.fail((*path, kind), f"{out['value']!r}: inputs are local paths (ingest remote data first)")
-    if not os.path.exists(location):
+    if kind == "source" and glob.has_magic(out["value"]):
+        out["partitions"] = True  # (only then: the ingest digest of every other spec is what it was)
+    if "store_path" in out:
+        if not out.get("partitions"):
+            check.fail((*path, "store_path"), "applies to a source of partitions (a pattern such as "
+                                              "'incoming/*.jsonl'): where the runs append them")
+        out["store_path"] = spec.resolve(out["store_path"])
+    if out.get("partitions"):  # partitions may arrive later: the pattern's folder must be there
+        if not os.path.isdir(os.path.dirname(location)) or glob.has_magic(os.path.dirname(out["value"])):
+            check.fail((*path, kind), f"{out['value']!r}: a pattern of partitions names files of one existing "
+                                      "folder (paths are relative to the spec's directory)")
+    elif not os.path.exists(location):
         check.fail((*path, kind), f"{out['value']!r} does not exist (paths are relative to the spec's directory)")
     if kind == "store" and not os.path.isfile(os.path.join(location, "zarr.json")):
         check.fail((*path, kind), f"{out['value']!r} is not a distfact store (no zarr.json; write one with "
@@ -244,7 +257,8 @@ def _input(check: Checker, spec: Spec, table: dict) -> dict:
         source = source_kind(location)
         if source is None:
             check.fail((*path, "source"), f"unknown kind of source {out['value']!r} (expected one of "
-                                          f"{', '.join(SOURCE_SUFFIXES)} or a directory of .jsonl files)")
+                                          f"{', '.join(SOURCE_SUFFIXES)} or a directory of .jsonl files; a pattern of partitions, "
+                                          "such as 'incoming/*.jsonl', ends in one of them)")
         if source == "table" and "group_column" not in out:
             check.fail(path, "a table source needs 'group_column'")
     if "vectorizer" in out and out["vectorizer"] not in ("tfidf", "count", "hashing"):

@@ -6,6 +6,7 @@ so that opening a store (``distfact info``) does not pay for them."""
 import importlib
 
 from .grouped import GroupedMatrix, open_store
+from . import append as _append  # noqa: F401 (defines GroupedMatrix.append)
 from .reading import BlockReader, ColumnBlockReader
 from .format import Block, ColumnBlock
 

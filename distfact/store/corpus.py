@@ -36,6 +36,7 @@ from .ingest import StoreWriter, rows_per_block
 from .writing import DEFAULT_BLOCK_BYTES, check_destination
 from .validate import group_lookup
 from .tables import GroupBuffers, sort_group_names
+from .files import fingerprint
 
 VECTORIZERS = ("tfidf", "count", "hashing")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson")
@@ -172,7 +173,7 @@ def _choose_vocabulary(df: Counter, n_docs: int, min_df, max_features) -> list[s
 
 def from_corpus(source, path=None, *, text_field: str = "text", group_field: str = "group",
                 vectorizer: str = "tfidf", n_features: int = 2**18, max_features: int | None = 20000,
-                min_df=2, stop_words="english", group_names=None, block_rows=None,
+                min_df=2, stop_words="english", vocabulary=None, group_names=None, block_rows=None,
                 block_bytes=DEFAULT_BLOCK_BYTES, batch_docs: int = 2000, dtype=np.float32,
                 overwrite: bool = False, progress=None) -> GroupedMatrix:
     """Build a sparse grouped matrix (documents x terms) from a JSONL corpus, streamed.
@@ -197,6 +198,10 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
         (an int, or a fraction of the documents). Note: scikit-learn ranks ``max_features``
         by total term count; this ranks by document frequency.
     stop_words : "english", list of str or None
+    vocabulary : list of str, optional
+        The columns of ``"count"`` / ``"tfidf"``, in order, instead of a vocabulary chosen by ``max_features`` and
+        ``min_df`` (the vocabulary of an earlier store, say, as an append keeps it); ``"tfidf"`` still takes the
+        document frequencies of these documents.
     group_names : list of str, optional
         The groups and their order; default: the distinct labels, sorted (numerically when
         all are numbers).
@@ -216,8 +221,7 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
     in order, blank lines not counted). Documents without tokens are kept as empty rows.
     A failure leaves nothing at ``path``.
     """
-    from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer
-    from sklearn.preprocessing import normalize
+    from sklearn.feature_extraction.text import CountVectorizer
 
     if vectorizer not in VECTORIZERS:
         raise ValueError(f"vectorizer must be one of {VECTORIZERS}, got {vectorizer!r}")
@@ -250,8 +254,7 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
         return None if progress is None else lambda done: progress(n_pass * size + done, passes * size)
 
     if vectorizer == "hashing":
-        vec = HashingVectorizer(n_features=int(n_features), alternate_sign=False, norm=None,
-                                stop_words=stop_words, dtype=np.float64)
+        vec = vectorizer_for(vectorizer, stop_words, int(n_features))
         n_cols, feature_names, idf, per_block = int(n_features), None, None, None
         if block_rows is not None:
             per_block = rows_per_block(n_cols, dtype.itemsize, 0, block_rows, block_bytes)
@@ -270,13 +273,13 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
         for name in group_names or ():
             if name not in seen_groups:
                 raise ValueError(f"group {name!r} is empty: it has no documents in {where}")
-        vocab = _choose_vocabulary(df, n_docs, min_df, max_features)
+        vocab = _choose_vocabulary(df, n_docs, min_df, max_features) if vocabulary is None else list(vocabulary)
         if not vocab:
             raise ValueError(f"{where}: empty vocabulary: no token occurs in at least min_df={min_df!r} "
                              f"of the {n_docs} documents")
         vocab_df = np.array([df[t] for t in vocab], dtype=np.float64)
         del df
-        vec = CountVectorizer(vocabulary=vocab, stop_words=stop_words, dtype=np.int64)
+        vec = vectorizer_for(vectorizer, stop_words, vocabulary=vocab)
         n_cols, feature_names = len(vocab), vocab
         idf = np.log((1.0 + n_docs) / (1.0 + vocab_df)) + 1.0 if vectorizer == "tfidf" else None
         nnz_per_row = float(vocab_df.sum()) / n_docs  # exact: nnz of the count matrix / rows
@@ -284,33 +287,83 @@ def from_corpus(source, path=None, *, text_field: str = "text", group_field: str
         source_doc.update(n_documents=n_docs, min_df=min_df, max_features=max_features)
 
     with StoreWriter(path, n_cols, dtype, "csr", overwrite=overwrite, where=where) as writer:
-        buffers = GroupBuffers(writer, per_block)
-        offset, seen = 0, set()
-        for texts, groups in _batches(_documents(files, text_field, group_field, lookup, read(passes - 1)),
-                                      batch_docs):
-            X = vec.transform(texts).tocsr()
-            if idf is not None:
-                X = X.astype(np.float64)
-                X.data *= idf[X.indices]
-                X = normalize(X, norm="l2", copy=False)
-            X = X.astype(dtype)
-            X.sort_indices()
-            if buffers.per_block is None:  # hashing: size blocks from the first batch
-                nnz_per_row = max(X.nnz / X.shape[0], 1.0)
-                buffers.per_block = rows_per_block(n_cols, dtype.itemsize, nnz_per_row, block_rows, block_bytes)
-            codes, names = pd.factorize(np.asarray(groups, dtype=object))
-            order = np.argsort(codes, kind="stable")
-            bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-            for k, name in enumerate(names):
-                idx = order[bounds[k]:bounds[k + 1]]
-                buffers.add(str(name), X[idx], offset + idx.astype(np.int64))
-            seen.update(str(n) for n in names)
-            offset += len(texts)
-            del X, texts, groups
-        if offset == 0:
-            raise ValueError(f"{where} is empty: no documents")
-        buffers.finish()
+        offset, seen, _ = write_documents(writer, _documents(files, text_field, group_field, lookup, read(passes - 1)),
+                                          vec, idf, per_block, block_rows, block_bytes, batch_docs, where)
         if vectorizer == "hashing":
             source_doc["n_documents"] = offset
         order_names = group_names if group_names is not None else sort_group_names(seen)
-        return writer.commit(order_names, feature_names, source=source_doc)
+        return writer.commit(order_names, feature_names, source=source_doc, idf=idf,
+                             ingest={"sources": [fingerprint(f) for f in files]})
+
+
+class CountingAnalyzer:
+    """scikit-learn's analyzer (lower case, words of 2+ characters, ``stop_words``), keeping each document's number
+    of tokens: those a fixed vocabulary does not count are the document's out-of-vocabulary tokens."""
+
+    def __init__(self, stop_words):
+        from sklearn.feature_extraction.text import CountVectorizer
+
+        self.analyze = CountVectorizer(stop_words=stop_words).build_analyzer()
+        self.lengths: list[int] = []
+
+    def __call__(self, text: str) -> list[str]:
+        tokens = self.analyze(text)
+        self.lengths.append(len(tokens))
+        return tokens
+
+
+def vectorizer_for(kind: str, stop_words, n_features: int | None = None, vocabulary=None,
+                   counting: CountingAnalyzer | None = None):
+    """The scikit-learn vectoriser of a corpus: hashing into ``n_features`` columns, or token counts over
+    ``vocabulary`` (``"count"`` and ``"tfidf"``, whose weights :func:`write_documents` applies), analysed by
+    ``counting`` when given (the same analysis, counting tokens)."""
+    from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer
+
+    if kind == "hashing":
+        return HashingVectorizer(n_features=n_features, alternate_sign=False, norm=None, stop_words=stop_words,
+                                 dtype=np.float64)
+    if counting is not None:
+        return CountVectorizer(analyzer=counting, vocabulary=vocabulary, dtype=np.int64)
+    return CountVectorizer(vocabulary=vocabulary, stop_words=stop_words, dtype=np.int64)
+
+
+def write_documents(writer: StoreWriter, documents, vec, idf, per_block, block_rows, block_bytes, batch_docs: int,
+                    where: str, counting: CountingAnalyzer | None = None) -> tuple[int, set, dict]:
+    """The ``(text, group)`` pairs of ``documents``, vectorised ``batch_docs`` at a time (weighted by ``idf`` and
+    l2-normalised for tf-idf), into ``writer`` by group in blocks of ``per_block`` rows (``None``: sized from the
+    first batch). Returns the number of documents, the groups seen and, with ``counting`` (the analyzer of ``vec``),
+    the out-of-vocabulary tokens and the documents that have some."""
+    from sklearn.preprocessing import normalize
+
+    dtype = writer.dtype
+    buffers = GroupBuffers(writer, per_block)
+    offset, seen, oov = 0, set(), {"tokens": 0, "documents": 0}
+    for texts, groups in _batches(documents, batch_docs):
+        X = vec.transform(texts).tocsr()
+        if counting is not None:
+            missed = np.asarray(counting.lengths, dtype=np.int64) - np.asarray(X.sum(axis=1)).ravel()
+            counting.lengths.clear()
+            oov["tokens"] += int(missed.sum())
+            oov["documents"] += int(np.count_nonzero(missed))
+        if idf is not None:
+            X = X.astype(np.float64)
+            X.data *= idf[X.indices]
+            X = normalize(X, norm="l2", copy=False)
+        X = X.astype(dtype)
+        X.sort_indices()
+        if buffers.per_block is None:  # hashing: size blocks from the first batch
+            nnz_per_row = max(X.nnz / X.shape[0], 1.0)
+            buffers.per_block = rows_per_block(X.shape[1], dtype.itemsize, nnz_per_row, block_rows, block_bytes)
+        codes, names = pd.factorize(np.asarray(groups, dtype=object))
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        for k, name in enumerate(names):
+            idx = order[bounds[k]:bounds[k + 1]]
+            buffers.add(str(name), X[idx], offset + idx.astype(np.int64))
+        seen.update(str(n) for n in names)
+        offset += len(texts)
+        del X, texts, groups
+    if offset == 0:
+        raise ValueError(f"{where} is empty: no documents")
+    buffers.finish()
+    return offset, seen, oov

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
@@ -20,6 +21,16 @@ def read_labels(path: str) -> np.ndarray:
     if lines[-1] == "":  # the new line that ends the last label
         lines.pop()
     return np.array([line.removesuffix("\r") for line in lines], dtype=str)
+
+
+def fingerprint(path) -> dict:
+    """What a store's ``ingests`` record of a source file: its absolute path and the SHA-256 of its bytes (a
+    partition is recognised by its content, whatever its name)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"file": os.path.abspath(os.fspath(path)), "sha256": digest.hexdigest()}
 
 
 def utf8_text(raw: bytes, where: str, error=ValueError) -> str:

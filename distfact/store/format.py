@@ -37,6 +37,12 @@ STRING_DTYPE = "str"  # how a record names the dtype of a string array (feature_
 MASK_KINDS = ("nan", "weights")  # X's NaN entries at ingest (weights 0 or 1), or a weight array given at ingest
 MASK_FORM_NAMES = ("complement", "observed")  # CSR of 1 - weight where weight != 1, or CSR of the weights
 MASK_DTYPE = "float64"  # a mask's data (its weights, or 1 - weight)
+# The store's own arrays that stores written before appends (issue 21) lack: the per-group column sums and, for a
+# tf-idf corpus, the idf weights. A store without ``group_column_sums`` cannot be appended to.
+OPTIONAL_ARRAYS = ("group_column_sums", "idf")
+# Fields written only when not 0 (``version``, of the store and of its blocks) or not empty (``ingests``), so that
+# the metadata, and its checksum, of a store never appended to are what they were before appends existed.
+DEFAULT_FIELDS = {"version": 0}
 # Left out of the metadata checksum: the checksum itself, and the column blocks, which are added to a
 # committed store (so that a store's checksum identifies X by rows whether or not it has them). Every
 # column block record is checked on its own: tiling and non-zeros at open, shapes and CRC32Cs on read.
@@ -88,7 +94,13 @@ class Block:
     total: float
     min_value: float
     arrays: tuple[ArrayRecord, ...] = ()
-    mask: BlockMask | None = None  # in a store with a mask: the block's (every block has one)
+    version: int = 0  # the store version that added the block: 0 at ingest, k for the k-th append
+    mask: BlockMask | None = None  # in a store with a mask: the block's (every block has one), under its node
+
+    @property
+    def node(self) -> str:
+        """The block's Zarr group in the store."""
+        return f"{version_node(self.version)}blocks/{self.key}"
 
     @property
     def n_rows(self) -> int:
@@ -112,6 +124,12 @@ class ColumnBlock:
     col_stop: int
     nnz: int
     arrays: tuple[ArrayRecord, ...] = ()
+    version: int = 0  # the store version they were built for (an append leaves a store without column blocks)
+
+    @property
+    def node(self) -> str:
+        """The column block's Zarr group in the store."""
+        return f"{version_node(self.version)}columns/{self.key}"
 
     @property
     def n_cols(self) -> int:
@@ -122,9 +140,16 @@ class ColumnBlock:
         return {"data": (self.nnz,), "indices": (self.nnz,), "indptr": (self.n_cols + 1,)}
 
 
+def version_node(version: int) -> str:
+    """The folder (``""`` or ``"versions/NNNNNN/"``) of what store version ``version`` added: the blocks and own arrays
+    of the first ingest are at the root, those of the k-th append under ``versions/<k>/``."""
+    return f"versions/{version:06d}/" if version else ""
+
+
 def allowed_dtypes(name: str, dtype: str) -> tuple[str, ...]:
     """The dtypes a stored array ``name`` may have in a store of ``dtype``."""
     return {"X": (dtype,), "data": (dtype,), "rows": ("int64",), "column_sums": ("float64",),
+            "group_column_sums": ("float64",), "idf": ("float64",),
             "feature_names": (STRING_DTYPE,)}.get(name, INDEX_DTYPES)
 
 
@@ -164,13 +189,24 @@ class Metadata:
     source: dict = field(default_factory=dict)
     column_blocks: list[ColumnBlock] = field(default_factory=list)  # the optional CSC copy
     signed: bool = False  # True: negative entries were allowed at ingest (multigroup SVD); NMF methods refuse it
-    arrays: tuple[ArrayRecord, ...] = ()  # column_sums and feature_names (empty in memory)
+    arrays: tuple[ArrayRecord, ...] = ()  # column_sums, group_column_sums, feature_names, idf (empty in memory)
     mask: str | None = None  # the kind of the store's mask (one of MASK_KINDS), None: every entry observed
+    version: int = 0  # 0 at ingest, +1 per append; the own arrays are under version_node(version)
+    ingests: list[dict] = field(default_factory=list)  # one record per version: rows added, source fingerprints
 
-    def array_shapes(self) -> dict[str, tuple]:
-        """``name -> shape`` of the store's own arrays."""
+    def array_shapes(self, names=None) -> dict[str, tuple]:
+        """``name -> shape`` of the store's own arrays: those it has (``names``: those of its records), of those
+        it may have."""
         n = self.shape[1]
-        return {"column_sums": (n,), **({"feature_names": (n,)} if self.has_feature_names else {})}
+        shapes = {"column_sums": (n,), "group_column_sums": (len(self.groups), n),
+                  **({"feature_names": (n,)} if self.has_feature_names else {}), "idf": (n,)}
+        names = {r.name for r in self.arrays} if names is None else set(names)
+        return {name: shape for name, shape in shapes.items() if name in names or name not in OPTIONAL_ARRAYS}
+
+    @property
+    def node(self) -> str:
+        """The Zarr group holding this version's own arrays (``""``: the root)."""
+        return version_node(self.version).rstrip("/")
 
     def checksum(self) -> str:
         """The metadata checksum (what identifies the data: every field but the column blocks)."""
@@ -178,7 +214,8 @@ class Metadata:
 
     def to_json(self) -> dict:
         """The metadata document; a store without a mask has exactly the fields (and checksum) it had before
-        masks existed, a store with one the field ``mask`` and each block's ``mask`` record too."""
+        masks existed, a store with one the field ``mask`` and each block's ``mask`` record too; ``version`` and
+        ``ingests`` (of the store, ``version`` of its blocks) are written only when not 0 / not empty."""
         doc = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION if self.mask is None else MASKED_FORMAT_VERSION,
@@ -192,6 +229,8 @@ class Metadata:
             "arrays": _records_json(self.arrays),
             "source": self.source,
             "column_blocks": [{**_scalars(c), "arrays": _records_json(c.arrays)} for c in self.column_blocks],
+            **({"version": self.version} if self.version else {}),
+            **({"ingests": self.ingests} if self.ingests else {}),
         }
         if self.mask is not None:
             doc["mask"] = {"kind": self.mask}
@@ -239,8 +278,11 @@ class Metadata:
             column_blocks.append(replace(block, arrays=entry.records(block.array_shapes(), dtype)))
         meta = cls(shape=(shape[0], shape[1]), dtype=dtype, layout=layout, groups=groups, blocks=blocks,
                    has_feature_names=top.get("has_feature_names", "flag"), source=top.get("source", "object"),
-                   column_blocks=column_blocks, signed=top.get("signed", "flag"), mask=mask)
-        meta.arrays = top.records(meta.array_shapes(), dtype)
+                   column_blocks=column_blocks, signed=top.get("signed", "flag"), mask=mask,
+                   version=top.get("version", "count", optional=True), ingests=top.get("ingests", "list", optional=True))
+        for i, item in enumerate(meta.ingests):
+            _Fields(item, where, f"ingest {i}").get("version", "count")
+        meta.arrays = top.records(meta.array_shapes(OPTIONAL_ARRAYS), dtype)
         meta.check(where)
         if top.get("checksum", "text") != metadata_checksum(doc):
             raise ValueError(f"{where}: corrupt metadata: its checksum does not match its content "
@@ -270,6 +312,9 @@ class Metadata:
                                  f"non-zeros in {b.n_rows} x {self.shape[1]} entries")
             self._check_block_mask(b, where)
             self._check_stats(b, f"block {i} (key {b.key!r})", where)
+            if b.version > self.version:
+                raise ValueError(f"{where}: corrupt metadata: block {i} (key {b.key!r}), field 'version': {b.version}, "
+                                 f"but the store is at version {self.version}")
             row = b.row_stop
         if row != self.shape[0]:
             raise ValueError(f"{where}: corrupt metadata: field 'shape': {self.shape[0]} rows, the blocks cover {row}")
@@ -327,6 +372,9 @@ class Metadata:
             if not 0 <= c.nnz <= c.n_cols * self.shape[0]:
                 raise ValueError(f"{where}: corrupt metadata: column block {i} (key {c.key!r}), field 'nnz': "
                                  f"{c.nnz} non-zeros in {self.shape[0]} x {c.n_cols} entries")
+            if c.version != self.version:
+                raise ValueError(f"{where}: corrupt metadata: column block {i} (key {c.key!r}), field 'version': "
+                                 f"{c.version}, but the store is at version {self.version} (an append drops them)")
             col, nnz = c.col_stop, nnz + c.nnz
         total = sum(g.nnz for g in self.groups)
         if nnz != total:
@@ -334,8 +382,9 @@ class Metadata:
 
 
 def _scalars(item) -> dict:
-    """A block's fields but its array records and its mask."""
-    return {f.name: getattr(item, f.name) for f in fields(item) if f.name not in ("arrays", "mask")}
+    """A block's fields but its array records, its mask, and those at their default (:data:`DEFAULT_FIELDS`)."""
+    return {f.name: getattr(item, f.name) for f in fields(item) if f.name not in ("arrays", "mask")
+            and (f.name not in DEFAULT_FIELDS or getattr(item, f.name) != DEFAULT_FIELDS[f.name])}
 
 
 def _mask_json(mask: BlockMask | None) -> dict:
@@ -400,8 +449,12 @@ class _Fields:
         place = f"{self.place}, field {key!r}" if self.place else f"field {key!r}"
         return ValueError(f"{self.where}: corrupt metadata: {place} {problem}")
 
-    def get(self, key: str, kind: str):
+    def get(self, key: str, kind: str, optional: bool = False):
+        """The field ``key``, of the JSON type ``kind``; an ``optional`` one may be missing (its default:
+        :data:`DEFAULT_FIELDS`, or an empty list)."""
         if key not in self.doc:
+            if optional:
+                return DEFAULT_FIELDS.get(key, [])
             raise self.error(key, "is missing")
         value = self.doc[key]
         test, description = _KINDS[kind]
@@ -411,8 +464,8 @@ class _Fields:
 
     def read(self, cls) -> dict:
         """The scalar fields of the dataclass ``cls`` (a block or a group), each checked for its type."""
-        return {name: self.get(name, _FIELD_KINDS[kind]) for name, kind in get_type_hints(cls).items()
-                if name not in ("arrays", "mask")}
+        return {name: self.get(name, _FIELD_KINDS[kind], optional=name in DEFAULT_FIELDS)
+                for name, kind in get_type_hints(cls).items() if name not in ("arrays", "mask")}
 
     def block_mask(self, block: Block, kind: str | None) -> BlockMask | None:
         """The block's mask record (the field ``mask``) in a store with a mask of ``kind``; None otherwise
@@ -426,12 +479,15 @@ class _Fields:
         return replace(mask, arrays=entry.records(mask.array_shapes(block.n_rows), MASK_DTYPE))
 
     def records(self, names, dtype: str) -> tuple[ArrayRecord, ...]:
-        """The records, under ``"arrays"``, of the arrays ``names`` of a store of ``dtype``."""
+        """The records, under ``"arrays"``, of the arrays ``names`` of a store of ``dtype`` (those of
+        :data:`OPTIONAL_ARRAYS` may be missing)."""
         given = self.get("arrays", "object")
-        if set(given) != set(names):
-            raise self.error("arrays", f"lists {sorted(given)}, the format has {sorted(names)}")
+        required = {name for name in names if name not in OPTIONAL_ARRAYS}
+        if not required <= set(given) <= set(names):
+            raise self.error("arrays", f"lists {sorted(given)}, the format has {sorted(required)}"
+                             + (f" (and may have {sorted(set(names) - required)})" if set(names) != required else ""))
         out = []
-        for name in names:
+        for name in (name for name in names if name in given):
             dtypes = allowed_dtypes(name, dtype)
             record = _Fields(given[name], self.where, f"{self.place + ', ' if self.place else ''}array {name!r}")
             array_dtype = record.get("dtype", "text")

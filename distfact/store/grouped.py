@@ -4,7 +4,9 @@ It lives either on disk (a Zarr v3 store, see ``docs/format.md``) or in memory (
 fast path for data that fit); both expose the same row blocks, which never straddle
 a group, and the per-group constants gathered at ingest (||X_l||_F^2, sums, nnz).
 Methods that sweep over columns can add a CSC copy of X by column blocks
-(``with_column_blocks``), built out of core for stores on disk.
+(``with_column_blocks``), built out of core for stores on disk. ``GroupedMatrix.append`` (rows added as the
+store's next version) is defined in ``append.py``: it writes as an ingest does, with the ingest's writer, which
+opens the stores it writes with this class.
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ class GroupedMatrix:
     def __init__(self, meta: Metadata, column_sums: np.ndarray, *, path: str | None = None,
                  blocks: list | None = None, block_rows: list | None = None,
                  feature_names: np.ndarray | None = None, column_data: list | None = None, verify: bool = True,
-                 masks: list | None = None):
+                 masks: list | None = None, group_column_sums: np.ndarray | None = None,
+                 idf: np.ndarray | None = None):
         self.meta = meta
         self.column_sums = column_sums
+        self.group_column_sums = group_column_sums  # (groups x n), None in a store written before appends
+        self.idf = idf  # a tf-idf corpus's idf weights (what an append weighs its documents with)
         self.path = path
         self.verify = verify  # check every array read from the store against its CRC32C
         self._blocks = blocks
@@ -52,7 +57,7 @@ class GroupedMatrix:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def open(cls, path, *, verify: bool = True) -> "GroupedMatrix":
+    def open(cls, path, *, verify: bool = True, version_metadata: dict | None = None) -> "GroupedMatrix":
         """Open a store written by distfact; a missing, damaged or inconsistent store raises ``ValueError``.
 
         The metadata is checked (:meth:`Metadata.from_json`), every column block must be there, and
@@ -61,6 +66,10 @@ class GroupedMatrix:
         they are read, by every pass.
         ``verify=False`` leaves out the CRC32C checks (to measure what they cost); shapes and dtypes are
         checked all the same. The command line has no way to turn them off.
+        ``version_metadata``: the metadata document (``meta.to_json()``) of an earlier version of the store, to
+        open that version rather than the current one (an append leaves what an earlier version references in
+        place: a pipeline run reads the version it ingested, whatever was appended since). Checked as the
+        store's own; its arrays are checked against their CRC32Cs as they are read.
         """
         path = os.path.abspath(os.path.normpath(os.fspath(path)))  # workers may run elsewhere
         where = f"store {path!r}"
@@ -72,18 +81,22 @@ class GroupedMatrix:
             doc = root.attrs.get("distfact")
         except Exception as exc:  # zarr raises several types for a damaged zarr.json
             raise ValueError(f"{where} is not a readable Zarr group: {exc}") from exc
+        if version_metadata is not None and doc is not None:
+            doc = version_metadata
+            where = f"{where}, version {doc.get('version', 0) if isinstance(doc, dict) else '?'}"
         if doc is None:
             raise ValueError(f"{where} has no distfact metadata (not a store, or an ingest that did not finish)")
         meta = Metadata.from_json(doc, where)
         for block in meta.column_blocks:  # read only by the methods that need them: at least they must be there
-            if not os.path.isfile(os.path.join(path, "columns", block.key, "zarr.json")):
+            if not os.path.isfile(os.path.join(path, block.node, "zarr.json")):
                 raise ValueError(f"{where} is corrupt: column block {block.index} (key {block.key!r}) is missing")
         for block in meta.blocks if meta.mask is not None else ():  # likewise the blocks' masks
-            if not os.path.isfile(os.path.join(path, "blocks", block.key, "mask", "zarr.json")):
+            if not os.path.isfile(os.path.join(path, block.node, "mask", "zarr.json")):
                 raise ValueError(f"{where} is corrupt: block {block.index} (key {block.key!r}), its mask is missing")
         shapes = meta.array_shapes()
-        own = dict(zip(shapes, read_arrays(path, "", "", meta.arrays, shapes, shapes, verify=verify)))
-        data = cls(meta, own["column_sums"], path=path, feature_names=own.get("feature_names"), verify=verify)
+        own = dict(zip(shapes, read_arrays(path, meta.node, "", meta.arrays, shapes, shapes, verify=verify)))
+        data = cls(meta, own["column_sums"], path=path, feature_names=own.get("feature_names"), verify=verify,
+                   group_column_sums=own.get("group_column_sums"), idf=own.get("idf"))
         data.row_index()  # read and checked now, so that a damaged one stops a fit before it starts
         return data
 
@@ -254,7 +267,8 @@ class GroupedMatrix:
             column_blocks, matrices = build_column_blocks(self, ranges, None)
             return GroupedMatrix(replace(self.meta, column_blocks=column_blocks), self.column_sums,
                                  blocks=self._blocks, block_rows=self._block_rows,
-                                 feature_names=self.feature_names, column_data=matrices, masks=self._masks)
+                                 feature_names=self.feature_names, column_data=matrices, masks=self._masks,
+                                 group_column_sums=self.group_column_sums, idf=self.idf)
         commit_column_blocks(self, ranges)
         return GroupedMatrix.open(self.path, verify=self.verify)
 

@@ -48,9 +48,13 @@ class StoreWriter:
         self.overwrite = overwrite
         if self.final_path is not None:
             self._check_destination()
-        self._column_sums = np.zeros(n_cols, dtype=np.float64)
+        # each group's column sums, its blocks' added in arrival order (= block order within a group), so that an
+        # append continues the very sums a fresh ingest of the same blocks makes
+        self._group_column_sums: dict[str, np.ndarray] = {}
         self._square_sum = 0.0  # of every entry so far, in float64: it must stay representable in ``dtype``
         self._staged: list[dict] = []
+        self.first_key = 0  # blocks are keyed by arrival number, from here (an append continues the store's)
+        self.row_offset = 0  # added to the source row numbers (an append numbers its rows after the store's)
         self._root = None
         if self.final_path is not None:
             parent, name = os.path.split(self.final_path)
@@ -89,10 +93,11 @@ class StoreWriter:
         check_block_values(block, group_name, source_rows, self.where, self.signed,
                            square_sum=self._square_sum + stats["sq_norm"])
         self._square_sum += stats["sq_norm"]
-        self._column_sums += np.asarray(block.sum(axis=0, dtype=np.float64)).ravel()
-        key = f"{len(self._staged):06d}"
+        sums = self._group_column_sums.setdefault(group_name, np.zeros(self.n_cols, dtype=np.float64))
+        sums += np.asarray(block.sum(axis=0, dtype=np.float64)).ravel()
+        key = f"{self.first_key + len(self._staged):06d}"
         entry = {"key": key, "group": group_name, "rows": block.shape[0], "stats": stats, "arrays": ()}
-        source_rows = np.ascontiguousarray(source_rows, dtype=np.int64)
+        source_rows = np.ascontiguousarray(source_rows, dtype=np.int64) + np.int64(self.row_offset)
         if mask is not None:  # X_b as a fit reads it (aligned, as in memory and by the readers)
             form, P = mask
             entry["mask"] = BlockMask(FORM_NAMES[form], P.nnz, block_observed_total(
@@ -128,6 +133,9 @@ class StoreWriter:
             block, missing = nan_missing(block)
             mask = ComplementMask(sp.csr_matrix(block.shape, dtype=np.float64)) if missing is None else missing
             return block, block_form(mask, np.arange(block.shape[0]))
+        if self.weights is None:  # every entry observed (an append of rows without weights to a store with weights)
+            return block, block_form(ComplementMask(sp.csr_matrix(block.shape, dtype=np.float64)),
+                                     np.arange(block.shape[0]))
         n_rows = self.weights.shape[0]
         if int(source_rows.max()) >= n_rows:
             raise ValueError(f"mask has {n_rows} rows, but {self.where} has a row {int(source_rows.max())}: give "
@@ -135,52 +143,30 @@ class StoreWriter:
         weights = self.weights[np.asarray(source_rows)]
         return zero_missing(block, weights), block_form(weights, np.arange(block.shape[0]))
 
-    def commit(self, group_order: list[str], feature_names=None, source: dict | None = None) -> GroupedMatrix:
-        """Order the blocks by group, write metadata last, move the store into place."""
-        staged_groups = {e["group"] for e in self._staged}
-        for name in group_order:
-            if name not in staged_groups:
-                raise ValueError(f"group {name!r} is empty: it has no rows")
-        unknown = staged_groups - set(group_order)
-        if unknown:
-            raise ValueError(f"rows carry groups not in the group list: {sorted(unknown)}")
-        own = {"column_sums": self._column_sums}
-        if feature_names is not None:
-            own["feature_names"] = np.asarray([str(f) for f in feature_names])
-            if own["feature_names"].shape != (self.n_cols,):
-                raise ValueError(f"feature_names has {own['feature_names'].shape[0]} names, "
-                                 f"X has {self.n_cols} columns")
+    def commit(self, group_order: list[str], feature_names=None, source: dict | None = None, *,
+               idf: np.ndarray | None = None, ingest: dict | None = None) -> GroupedMatrix:
+        """Order the blocks by group, write metadata last, move the store into place.
+
+        ``idf``: a tf-idf corpus's weights, kept for appends; ``ingest``: what the metadata's ``ingests`` records of
+        this ingest beside its version and rows (the fingerprints of its source files)."""
+        self.check_groups(group_order, group_order)
+        mask_kind = self.settle_masks(keep=False)
         order = {name: i for i, name in enumerate(group_order)}
-        staged = sorted(self._staged, key=lambda e: order[e["group"]])  # stable: arrival order within a group
-        mask_kind = self.mask_kind
-        if mask_kind is not None and all(e["mask"].form == "complement" and e["mask"].nnz == 0 for e in staged):
-            mask_kind = None  # nothing is missing: a store without a mask, as if none had been given
-            for entry in staged:
-                entry.pop("mask")
-        if mask_kind is not None and self._root is not None:
-            for entry in staged:
-                if "mask_data" in entry:
-                    self._write_mask(entry)
-        blocks, row = [], 0
-        for entry in staged:
-            blocks.append(Block(len(blocks), entry["key"], order[entry["group"]], row, row + entry["rows"],
-                                **entry["stats"], arrays=entry["arrays"], mask=entry.get("mask")))
-            row += entry["rows"]
-        if self.weights is not None and self.weights.shape[0] != row:
-            raise ValueError(f"mask has {self.weights.shape[0]} rows, {self.where} has {row}: give one weight per "
-                             "entry of X")
+        blocks = self.staged_blocks(order, [[] for _ in group_order])
         groups = [group_stats(name, [b for b in blocks if b.group == g]) for g, name in enumerate(group_order)]
-        meta = Metadata((row, self.n_cols), str(self.dtype), self.layout, groups, blocks,
+        m = sum(b.n_rows for b in blocks)
+        meta = Metadata((m, self.n_cols), str(self.dtype), self.layout, groups, blocks,
                         has_feature_names=feature_names is not None, source=source or {}, signed=self.signed,
-                        mask=mask_kind)
+                        mask=mask_kind, ingests=[] if ingest is None else [{"version": 0, "rows": m, **ingest}])
+        own = self.own_arrays(group_order, feature_names, idf)
         meta.check(self.where)
         if self._root is None:
-            by_key = {e["key"]: e for e in staged}
-            return GroupedMatrix(meta, self._column_sums, blocks=[by_key[b.key]["data"] for b in blocks],
+            by_key = {e["key"]: e for e in self._staged}
+            return GroupedMatrix(meta, own["column_sums"], blocks=[by_key[b.key]["data"] for b in blocks],
                                  block_rows=[by_key[b.key]["source_rows"] for b in blocks],
-                                 feature_names=own.get("feature_names"),
-                                 masks=None if mask_kind is None else [dict([by_key[b.key]["mask_data"]])
-                                                                       for b in blocks])
+                                 feature_names=own.get("feature_names"), group_column_sums=own["group_column_sums"],
+                                 idf=idf, masks=None if mask_kind is None else [dict([by_key[b.key]["mask_data"]])
+                                                                                for b in blocks])
         try:
             write_arrays(self._root, **own)
             meta.arrays = array_records(self._root.store.written, "", **own)
@@ -190,6 +176,70 @@ class StoreWriter:
             self.abort()
             raise
         return GroupedMatrix.open(self.final_path)
+
+    def settle_masks(self, keep: bool) -> str | None:
+        """The mask kind of the staged blocks as committed: the writer's, or None when no staged entry is missing
+        and not ``keep`` (an ingest: a store without a mask, as if none had been given; an append to a store with
+        a mask keeps it). With a mask, writes the empty masks :meth:`add_block` left for the commit."""
+        if self.weights is not None and self.weights.shape[0] != sum(e["rows"] for e in self._staged):
+            raise ValueError(f"mask has {self.weights.shape[0]} rows, {self.where} has "
+                             f"{sum(e['rows'] for e in self._staged)}: give one weight per entry of X")
+        if self.mask_kind is None:
+            return None
+        if not keep and all(e["mask"].form == "complement" and e["mask"].nnz == 0 for e in self._staged):
+            for entry in self._staged:
+                entry.pop("mask")
+            return None
+        if self._root is not None:
+            for entry in self._staged:
+                if "mask_data" in entry:
+                    self._write_mask(entry)
+        return self.mask_kind
+
+    def check_groups(self, group_order: list[str], required) -> None:
+        """Every staged block's group is in ``group_order``, and every group of ``required`` has rows."""
+        staged_groups = {e["group"] for e in self._staged}
+        for name in required:
+            if name not in staged_groups:
+                raise ValueError(f"group {name!r} is empty: it has no rows")
+        unknown = staged_groups - set(group_order)
+        if unknown:
+            raise ValueError(f"rows carry groups not in the group list: {sorted(unknown)}")
+
+    def staged_blocks(self, order: dict, earlier: list[list[Block]], version: int = 0) -> list[Block]:
+        """The store's blocks in order: group by group (``order``: name -> index), each group's ``earlier`` blocks
+        (an append's: the store's) then its staged ones in arrival order, numbered and placed anew."""
+        staged = [[] for _ in earlier]
+        for entry in self._staged:
+            staged[order[entry["group"]]].append(Block(0, entry["key"], order[entry["group"]], 0, entry["rows"],
+                                                       **entry["stats"], arrays=entry["arrays"], version=version,
+                                                       mask=entry.get("mask")))
+        blocks, row = [], 0
+        for g in range(len(earlier)):
+            for block in earlier[g] + staged[g]:
+                blocks.append(replace(block, index=len(blocks), row_start=row, row_stop=row + block.n_rows))
+                row += block.n_rows
+        return blocks
+
+    def own_arrays(self, group_order: list[str], feature_names, idf) -> dict:
+        """The store's own arrays: each group's column sums, their sum over the groups in order, and the feature
+        names and idf weights when given."""
+        group_sums = np.zeros((len(group_order), self.n_cols), dtype=np.float64)
+        for g, name in enumerate(group_order):
+            if name in self._group_column_sums:
+                group_sums[g] = self._group_column_sums[name]
+        column_sums = np.zeros(self.n_cols, dtype=np.float64)
+        for sums in group_sums:
+            column_sums += sums
+        own = {"column_sums": column_sums, "group_column_sums": group_sums}
+        if feature_names is not None:
+            own["feature_names"] = np.asarray([str(f) for f in feature_names])
+            if own["feature_names"].shape != (self.n_cols,):
+                raise ValueError(f"feature_names has {own['feature_names'].shape[0]} names, "
+                                 f"X has {self.n_cols} columns")
+        if idf is not None:
+            own["idf"] = np.ascontiguousarray(idf, dtype=np.float64)
+        return own
 
     def _check_destination(self) -> None:
         check_destination(self.final_path, self.overwrite)
@@ -245,7 +295,7 @@ def rows_per_block(n_cols: int, itemsize: int, nnz_per_row: float | None, block_
 def split_rows(rows: np.ndarray, block_rows: int) -> list[np.ndarray]:
     """Split one group's rows into nearly equal blocks of at most ``block_rows`` rows."""
     n_parts = -(-len(rows) // block_rows)
-    return np.array_split(rows, n_parts)
+    return np.array_split(rows, n_parts) if n_parts else []
 
 
 def _take_rows(X, rows: np.ndarray):
@@ -261,7 +311,8 @@ def _take_rows(X, rows: np.ndarray):
 
 def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=None, layout=None,
                 block_rows=None, block_bytes=DEFAULT_BLOCK_BYTES, overwrite=False,
-                column_blocks=False, signed=False, mask=None, missing=None, progress=None) -> GroupedMatrix:
+                column_blocks=False, signed=False, mask=None, missing=None, progress=None,
+                ingest=None) -> GroupedMatrix:
     """Build a grouped matrix from X (numpy, scipy.sparse, dask array or DataFrame) and row labels.
 
     Parameters
@@ -297,6 +348,9 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         ``fit(X, mask="nan")``. Not with ``mask``. A mask that marks no entry writes a store without a mask.
     progress : callable or None
         ``progress(rows done, rows)`` after each block written (the command line's display).
+    ingest : dict, optional
+        What the metadata's ``ingests`` records of this ingest besides its version and rows (``distfact ingest``:
+        the fingerprint of the .npz file, so that appending it again is recognised).
 
     Rows are stored group by group (stable within a group); values are validated
     block by block (NaN, infinite and negative values, and data whose sum of squares
@@ -304,10 +358,36 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     nothing at ``path``. A store records the checksum of every array it holds (see
     ``docs/format.md``), checked whenever it is read.
     """
-    if isinstance(X, GroupedMatrix):
-        raise ValueError("X is already a GroupedMatrix; pass it to the estimator directly")
+    mask = writer_mask(mask, missing)
+    X, feature_names = input_rows(X, feature_names, missing)
+    m, n = X.shape
+    dtype = working_dtype(X.dtype)
+    sparse_input = sp.issparse(X) or type(getattr(X, "_meta", None)).__module__.startswith("sparse")
+    layout = layout or ("csr" if sparse_input else "dense")
+    if layout not in ("dense", "csr"):
+        raise ValueError(f"layout must be 'dense' or 'csr', got {layout!r}")
+    if mask is not None and not isinstance(mask, str):
+        mask = check_weights(mask, X.shape)
+    codes, names = group_codes(groups, m, group_names)
+    with StoreWriter(path, n, dtype, layout, overwrite=overwrite, signed=signed, mask=mask) as writer:
+        write_rows(writer, X, codes, names, block_rows, block_bytes, progress)
+        store = writer.commit(names, feature_names, source={"kind": "arrays"}, ingest=ingest)
+    return store.with_column_blocks(block_bytes) if column_blocks else store
+
+
+def writer_mask(mask, missing):
+    """What a writer's ``mask`` is given as, from an ingest's ``mask`` (weights) and ``missing`` ("nan"), not both."""
     if missing is not None and mask is not None:
         raise ValueError("give either mask (weights) or missing='nan', not both")
+    return missing if mask is None else mask
+
+
+def input_rows(X, feature_names=None, missing=None):
+    """``(X, feature_names)`` of rows given to an ingest or an append: a DataFrame's values (checked numeric, with no
+    missing value unless ``missing="nan"``, then NaN there) and, unless given, its column names; a 2-D numpy
+    array, a CSR matrix, or a dask array."""
+    if isinstance(X, GroupedMatrix):
+        raise ValueError("X is already a GroupedMatrix; pass it to the estimator directly")
     if hasattr(X, "columns") and hasattr(X, "dtypes"):  # a pandas DataFrame
         from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
@@ -328,34 +408,27 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
         X = np.asarray(X)
     if len(X.shape) != 2:
         raise ValueError(f"X must be 2-D (samples x features), got shape {X.shape}")
-    m, n = X.shape
-    if m == 0 or n == 0:
+    if X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError(f"X is empty (shape {X.shape})")
-    dtype = working_dtype(X.dtype)
-    sparse_input = sp.issparse(X) or type(getattr(X, "_meta", None)).__module__.startswith("sparse")
-    layout = layout or ("csr" if sparse_input else "dense")
-    if layout not in ("dense", "csr"):
-        raise ValueError(f"layout must be 'dense' or 'csr', got {layout!r}")
-    if sp.issparse(X):
-        X = X.tocsr()
-    if mask is not None:
-        mask = check_weights(mask, X.shape)
-    codes, names = group_codes(groups, m, group_names)
-    nnz_per_row = X.nnz / m if sp.issparse(X) else (n if layout == "csr" else None)
-    per_block = rows_per_block(n, dtype.itemsize, nnz_per_row, block_rows, block_bytes)
+    return (X.tocsr() if sp.issparse(X) else X), feature_names
+
+
+def write_rows(writer: StoreWriter, X, codes: np.ndarray, names: list[str], block_rows, block_bytes,
+               progress=None) -> None:
+    """The rows of X (sparse already CSR) into ``writer``, group by group (``codes`` index ``names``), each group's
+    rows in their order, cut into nearly equal blocks of at most the block size."""
+    m, n = X.shape
+    nnz_per_row = X.nnz / m if sp.issparse(X) else (n if writer.layout == "csr" else None)
+    per_block = rows_per_block(n, writer.dtype.itemsize, nnz_per_row, block_rows, block_bytes)
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-    with StoreWriter(path, n, dtype, layout, overwrite=overwrite, signed=signed,
-                     mask=missing if mask is None else mask) as writer:
-        done = 0
-        for g, name in enumerate(names):
-            for rows in split_rows(order[bounds[g]:bounds[g + 1]], per_block):
-                writer.add_block(name, _take_rows(X, rows), rows)
-                done += len(rows)
-                if progress is not None:
-                    progress(done, m)
-        store = writer.commit(names, feature_names, source={"kind": "arrays"})
-    return store.with_column_blocks(block_bytes) if column_blocks else store
+    done = 0
+    for g, name in enumerate(names):
+        for rows in split_rows(order[bounds[g]:bounds[g + 1]], per_block):
+            writer.add_block(name, _take_rows(X, rows), rows)
+            done += len(rows)
+            if progress is not None:
+                progress(done, m)
 
 
 def stored_mask(mask, n_cols: int) -> tuple[str | None, object]:

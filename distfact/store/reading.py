@@ -84,8 +84,8 @@ def damaged(where: str, exc: Exception) -> ValueError:
 
 def block_place(block) -> tuple[str, str]:
     """A row or column block's group in a store, and how messages name it."""
-    kind, folder = ("block", "blocks") if isinstance(block, Block) else ("column block", "columns")
-    return f"{folder}/{block.key}", f"{kind} {block.index} (key {block.key!r})"
+    kind = "block" if isinstance(block, Block) else "column block"
+    return block.node, f"{kind} {block.index} (key {block.key!r})"
 
 
 @dataclass(frozen=True)

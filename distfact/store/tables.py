@@ -20,9 +20,10 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .grouped import GroupedMatrix
-from .ingest import StoreWriter, rows_per_block
+from .ingest import StoreWriter, rows_per_block, writer_mask
 from .writing import DEFAULT_BLOCK_BYTES, check_destination
 from .validate import group_lookup
+from .files import fingerprint
 
 CSV_SUFFIXES = {".csv": ",", ".csv.gz": ",", ".tsv": "\t", ".tsv.gz": "\t"}
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -283,22 +284,43 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
     checked chunk by chunk; any failure leaves nothing at ``path``.
     """
     source = os.fspath(source)
-    kind, sep = _table_kind(source)
     where = f"table {source!r}"
+    kind, columns, dtype, chunks = table_chunks(source, group_column, columns, chunk_rows, where, progress)
+    check_destination(path, overwrite)
+    n = len(columns)
+    if feature_names is None:
+        feature_names = list(columns)
+    elif len(feature_names) != n:
+        raise ValueError(f"feature_names has {len(feature_names)} names, {where} has {n} value columns")
+    lookup = group_lookup(group_names)
+    per_block = rows_per_block(n, dtype.itemsize, None, block_rows, block_bytes)
+    with StoreWriter(path, n, dtype, "dense", overwrite=overwrite, where=where, signed=signed,
+                     mask=writer_mask(mask, missing)) as writer:
+        n_rows, seen = write_table(writer, chunks, group_column, columns, per_block, lookup, where)
+        order_names = list(lookup) if lookup is not None else sort_group_names(seen)
+        return writer.commit(order_names, feature_names,
+                             source={"kind": "table", "format": kind, "file": os.path.abspath(source),
+                                     "group_column": group_column, "n_rows": n_rows},
+                             ingest={"sources": [fingerprint(source)]})
+
+
+def table_chunks(source: str, group_column: str, columns, chunk_rows: int, where: str, progress=None, dtype=None):
+    """``(format, value columns, dtype, chunks)`` of the table ``source``: chunks of ``chunk_rows`` rows, each a
+    DataFrame of the group column and the value columns. The dtype is ``dtype`` if given (an append: the store's),
+    else float32 when every value column of a Parquet file is float32, float64 otherwise."""
+    kind, sep = _table_kind(source)
     if int(chunk_rows) < 1:
         raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
     chunk_rows = int(chunk_rows)
     if not os.path.isfile(source):
         raise ValueError(f"{where} does not exist or is not a file")
-    check_destination(path, overwrite)
-
     if kind == "csv":
         try:
             header = [str(c) for c in pd.read_csv(source, sep=sep, nrows=0).columns]
         except pd.errors.EmptyDataError:
             raise ValueError(f"{where} is empty (no header line)") from None
         columns = _select_columns(header, group_column, columns, where)
-        dtype = np.dtype("float64")
+        chosen = np.dtype("float64")
         chunks = _csv_chunks(source, sep, group_column, columns, chunk_rows, where, progress)
     else:
         import pyarrow as pa
@@ -317,42 +339,32 @@ def from_table(source, group_column: str, path=None, *, columns=None, feature_na
                     or pa.types.is_null(t)):
                 raise ValueError(f"{where}: column {name!r} is not numeric (type {t})")
         float32 = all(schema.field(c).type == pa.float32() for c in columns)
-        dtype = np.dtype("float32" if float32 else "float64")
+        chosen = np.dtype("float32" if float32 else "float64")
         chunks = _parquet_chunks(pf, group_column, columns, chunk_rows, progress)
+    return kind, columns, np.dtype(dtype) if dtype is not None else chosen, chunks
 
-    n = len(columns)
-    if feature_names is None:
-        feature_names = list(columns)
-    elif len(feature_names) != n:
-        raise ValueError(f"feature_names has {len(feature_names)} names, {where} has {n} value columns")
-    lookup = group_lookup(group_names)
-    group_names = None if lookup is None else list(lookup)
-    per_block = rows_per_block(n, dtype.itemsize, None, block_rows, block_bytes)
 
-    if missing is not None and mask is not None:
-        raise ValueError("give either mask (weights) or missing='nan', not both")
-    with StoreWriter(path, n, dtype, "dense", overwrite=overwrite, where=where, signed=signed,
-                     mask=missing if mask is None else mask) as writer:
-        buffers = GroupBuffers(writer, per_block)
-        offset, seen = 0, set()
-        for frame in chunks:
-            if len(frame) == 0:
-                continue
-            codes, names = _chunk_codes(frame[group_column], group_column, offset, where, lookup)
-            values = _numeric_chunk(frame, columns, dtype, offset, where)
-            _check_values(values, columns, codes, names, offset, where, signed, writer.mask_kind is not None)
-            del frame
-            order = np.argsort(codes, kind="stable")
-            bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-            for k, name in enumerate(names):
-                idx = order[bounds[k]:bounds[k + 1]]
-                buffers.add(name, values[idx], offset + idx.astype(np.int64))
-            seen.update(names)
-            offset += len(codes)
-        if offset == 0:
-            raise ValueError(f"{where} is empty: it has no data rows")
-        buffers.finish()
-        order_names = group_names if group_names is not None else sort_group_names(seen)
-        return writer.commit(order_names, feature_names,
-                             source={"kind": "table", "format": kind, "file": os.path.abspath(source),
-                                     "group_column": group_column, "n_rows": offset})
+def write_table(writer: StoreWriter, chunks, group_column: str, columns: list[str], per_block: int,
+                lookup: dict | None, where: str) -> tuple[int, set]:
+    """Every chunk's rows, checked, into ``writer`` by group in blocks of ``per_block`` rows; returns the number of
+    data rows and the groups seen."""
+    buffers = GroupBuffers(writer, per_block)
+    offset, seen = 0, set()
+    for frame in chunks:
+        if len(frame) == 0:
+            continue
+        codes, names = _chunk_codes(frame[group_column], group_column, offset, where, lookup)
+        values = _numeric_chunk(frame, columns, writer.dtype, offset, where)
+        _check_values(values, columns, codes, names, offset, where, writer.signed, writer.mask_kind is not None)
+        del frame
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        for k, name in enumerate(names):
+            idx = order[bounds[k]:bounds[k + 1]]
+            buffers.add(name, values[idx], offset + idx.astype(np.int64))
+        seen.update(names)
+        offset += len(codes)
+    if offset == 0:
+        raise ValueError(f"{where} is empty: it has no data rows")
+    buffers.finish()
+    return offset, seen

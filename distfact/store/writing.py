@@ -3,6 +3,8 @@ what a destination may be, and the copy of X by column blocks (CSC), built in me
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 import uuid
@@ -51,6 +53,29 @@ def block_stats(block) -> dict:
         return {"nnz": int(block.nnz) if sp.issparse(block) else int(np.count_nonzero(block)),
                 "sq_norm": float(np.dot(flat, flat)), "total": float(values.sum(dtype=np.float64)),
                 "min_value": float(values.min()) if values.size else 0.0}
+
+
+class StoreLocked(ValueError):
+    """Another process is appending to the store."""
+
+
+def lock_store(path: str, wait: bool = False) -> int:
+    """The store's lock, held by whoever rewrites its metadata (an append, the commit of column blocks): an exclusive
+    ``flock`` on its directory (no file is created; the system releases it when the process ends, however it ends).
+    Returns the descriptor holding it (closing it releases the lock); if another process holds it, waits for it
+    with ``wait``, else raises ``StoreLocked``."""
+    if not os.path.isdir(path):
+        raise ValueError(f"store {path!r} does not exist (write one with 'distfact ingest' first)")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise StoreLocked(f"store {path!r}: another process is appending to it; try again when it is done") \
+                from None
+        raise
+    return fd
 
 
 def check_destination(path, overwrite: bool) -> None:
@@ -174,7 +199,8 @@ def build_column_blocks(matrix, ranges, stage_path) -> tuple[list[ColumnBlock], 
         else:
             write_arrays(stage.create_group(f"columns/{j:06d}"), **arrays)
             column_blocks.append(ColumnBlock(j, f"{j:06d}", start, stop, len(data),
-                                             array_records(stage.store.written, f"columns/{j:06d}", **arrays)))
+                                             array_records(stage.store.written, f"columns/{j:06d}", **arrays),
+                                             version=matrix.meta.version))
             if filled[j]:  # its pieces are done with: do not keep two staged copies of X
                 shutil.rmtree(os.path.join(stage_path, "pieces", f"{j:06d}"))
     return column_blocks, matrices
@@ -191,19 +217,26 @@ def commit_column_blocks(matrix, ranges) -> None:
     where = f"store {matrix.path!r}"  # on disk only
     parent, name = os.path.split(matrix.path)
     stage_path = os.path.join(parent, f".{name}.columns-partial-{uuid.uuid4().hex[:8]}")
-    target = os.path.join(matrix.path, "columns")
+    # beside this version's own arrays: the column blocks of an earlier version, which a reader may still hold,
+    # are never replaced
+    target = os.path.join(matrix.path, matrix.meta.node, "columns")
     try:
         column_blocks, _ = build_column_blocks(matrix, ranges, stage_path)
         meta = replace(matrix.meta, column_blocks=column_blocks)
         meta.check(where)
-        root = zarr.open_group(matrix.path, mode="r+")
-        current = Metadata.from_json(root.attrs["distfact"], where)
-        if not current.column_blocks and current != matrix.meta:
-            raise ValueError(f"{where} was replaced while its column blocks were being built; not adding them")
-        if not current.column_blocks:  # else another process committed first: keep its blocks
-            if os.path.exists(target):  # left by an attempt that failed before its metadata write
-                shutil.rmtree(target)
-            os.rename(os.path.join(stage_path, "columns"), target)
-            root.attrs["distfact"] = meta.to_json()  # the commit (zarr writes zarr.json aside, then renames)
+        lock = lock_store(matrix.path, wait=True)  # an append must not commit between the check and the write
+        try:
+            root = zarr.open_group(matrix.path, mode="r+")
+            current = Metadata.from_json(root.attrs["distfact"], where)
+            if not current.column_blocks and current != matrix.meta:
+                raise ValueError(f"{where} was replaced while its column blocks were being built (or appended to); "
+                                 "not adding them")
+            if not current.column_blocks:  # else another process committed first: keep its blocks
+                if os.path.exists(target):  # left by an attempt that failed before its metadata write
+                    shutil.rmtree(target)
+                os.rename(os.path.join(stage_path, "columns"), target)
+                root.attrs["distfact"] = meta.to_json()  # the commit (zarr writes zarr.json aside, then renames)
+        finally:
+            os.close(lock)
     finally:
         shutil.rmtree(stage_path, ignore_errors=True)
