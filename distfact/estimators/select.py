@@ -218,10 +218,12 @@ def refusal(kind: type) -> str | None:
     return None
 
 
-def check_settings(n_splits, holdout, rule) -> None:
+def check_settings(n_splits, holdout, rule, fit) -> None:
     """The settings that do not depend on the data; a :class:`SettingError` naming the one refused."""
     if rule not in RULES:
         raise SettingError("rule", f"rule must be one of {RULES}, got {rule!r}")
+    if fit not in FITS:
+        raise SettingError("fit", f"fit must be one of {FITS}, got {fit!r}")
     if not isinstance(n_splits, numbers.Integral) or isinstance(n_splits, bool) or n_splits < 2:
         raise SettingError("n_splits", "n_splits must be an integer >= 2 (the standard error is over folds), got "
                                        f"{n_splits!r}")
@@ -247,9 +249,7 @@ def _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs) -> 
     reason = refusal(type(estimator))
     if reason is not None:
         raise ValueError(reason)
-    check_settings(n_splits, holdout, rule)
-    if fit not in FITS:
-        raise ValueError(f"fit must be one of {FITS}, got {fit!r}")
+    check_settings(n_splits, holdout, rule, fit)
     if fit == "per_group" and any(value is not None for value in fit_inputs.values()):
         raise ValueError(f"fit='per_group' takes no other fit arguments (got {sorted(fit_inputs)}): they are given "
                          "for all of X's rows and the group's models see only theirs")
@@ -455,4 +455,4 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
 #: select_rank's defaults of the settings the surfaces offer (``distfact select-rank``'s options, a spec's
 #: [select] keys): read from its signature, the one place they are set
 DEFAULTS = {name: inspect.signature(select_rank).parameters[name].default
-            for name in ("n_splits", "holdout", "rule", "random_state")}
+            for name in ("n_splits", "holdout", "rule", "fit", "random_state")}
