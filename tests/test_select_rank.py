@@ -283,3 +283,47 @@ def test_per_group_curves_bottom_at_the_table1_groups_ranks_and_worst_group_pick
     curves = result.table.groupby(["group", "rank"])["heldout_error"].mean().unstack("rank")
     assert curves.idxmin(axis=1).to_dict() == {"A": 3, "B": 3, "C": 6}, curves
     assert result.rank_ == 6, result.summary
+
+
+def _observed_only(X_in, weights):
+    """X with 0 where the weight is 0 (what a store with that mask holds), dense or CSR."""
+    if sp.issparse(X_in):
+        return sp.csr_matrix(X_in.multiply(sp.csr_matrix(weights) != 0))
+    return np.where(np.asarray(weights.toarray() if sp.issparse(weights) else weights) != 0, X_in, 0.0)
+
+
+X_NAN = np.where(np.random.default_rng(5).random(X.shape) < 0.15, np.nan, X)
+SPARSE_WEIGHTS = sp.random(*X.shape, density=0.35, random_state=6, format="csr",
+                           data_rvs=lambda k: np.random.default_rng(7).choice([0.5, 1.0, 2.0], size=k))
+#: a store's own mask -> (how it is ingested, the in-memory select_rank it must equal: X and mask=)
+STORED = {"nan": (dict(X=X_NAN, missing="nan"), (X_NAN, "nan")),
+          "dense-weights": (dict(X=X, mask=WEIGHTS), (_observed_only(X, WEIGHTS), WEIGHTS)),
+          "sparse-weights": (dict(X=XS, mask=SPARSE_WEIGHTS), (_observed_only(XS, SPARSE_WEIGHTS), SPARSE_WEIGHTS))}
+
+
+@pytest.mark.parametrize("fit", ["joint", "per_group"])
+@pytest.mark.parametrize("case", list(STORED))
+def test_a_stores_own_mask_is_the_observed_weights_the_folds_hold_out_from(tmp_path, case, fit):
+    """On a store with its own mask (written at ingest) each fold's mask is the stored weights with 0 at its
+    held-out entries: the table equals select_rank on X in memory given the same weights as mask= (a second
+    path: no stored mask read), and the weights read back equal those given to ingest. A mask given as well
+    is refused."""
+    from distfact.estimators.masks import stored_weights
+
+    ingest, (X_ref, mask_ref) = STORED[case]
+    store = distfact.from_arrays(groups=GROUPS, path=str(tmp_path / "x.zarr"), block_rows=20, **ingest)
+    store = distfact.open(str(tmp_path / "x.zarr"))
+    assert store.mask_kind is not None
+    given = (~np.isnan(X_NAN)).astype(float) if case == "nan" else mask_ref
+    read = stored_weights(store)
+    assert sp.issparse(read) == sp.issparse(given)
+    np.testing.assert_array_equal(read.toarray() if sp.issparse(read) else read,
+                                  given.toarray() if sp.issparse(given) else given)
+    template = NMF(1, max_iter=15, tol=0, random_state=4, block_rows=20)
+    settings = dict(ranks=[1, 3], n_splits=2, holdout=0.2, random_state=9, fit=fit)
+    result = select_rank(template, store, **settings)
+    expected = select_rank(template, X_ref, groups=GROUPS, mask=mask_ref, **settings)
+    pd.testing.assert_frame_equal(result.table, expected.table)
+    assert result.rank_ == expected.rank_
+    with pytest.raises(ValueError, match="has its own mask"):
+        select_rank(template, store, mask=given, **settings)

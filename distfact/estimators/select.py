@@ -23,6 +23,7 @@ import scipy.sparse as sp
 
 from ..metrics import relative_to
 from ..store.subset import GroupRows
+from .masks import stored_mask_conflict, stored_weights
 from .sweep import can_sweep, fit_many
 
 RULES = ("min", "one_se", "worst_group")
@@ -429,6 +430,10 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
     if isinstance(mask, str) and mask == "nan":
         X, mask = _without_nan(X)
     data = estimator._grouped(X, groups)
+    if data.mask_kind is not None:  # a store's own mask: the observed weights, which each fold's mask starts from
+        if mask is not None:
+            raise ValueError(stored_mask_conflict(data))
+        data, mask = data.without_mask(), stored_weights(data)
     ranks = _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs)
     if random_state is None:
         random_state = int(np.random.SeedSequence().entropy % 2 ** 63)
