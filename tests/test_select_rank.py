@@ -370,7 +370,7 @@ def test_stratified_nmf_picks_the_planted_rank_of_shifted_strata(seed):
     """Stratified-NMF's model (Chapman, Yaniv and Needell, 2023, eq. 2): A(i) = W(i) H + 1 v(i)^T per stratum,
     here with the distinct sparse components of ``low_rank`` (rank 4, noise) and a non-negative shift per
     stratum. "min" picks 4. (The paper's Section IV-A set, ``make_stratified_synthetic``, has uniform dense
-    factors, whose rank held-out entries barely tell apart: docs/select-rank.md.)"""
+    factors that MU separates slowly: its rank 5 is picked after 1500 iterations, too slow here; docs/select-rank.md.)"""
     X_known, groups = low_rank(seed)
     rng = np.random.default_rng(50 + seed)
     shifts = {g: 0.5 * rng.random(X_known.shape[1]) for g in sorted(set(groups))}
