@@ -85,15 +85,18 @@ def _add_progress_option(p):
 def _add_selection_options(p, load: bool) -> None:
     """select-rank's settings, their defaults and the rules read from ``distfact.select_rank`` (the one place
     they are set) when ``load`` (importing it imports the estimators: only for the commands that fit)."""
-    rules, defaults = (), {}
+    rules, fits, defaults = (), (), {}
     if load:
-        from .estimators.select import DEFAULTS as defaults, RULES as rules
+        from .estimators.select import DEFAULTS as defaults, FITS as fits, RULES as rules
     p.add_argument("--n-splits", type=_number(int, 2), default=defaults.get("n_splits"), help="folds (at least 2)")
     p.add_argument("--holdout", type=_number(float, 0.0, strict=True), default=defaults.get("holdout"),
                    help="share of the observed entries each fold holds out, in (0, 1); n-splits x holdout <= 1")
     p.add_argument("--rule", choices=rules or None, default=defaults.get("rule"),
                    help="min: lowest mean held-out error; one_se: smallest rank within one standard error of it; "
                         "worst_group: lowest held-out error of the worst group")
+    p.add_argument("--fit", choices=fits or None, default=defaults.get("fit"),
+                   help="joint: one model of all the rows per rank and fold; per_group: one model per group, "
+                        "fitted on the group's rows alone, each group's held-out entries scored by its own model")
 
 
 def _add_tls_option(p):
@@ -543,14 +546,14 @@ def cmd_select_rank(args):
     with report or contextlib.nullcontext(), client_for(args.scheduler, args.local_cluster, args.tls_dir) as client:
         arguments = declaration.fit_arguments(model, inputs, data, client)
         result = select_rank(model, data, ranks=ranks, n_splits=args.n_splits, holdout=args.holdout,
-                             random_state=args.seed, rule=args.rule, **arguments)
+                             random_state=args.seed, rule=args.rule, fit=args.fit, **arguments)
         if progress is not None:
             progress.close()
         if report is not None:
             from .reports.selection import write_selection_report
 
             settings = {"method": declaration.name, "store": os.path.abspath(args.store), "ranks": list(ranks),
-                        "n_splits": args.n_splits, "holdout": args.holdout}
+                        "n_splits": args.n_splits, "holdout": args.holdout, "fit": args.fit}
             write_selection_report(report.path, result, settings, declaration.name, f"select-rank: "
                                    f"{declaration.name} on {os.path.basename(os.path.normpath(args.store))}")
             report.commit()

@@ -18,6 +18,7 @@ import pytest
 import distfact
 from distfact.cli import _parser
 from distfact.pipeline import SpecError, load_spec, run_pipeline
+from distfact.reports.selection import read_selection
 
 from test_pipeline import CHROMIUM, DATE, rendered_in_chromium, write_spec
 from test_select_rank import low_rank
@@ -143,6 +144,8 @@ FIT_BLOCK = 'method = "nmf"\nranks = "auto"\nsolver = "hals"\nmax_iter = 100\nto
     (('ranks = "auto"', 'ranks = "aut"'), 8, ["[fit] #1 key 'ranks'", "expected a list of ranks or 'auto'"]),
     (("n_splits = 4", "n_split = 4"), 14, ["[select] key 'n_split'", "did you mean 'n_splits'"]),
     (("n_splits = 4", 'rule = "best"'), 14, ["[select] key 'rule'", "rule must be one of"]),
+    (("n_splits = 4", 'fit = "both"'), 14, ["[select] key 'fit'", "fit must be one of ('joint', 'per_group')"]),
+    (("n_splits = 4", "fit = 1"), 14, ["[select] key 'fit'", "expected a string"]),
     (("n_splits = 4", "n_splits = 1"), 14, ["[select] key 'n_splits'", "n_splits must be an integer >= 2"]),
     (("n_splits = 4", "holdout = 0.3"), 14, ["[select] key 'holdout'", "n_splits * holdout must be <= 1"]),
     (("n_splits = 4", "holdout = 1"), 14, ["[select] key 'holdout'", "holdout must be a fraction in (0, 1)"]),
@@ -167,10 +170,13 @@ def test_select_defaults_are_select_ranks_and_the_seed_the_fits(tmp_path):
     spec = load_spec(write_spec(tmp_path, AUTO.replace("n_splits = 4", "").replace("tol = 0.0", "tol = 0.0\nseed = 7")))
     defaults = {name: p.default for name, p in inspect.signature(distfact.select_rank).parameters.items()}
     assert spec.fits[0].select == {"ranks": [1, 2, 3, 4, 5], "n_splits": defaults["n_splits"],
-                                   "holdout": defaults["holdout"], "rule": defaults["rule"], "random_state": 7}
+                                   "holdout": defaults["holdout"], "rule": defaults["rule"],
+                                   "fit": defaults["fit"], "random_state": 7}
     assert spec.fits[0].ranks == []
-    chosen = load_spec(write_spec(tmp_path, AUTO.replace("n_splits = 4", "random_state = 3\nrule = \"one_se\"")))
+    chosen = load_spec(write_spec(tmp_path, AUTO.replace("n_splits = 4", "random_state = 3\nrule = \"one_se\"\n"
+                                                                          "fit = \"per_group\"")))
     assert chosen.fits[0].select["random_state"] == 3 and chosen.fits[0].select["rule"] == "one_se"
+    assert chosen.fits[0].select["fit"] == "per_group"
     listed = load_spec(write_spec(tmp_path, AUTO.replace('ranks = "1:5"', "ranks = [4, 2, 4]")))
     assert listed.fits[0].select["ranks"] == [2, 4]
 
@@ -178,8 +184,8 @@ def test_select_defaults_are_select_ranks_and_the_seed_the_fits(tmp_path):
 def test_the_command_line_defaults_are_select_ranks():
     args = _parser().parse_args(["select-rank", "store", "--ranks", "1:3"])
     defaults = inspect.signature(distfact.select_rank).parameters
-    assert (args.n_splits, args.holdout, args.rule) == tuple(defaults[k].default for k in ("n_splits", "holdout",
-                                                                                            "rule"))
+    assert (args.n_splits, args.holdout, args.rule, args.fit) == tuple(defaults[k].default for k in (
+        "n_splits", "holdout", "rule", "fit"))
     assert args.no_progress is False and args.report is None
 
 
@@ -202,6 +208,38 @@ def test_select_rank_report_on_the_command_line(tmp_path):
     quiet = subprocess.run(command + ["--no-progress", "--overwrite"], capture_output=True, text=True, timeout=300)
     assert quiet.returncode == 0 and "iteration" not in quiet.stderr, quiet.stderr
     assert json.load(open(tmp_path / "report" / "selection.json")) == choice
+
+
+def per_group_reference(X, groups, block_rows, seed):
+    """select_rank(fit="per_group") in memory, with the models of the command and the spec below."""
+    return distfact.select_rank(distfact.NMF(1, solver="hals", max_iter=100, tol=0.0, random_state=seed),
+                                distfact.from_arrays(X, groups, block_rows=block_rows), ranks=range(1, 6),
+                                n_splits=4, random_state=seed, fit="per_group")
+
+
+def test_per_group_fits_on_the_command_line_and_in_a_pipeline(tmp_path):
+    """``--fit per_group`` and [select] ``fit = "per_group"`` reach select_rank: the command's table and the
+    pipeline's selection equal select_rank(fit="per_group") called in memory on the same data (a second path:
+    no CLI, no spec, no store on disk), and both record the fits."""
+    planted_data(tmp_path)
+    data = np.load(tmp_path / "x.npz")
+    reference = per_group_reference(data["X"], data["groups"], 40, 0)
+    assert reference.rank_ == PLANTED
+    distfact.from_arrays(data["X"], data["groups"], path=str(tmp_path / "x.zarr"), block_rows=40)
+    out = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method", "nmf",
+                          "--solver", "hals", "--max-iter", "100", "--tol", "0", "--ranks", "1:5", "--n-splits", "4",
+                          "--fit", "per_group", "--seed", "0", "--no-progress", "--output", tmp_path / "table.csv",
+                          "--report", tmp_path / "report"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    table = pd.read_csv(tmp_path / "table.csv", keep_default_na=False, dtype={"group": str})
+    pd.testing.assert_frame_equal(table, reference.table, check_exact=False, rtol=1e-12)
+    assert json.load(open(tmp_path / "report" / "selection.json"))["fit"] == "per_group"
+    assert "<td>fits</td><td>per_group</td>" in (tmp_path / "report" / "report.html").read_text()
+    spec = write_spec(tmp_path, AUTO.replace("n_splits = 4", "n_splits = 4\nfit = \"per_group\"\nrandom_state = 0"))
+    run_dir = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))["run_dir"]
+    selection, facts = read_selection(os.path.join(run_dir, "fit", "nmf-auto"))
+    assert facts["fit"] == selection.fit == "per_group" and selection.rank_ == PLANTED
+    pd.testing.assert_frame_equal(selection.table, reference.table, check_exact=False, rtol=1e-12)
 
 
 def test_a_changed_select_table_redoes_the_fit_stage(tmp_path):

@@ -460,6 +460,12 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         self._check_fitted()
         return np.asarray(W) @ self.components_
 
+    def _reconstruction_offsets(self, groups) -> np.ndarray | None:
+        """The rows the model adds to W H in its reconstruction of rows of the groups ``groups`` (one label per
+        row asked for; (len(groups), n_features)), or None: its reconstruction is W H. What ``select_rank``
+        scores the held-out entries against: W H + 1 o^T per group."""
+        return None
+
     def _check_fitted(self):
         if not hasattr(self, "components_"):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")

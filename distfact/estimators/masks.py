@@ -29,6 +29,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ..engine.executor.base import ReadInput
+from ..kernels.masked import OBSERVED
 from ..store.coerce import checked_matrix
 from ..store.masks import ComplementMask, block_form, block_observed_sums, check_weights, nan_missing, zero_missing
 
@@ -152,6 +153,23 @@ def _block_masks(data, mask) -> tuple[list | None, str | None]:
             digest.update(np.ascontiguousarray(part, dtype=np.int64 if part.dtype.kind == "i" else None).tobytes())
         inputs.append({form: P})
     return inputs, digest.hexdigest()
+
+
+def stored_weights(data):
+    """The weights of the mask stored beside ``data`` (a store with a mask), in X's row order (as X was given to
+    ingest), read block by block on this process: CSR when every block holds its observed entries (the form
+    with few observed), else a dense array of X's shape (a block that holds its complement, 1 - weight at the
+    entries whose weight is not 1, has weights 1 - that: exactly its weights when they are 0 or 1, as a NaN
+    mask's are; up to rounding otherwise)."""
+    reader, row_index = data.mask_reader(), data.row_index()
+    parts = [next(iter(reader(block).items())) for block in data.blocks]
+    if all(form == OBSERVED for form, _ in parts):
+        stacked = sp.vstack([P for _, P in parts], format="csr")
+        return stacked[np.argsort(row_index)]
+    weights = np.empty(data.shape)
+    for block, (form, P) in zip(data.blocks, parts):
+        weights[row_index[block.row_start:block.row_stop]] = P.toarray() if form == OBSERVED else 1.0 - P.toarray()
+    return weights
 
 
 def missing_entries(mask) -> tuple[np.ndarray, np.ndarray]:

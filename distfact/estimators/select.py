@@ -23,6 +23,7 @@ import scipy.sparse as sp
 
 from ..metrics import relative_to
 from ..store.subset import GroupRows
+from .masks import stored_mask_conflict, stored_weights
 from .sweep import can_sweep, fit_many
 
 RULES = ("min", "one_se", "worst_group")
@@ -137,8 +138,9 @@ class RankSelection:
     ----------
     table : pandas.DataFrame
         One row per (rank, fold, group): ``train_error`` and ``heldout_error``, each
-        sum o (x - (WH))^2 / sum o x^2 over the group's observed entries not held out, resp. held out in the fold
-        (o: the observed weight, 1 without a mask).
+        sum o (x - xhat)^2 / sum o x^2 over the group's observed entries not held out, resp. held out in the
+        fold (o: the observed weight, 1 without a mask; xhat: the model's reconstruction, W H, or
+        W(i) H + 1 v(i)^T for Stratified-NMF: :func:`reconstruction`).
     summary : pandas.DataFrame
         Per rank: ``mean_heldout`` (the mean over folds of the mean over groups, every group weighing the same
         whatever its size), ``se_heldout`` (its standard error over folds), ``worst_group_heldout`` (the largest
@@ -218,10 +220,12 @@ def refusal(kind: type) -> str | None:
     return None
 
 
-def check_settings(n_splits, holdout, rule) -> None:
+def check_settings(n_splits, holdout, rule, fit) -> None:
     """The settings that do not depend on the data; a :class:`SettingError` naming the one refused."""
     if rule not in RULES:
         raise SettingError("rule", f"rule must be one of {RULES}, got {rule!r}")
+    if fit not in FITS:
+        raise SettingError("fit", f"fit must be one of {FITS}, got {fit!r}")
     if not isinstance(n_splits, numbers.Integral) or isinstance(n_splits, bool) or n_splits < 2:
         raise SettingError("n_splits", "n_splits must be an integer >= 2 (the standard error is over folds), got "
                                        f"{n_splits!r}")
@@ -247,9 +251,7 @@ def _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs) -> 
     reason = refusal(type(estimator))
     if reason is not None:
         raise ValueError(reason)
-    check_settings(n_splits, holdout, rule)
-    if fit not in FITS:
-        raise ValueError(f"fit must be one of {FITS}, got {fit!r}")
+    check_settings(n_splits, holdout, rule, fit)
     if fit == "per_group" and any(value is not None for value in fit_inputs.values()):
         raise ValueError(f"fit='per_group' takes no other fit arguments (got {sorted(fit_inputs)}): they are given "
                          "for all of X's rows and the group's models see only theirs")
@@ -327,7 +329,7 @@ def fold_masks(data, base, seed: int, holdout: float, n_splits: int) -> list:
 def score(data, Ws: list, Hs: list, base, seed: int, holdout: float, n_splits: int, folds: list[int]):
     """Per model and group: (held-out squared error, held-out squared norm, observed squared error, observed
     squared norm), from each model's W (X's row order) and its H for each group (``Hs[k][l]``: model k's H on
-    group l's rows; the same H for every group of a joint fit), reading X block by block."""
+    group l's rows, W Hs[k][l] its reconstruction there: :func:`reconstruction`), reading X block by block."""
     sums = np.zeros((len(Ws), data.n_groups, 4))
     row_index = data.row_index()
     for block in data.blocks:
@@ -349,21 +351,34 @@ def score(data, Ws: list, Hs: list, base, seed: int, holdout: float, n_splits: i
     return sums
 
 
+def reconstruction(model, W, group_names: list) -> tuple[np.ndarray, list]:
+    """A fitted model's reconstruction of its rows (W: X's row order; ``group_names``: the groups it fitted) as
+    (W', [H'_l per group]) with W' H'_l the reconstruction of group l's rows: (W, H) for a model that
+    reconstructs W H; ([W 1], [H; o_l]) for one whose reconstruction adds a row o_l per group (the estimator's
+    ``_reconstruction_offsets``: Stratified-NMF's W(i) H + 1 v(i)^T), so that one product scores both."""
+    offsets = model._reconstruction_offsets(group_names)
+    H = np.asarray(model.components_, dtype=np.float64)
+    if offsets is None:
+        return W, [H] * len(group_names)
+    return np.column_stack([W, np.ones(W.shape[0])]), [np.vstack([H, offset]) for offset in offsets]
+
+
 def per_group_fits(estimator, data, ranks: list[int], masks: list, client) -> tuple[list, list]:
     """Every (fold, rank) model of every group fitted on that group's rows alone (:class:`GroupRows`), one
     :func:`fit_many` sweep per group (each reading only its group's blocks). Returns per model (folds
     outermost, as ``fit_many`` orders them) its W in X's row order, each group's rows from that group's model,
-    and its H per group."""
-    Ws = [np.zeros((data.shape[0], rank)) for _ in masks for rank in ranks]
-    Hs = [[None] * data.n_groups for _ in Ws]
+    and its H per group (as :func:`reconstruction` gives them)."""
+    Ws, Hs = [None] * (len(masks) * len(ranks)), [[None] * data.n_groups for _ in range(len(masks) * len(ranks))]
     for group in range(data.n_groups):
         rows = GroupRows(data, group)
         models, group_Ws = fit_many(estimator, rows, ranks=ranks, masks=[_rows_of(mask, rows.source_rows)
                                                                           for mask in masks],
                                     client=client, return_W=True)
         for k, (model, W) in enumerate(zip(models, group_Ws)):
+            W, (Hs[k][group],) = reconstruction(model, W, rows.group_names)
+            if Ws[k] is None:
+                Ws[k] = np.zeros((data.shape[0], W.shape[1]))
             Ws[k][rows.source_rows] = W
-            Hs[k][group] = model.components_
     return Ws, Hs
 
 
@@ -388,7 +403,8 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
     its non-zero entries). Fold f's mask is the observed weights (``mask``, or all ones) with 0 at its held-out
     entries; every (rank, fold) is fitted in one :func:`~distfact.fit_many` sweep (X read once per iteration
     for all of them), each model exactly its estimator's ``fit`` with that mask. The errors are then computed
-    from each model's W and H, reading X block by block.
+    from each model's reconstruction (W H, or the one its estimator declares: W(i) H + 1 v(i)^T for
+    Stratified-NMF, :func:`reconstruction`), reading X block by block.
 
     Parameters
     ----------
@@ -429,6 +445,10 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
     if isinstance(mask, str) and mask == "nan":
         X, mask = _without_nan(X)
     data = estimator._grouped(X, groups)
+    if data.mask_kind is not None:  # a store's own mask: the observed weights, which each fold's mask starts from
+        if mask is not None:
+            raise ValueError(stored_mask_conflict(data))
+        data, mask = data.without_mask(), stored_weights(data)
     ranks = _check(estimator, data, ranks, n_splits, holdout, rule, fit, fit_inputs)
     if random_state is None:
         random_state = int(np.random.SeedSequence().entropy % 2 ** 63)
@@ -437,7 +457,7 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
     if fit == "joint":
         models, Ws = fit_many(estimator, data, ranks=ranks, masks=masks, client=client, return_W=True,
                               **fit_inputs)
-        Hs = [[model.components_] * data.n_groups for model in models]
+        Ws, Hs = zip(*(reconstruction(model, W, data.group_names) for model, W in zip(models, Ws)))
     else:
         Ws, Hs = per_group_fits(estimator, data, ranks, masks, client)
     folds = [f for f in range(n_splits) for _ in ranks]
@@ -455,4 +475,4 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
 #: select_rank's defaults of the settings the surfaces offer (``distfact select-rank``'s options, a spec's
 #: [select] keys): read from its signature, the one place they are set
 DEFAULTS = {name: inspect.signature(select_rank).parameters[name].default
-            for name in ("n_splits", "holdout", "rule", "random_state")}
+            for name in ("n_splits", "holdout", "rule", "fit", "random_state")}

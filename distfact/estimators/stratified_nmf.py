@@ -92,13 +92,8 @@ class StratifiedNMF(FactorEstimator):
     observed entries, weighted: F = sum_i sum m (a - v(i) - wh)^2, ``relative_error`` sqrt(F(i) / sum m a^2), the
     normalised loss sqrt(F / sum m a^2); ``distfact.methods.stratified_nmf`` writes out the weighted updates (the
     masked forms of lines 5, 7 and 8). The values of X at missing entries never change the factors.
-    ``select_rank`` does not take this estimator (it scores W H, not W H + 1 v(i)^T).
+    ``select_rank`` scores the held-out entries by the reconstruction W(i) H + 1 v(i)^T.
     """
-
-    #: why ``distfact.select_rank`` refuses this estimator (it scores held-out entries by W H alone)
-    _select_rank_refusal = ("its held-out entries would be scored by W H, but Stratified-NMF reconstructs "
-                            "W(i) H + 1 v(i)^T (the strata's shifts are not scored there yet); fit the ranks with "
-                            "fit_many(..., masks=...) and score the held-out entries with inverse_transform")
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "v_updates": [POSITIVE_INT],
                                     "tol": [NON_NEGATIVE, None], "eps": [Interval(Real, 0, None, closed="neither")],
@@ -272,14 +267,18 @@ class StratifiedNMF(FactorEstimator):
         """W H + 1 v(i)^T: each row's reconstruction with its stratum's shift (``groups``: one label per row;
         may be left out when the model has one stratum)."""
         self._check_fitted()
+        return np.asarray(W) @ self.components_ + self._reconstruction_offsets(self._strata_of(W, groups))
+
+    def _reconstruction_offsets(self, groups) -> np.ndarray:
+        """v(i) of each label's stratum: the shift the reconstruction W(i) H + 1 v(i)^T adds."""
         import pandas as pd
 
-        strata = np.asarray(self._strata_of(W, groups)).astype(str)
+        strata = np.asarray(groups).astype(str)
         index = pd.Index(self.strata_names_).get_indexer(strata)
         if (index < 0).any():
             unknown = sorted(set(strata[index < 0]))
             raise ValueError(f"strata {unknown} were not seen in fit; known strata: {self.strata_names_}")
-        return np.asarray(W) @ self.components_ + self.strata_features_[index]
+        return self.strata_features_[index]
 
 
 def _stratified_arrays(model) -> dict:

@@ -32,7 +32,8 @@ def selected_rank(fit, name: str, data, directory: str, client, spec, log) -> in
     arguments = declaration.fit_arguments(template, {**fit.inputs, **spec.input_files(fit)}, data, client)
     started = time.perf_counter()
     result = select_rank(template, data, ranks=ranks, n_splits=settings["n_splits"], holdout=settings["holdout"],
-                         random_state=settings["random_state"], rule=settings["rule"], **arguments)
+                         random_state=settings["random_state"], rule=settings["rule"], fit=settings["fit"],
+                         **arguments)
     seconds = time.perf_counter() - started
     if progress is not None:
         progress.close()

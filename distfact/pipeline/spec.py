@@ -10,7 +10,7 @@ A spec (see ``pipelines/*.toml`` and docs/pipelines.md)::
     ranks = [5, 10]                         # or "auto": the rank chosen by masked cross-validation, as [select] says
     solver = "hals"                         # any parameter of the method's estimator
     [select]                                # only with a ranks = "auto" fit: distfact.select_rank's settings
-    ranks = "2:8"                           # or a list; rule, n_splits, holdout, random_state (default: the fit's seed)
+    ranks = "2:8"                           # or a list; rule, n_splits, holdout, fit, random_state (default: the fit's seed)
     [evaluate]
     metrics = ["relative_error"]            # default: all the method's per-group metrics
     [report]
@@ -318,7 +318,7 @@ AUTO = "auto"  # ranks = "auto" in a [[fit]] table
 
 def _select(check: Checker, table, fits: list[FitSpec]) -> None:
     """[select]: the settings of ``distfact.select_rank`` for the fits with ``ranks = "auto"`` (each fit's
-    ``select``): ``ranks`` (a list or "FIRST:LAST"), and ``rule``, ``n_splits``, ``holdout`` (select_rank's
+    ``select``): ``ranks`` (a list or "FIRST:LAST"), and ``rule``, ``n_splits``, ``holdout``, ``fit`` (select_rank's
     defaults where left out) and ``random_state``, the root seed of the held-out entries (default: the fit's
     ``seed``, so that a run is reproducible; select_rank alone draws a fresh one)."""
     path = ("select",)
@@ -349,7 +349,8 @@ def _select(check: Checker, table, fits: list[FitSpec]) -> None:
         check.fail((*path, "ranks"), f"expected a list of positive integers or \"FIRST:LAST\", got {ranks!r}")
     settings = {"n_splits": check.typed(table, path, "n_splits", int, SELECT_DEFAULTS["n_splits"]),
                 "holdout": check.typed(table, path, "holdout", float, SELECT_DEFAULTS["holdout"]),
-                "rule": check.typed(table, path, "rule", str, SELECT_DEFAULTS["rule"])}
+                "rule": check.typed(table, path, "rule", str, SELECT_DEFAULTS["rule"]),
+                "fit": check.typed(table, path, "fit", str, SELECT_DEFAULTS["fit"])}
     try:
         check_settings(**settings)
     except SettingError as exc:

@@ -21,12 +21,13 @@ SELECTION_CSV, SELECTION_JSON = "selection.csv", "selection.json"
 
 def write_selection(directory: str, result: RankSelection, settings: dict) -> None:
     """``selection.csv`` (the tidy table: rank, fold, group, train_error, heldout_error) then, last,
-    ``selection.json`` (``settings``: the ranks compared, n_splits, holdout; the rule, the chosen rank, every
-    rule's choice, the root seed and the per-rank summary), each written aside and renamed into place."""
+    ``selection.json`` (``settings``: the ranks compared, n_splits, holdout; the rule, the fits ("joint" or
+    "per_group"), the chosen rank, every rule's choice, the root seed and the per-rank summary), each written
+    aside and renamed into place."""
     write_text(os.path.join(directory, SELECTION_CSV), result.table.to_csv(index=False))
     summary = result.summary.assign(worst_group=result.summary["worst_group"].astype(str))
     write_json(os.path.join(directory, SELECTION_JSON), {
-        **settings, "rule": result.rule, "rank": result.rank_, "choices": result.choices,
+        **settings, "rule": result.rule, "fit": result.fit, "rank": result.rank_, "choices": result.choices,
         "random_state": result.random_state_, "summary": summary.to_dict(orient="records")}, indent=1)
 
 
@@ -38,7 +39,8 @@ def read_selection(directory: str) -> tuple[RankSelection, dict]:
         with open(path) as f:
             facts = json.load(f)
         result = RankSelection(pd.read_csv(os.path.join(directory, SELECTION_CSV), keep_default_na=False,
-                                           dtype={"group": str}), facts["rule"], facts["random_state"])
+                                           dtype={"group": str}), facts["rule"], facts["random_state"],
+                                  facts.get("fit", "joint"))  # written before the fits were recorded: joint
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a readable selection ({type(exc).__name__}: {exc})") from None
     if result.rank_ != facts.get("rank"):
@@ -92,7 +94,7 @@ def heldout_figure(result: RankSelection, title: str) -> bytes:
 def selection_section(name: str, result: RankSelection, facts: dict, out_dir: str) -> tuple[str, list]:
     """HTML for one selection (the settings, the per-rank summary with the chosen rank marked) and its figure
     ``<name>-heldout-by-rank.png``; the summary also written as ``<name>-selection.csv`` into ``out_dir``."""
-    settings = [["rule", result.rule], ["chosen rank", result.rank_],
+    settings = [["rule", result.rule], ["fits", result.fit], ["chosen rank", result.rank_],
                 ["every rule's choice", ", ".join(f"{rule}: {rank}" for rule, rank in result.choices.items())],
                 ["ranks compared", ", ".join(str(r) for r in sorted(result.table["rank"].unique()))],
                 ["folds", facts.get("n_splits")], ["held out per fold", facts.get("holdout")],

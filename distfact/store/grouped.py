@@ -229,6 +229,17 @@ class GroupedMatrix:
             return lambda block: self._masks[block.index]
         return MaskReader(self.path, self.shape[1], self.verify)
 
+    def without_mask(self) -> "GroupedMatrix":
+        """X alone, without the mask stored beside it: the same blocks, read where they are (no copy), for a
+        caller that gives each fit a mask of its own made from the stored one (``select_rank``: the stored
+        weights with a fold's held-out entries at 0). ``self`` when there is no mask."""
+        if self.meta.mask is None:
+            return self
+        meta = replace(self.meta, mask=None, blocks=[replace(b, mask=None) for b in self.blocks])
+        return GroupedMatrix(meta, self.column_sums, path=self.path, blocks=self._blocks,
+                             block_rows=self._block_rows, feature_names=self.feature_names,
+                             column_data=self._column_data, verify=self.verify)
+
     def column_reader(self):
         """A callable ``column block -> CSC matrix`` (m x its columns, rows in stored order).
 
