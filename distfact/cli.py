@@ -244,7 +244,7 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                        description="List the complete runs of the pipeline NAME under ROOT/NAME/, oldest first: the "
                                    "date, LATEST, each fit's worst group and its metric, the alerts crossed.")
     p.add_argument("name", help="the pipeline's name (its spec's name = ...)")
-    p.add_argument("--root", default="runs", help="root of the runs (default: runs)")
+    p.add_argument("--root", default="runs", help="root of the runs")
 
     p = sub.add_parser("demo", help="run the demo pipeline: NMF of a bundled real data set, per-group report",
                        description="Runs the pipeline shipped as distfact/pipeline/demo.toml (scikit-learn's "
