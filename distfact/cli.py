@@ -593,7 +593,7 @@ def cmd_run(args):
 
 
 def cmd_runs(args):
-    from .pipeline.nightly import run_summaries
+    from .pipeline.alerts import run_summaries
     from .reports.terminal import format_table
 
     runs_dir = os.path.join(os.path.abspath(os.path.expanduser(args.root)), args.name)

@@ -1,5 +1,6 @@
 """A nightly run against the nights before: per-group metric trends, component drift, and the ``[alerts]``
-thresholds (a run that crosses one commits everything, writes ``alerts.json`` and exits with status 3).
+thresholds (a run that crosses one commits everything, writes ``alerts.json`` and exits with status 3), and the
+listing of past runs with their headline metrics (``distfact runs``).
 
 The evaluate stage writes, beside ``group_metrics.csv``:
 
@@ -151,3 +152,28 @@ def evaluate_history(out: str, context: dict, fits: list[dict], table: pd.DataFr
     for alert in found:
         log("evaluate", "alert", **alert)
     return found
+
+
+# -- distfact runs NAME -----------------------------------------------------------------------------
+
+def run_summaries(runs_dir: str) -> list[dict]:
+    """One row per complete run (oldest first): its date, whether ``LATEST`` names it, its rows, and per fit the
+    worst group's value of the fit's first metric (``metrics.json``'s ``worst_group``), and its alerts."""
+    from .nightly import published_runs, read_latest
+
+    latest = read_latest(runs_dir)
+    rows = []
+    for date in published_runs(runs_dir):
+        with open(os.path.join(runs_dir, date, "metrics.json")) as f:
+            metrics = json.load(f)
+        alerts = read_alerts(os.path.join(runs_dir, date))
+        row = {"date": date, "latest": "<-" if date == latest else "", "rows": metrics["input"]["shape"][0]}
+        seen = set()
+        for worst in metrics["worst_group"]:  # in fit order, each fit's metrics in its declared order
+            if worst["fit"] not in seen:
+                seen.add(worst["fit"])
+                row[f"{worst['fit']} worst {worst['metric']}"] = f"{worst['value']:.4g} ({worst['group']})"
+        row["alerts"] = len(alerts)
+        rows.append(row)
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # fits come and go: every run shows each
+    return [{key: row.get(key, "") for key in columns} for row in rows]

@@ -1,5 +1,5 @@
 """What a nightly pipeline knows of the nights before: the previous published run, warm starts from its factors,
-component ids kept across runs, retention of old runs, and the listing of past runs (``distfact runs``).
+component ids kept across runs, and retention of old runs.
 
 A *run* here is a directory ``<root>/<name>/<YYYY-MM-DD>/`` that distfact wrote and can recognise: its manifest
 (``distfact-output.json``, written last by :class:`distfact.outputs.OutputDir`) says it is a pipeline run, and its
@@ -294,28 +294,3 @@ def _aside(date: str) -> str:
 def read_latest(runs_dir: str) -> str | None:
     """The date ``LATEST`` in ``runs_dir`` names, or None when there is none yet."""
     return read_text(os.path.join(runs_dir, "LATEST"))
-
-
-# -- distfact runs NAME -----------------------------------------------------------------------------
-
-def run_summaries(runs_dir: str) -> list[dict]:
-    """One row per complete run (oldest first): its date, whether ``LATEST`` names it, its rows, and per fit the
-    worst group's value of the fit's first metric (``metrics.json``'s ``worst_group``), and its alerts."""
-    from .alerts import read_alerts
-
-    latest = read_latest(runs_dir)
-    rows = []
-    for date in published_runs(runs_dir):
-        with open(os.path.join(runs_dir, date, "metrics.json")) as f:
-            metrics = json.load(f)
-        alerts = read_alerts(os.path.join(runs_dir, date))
-        row = {"date": date, "latest": "<-" if date == latest else "", "rows": metrics["input"]["shape"][0]}
-        seen = set()
-        for worst in metrics["worst_group"]:  # in fit order, each fit's metrics in its declared order
-            if worst["fit"] not in seen:
-                seen.add(worst["fit"])
-                row[f"{worst['fit']} worst {worst['metric']}"] = f"{worst['value']:.4g} ({worst['group']})"
-        row["alerts"] = len(alerts)
-        rows.append(row)
-    columns = list(dict.fromkeys(key for row in rows for key in row))  # fits come and go: every run shows each
-    return [{key: row.get(key, "") for key in columns} for row in rows]
