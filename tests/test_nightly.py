@@ -11,6 +11,7 @@ the partitions it does not hold yet.
 import io
 import json
 import os
+import re
 import signal
 import shutil
 import subprocess
@@ -478,12 +479,53 @@ def test_seven_nights_of_a_growing_partitioned_corpus(tmp_path):
     trends = (final / "evaluate" / "trends.csv").read_text().splitlines()
     rows = sorted((r[0], r[3]) for r in (line.split(",") for line in trends[1:]) if r[4] == "relative_error")
     assert rows == sorted((f"2026-01-0{d}", g) for d in range(1, 8) for g in ("ab" if d <= 3 else "abc"))
+    # every night again, after the seven: a no-op (a night reads the partitions its first run recorded, not the
+    # pattern's later files), and forced, the same model from the same store version
+    dates = [f"2026-01-{number + 1:02d}" for number in range(7)]
+    before, version = {d: files_of(runs / d) for d in dates}, distfact.open(store).meta.version
+    for date in dates:
+        again = run_pipeline(tmp_path / "spec.toml", date=date, root=str(tmp_path / "runs"), stream=io.StringIO())
+        assert again["ran"] == [] and files_of(runs / date) == before[date], date
+    original = model(runs / dates[3])
+    with open(runs / dates[3] / "ingest" / "input.json") as f:
+        recorded = json.load(f)
+    forced = run_pipeline(tmp_path / "spec.toml", date=dates[3], root=str(tmp_path / "runs"), force=True,
+                          stream=io.StringIO())
+    assert forced["ran"] == ["ingest", "fit", "evaluate", "report", "publish"]
+    with open(runs / dates[3] / "ingest" / "input.json") as f:
+        redone = json.load(f)
+    assert (redone["version"], redone["shape"], redone["partitions"]["files"]) == \
+        (recorded["version"], recorded["shape"], recorded["partitions"]["files"])
+    assert recorded["version"] < version  # the store has grown since: the forced night reads its own version
+    assert redone["partitions"]["ingested"] == [] and distfact.open(store).meta.version == version
+    for name in ("components_", "objective_history_"):
+        assert np.array_equal(getattr(model(runs / dates[3]), name), getattr(original, name)), name
     # a backfill: a partition already in the store, under another name, adds nothing
     (tmp_path / "incoming" / "part-99.npz").write_bytes((tmp_path / "incoming" / "part-01.npz").read_bytes())
     result = run_pipeline(tmp_path / "spec.toml", date="2026-01-08", root=str(tmp_path / "runs"), stream=io.StringIO())
     with open(os.path.join(result["run_dir"], "ingest", "input.json")) as f:
-        assert json.load(f)["partitions"] == {"ingested": [], "skipped": [f"part-{p:02d}.npz" for p in range(6)]
-                                              + ["part-99.npz"], "rows": 0}
+        partitions = json.load(f)["partitions"]
+    assert {key: partitions[key] for key in ("ingested", "skipped", "rows")} == {
+        "ingested": [], "skipped": [f"part-{p:02d}.npz" for p in range(6)] + ["part-99.npz"], "rows": 0}
+    # partitions removed from incoming/ once in the store: the nights that read them are still up to date
+    for name in ("part-00.npz", "part-01.npz"):
+        os.remove(tmp_path / "incoming" / name)
+    for date in dates[:3]:
+        assert run_pipeline(tmp_path / "spec.toml", date=date, root=str(tmp_path / "runs"),
+                            stream=io.StringIO())["ran"] == []
+
+
+def test_a_damaged_record_of_a_nights_partitions_is_named(tmp_path):
+    """A rerun reads the night's partitions from its ingest/input.json: a damaged record stops the run, naming it."""
+    result = night(tmp_path, 0, spec_text(warm=False))
+    record = os.path.join(result["run_dir"], "ingest", "input.json")
+    with open(record) as f:
+        doc = json.load(f)
+    doc["partitions"]["files"][0]["sha256"] = "not a digest"
+    with open(record, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(ValueError, match=re.escape(record) + r": 'partitions' 'files' must be a list"):
+        run_pipeline(tmp_path / "spec.toml", date="2026-01-01", root=str(tmp_path / "runs"), stream=io.StringIO())
 
 
 def test_spec_errors_of_a_source_of_partitions(tmp_path):

@@ -95,7 +95,7 @@ def _digest(*parts) -> str:
     return h.hexdigest()
 
 
-def data_digest(spec: Spec) -> str:
+def data_digest(spec: Spec, partitions: list[dict] | None = None) -> str:
     """A content hash of the input: SHA-256 of a source's file(s); the bundled data set's name (and distfact's
     version); for a store, which may be far larger than memory, a fingerprint instead of its bytes: its logical
     metadata (shape, groups with their norms, sums and non-zeros, blocks with their masks, version) plus the name,
@@ -103,13 +103,14 @@ def data_digest(spec: Spec) -> str:
     block an append added, ``versions/<k>/blocks/<key>``; its mask's arrays are in it), so that rewriting any
     block or mask changes it, while adding column blocks (which some methods do to the store) does not. For a
     source of partitions (a pattern), the SHA-256 of every file it matches, by name: a night that brings no new
-    partition has the previous night's digest."""
+    partition has the previous night's digest; ``partitions`` (``night_partitions``) are the files of the night, by
+    default every file the pattern matches now."""
     kind, value = spec.input["kind"], spec.input["value"]
     if kind == "dataset":
         return _digest("dataset", value, __version__)
     path = spec.input["path"]
     if spec.input.get("partitions"):
-        return _digest("partitions", *[(os.path.basename(f), _file_digest(f)) for f in sorted(glob.glob(path))])
+        return _digest("partitions", *[(p["name"], p["sha256"]) for p in partitions or matched_partitions(path)])
     if kind == "store":
         from ..store import open_store
 
@@ -123,19 +124,52 @@ def data_digest(spec: Spec) -> str:
     return _digest(kind, *[(os.path.relpath(f, path) if os.path.isdir(path) else "", _file_digest(f)) for f in files])
 
 
+def matched_partitions(pattern: str) -> list[dict]:
+    """``{"name", "sha256"}`` of every file ``pattern`` matches, in name order."""
+    return [{"name": os.path.basename(f), "sha256": _file_digest(f)} for f in sorted(glob.glob(pattern))]
+
+
+def night_partitions(spec: Spec, stage_dirs) -> dict | None:
+    """For a source of partitions, what the run of a date reads: ``{"files": [{"name", "sha256"}], "metadata":
+    the store version's metadata document or None}``. The files are fixed by the date's first ingest: the
+    ``ingest/input.json`` of the first committed stage among ``stage_dirs`` (the date's committed run, then a build
+    a failed run left) records them, with the store version they made (``store-version.json``), so that a rerun of
+    a night reads that night's partitions and store version whatever arrived, changed or was removed since; a date
+    with no record reads every file the pattern matches now. None for other sources."""
+    if not spec.input.get("partitions"):
+        return None
+    for stage in stage_dirs:
+        if _read_marker(stage) is None:
+            continue
+        record = os.path.join(stage, "input.json")
+        with open(record) as f:
+            files = json.load(f).get("partitions", {}).get("files")
+        if files is None:  # recorded before runs kept their partitions' digests
+            continue
+        if not (isinstance(files, list) and all(
+                isinstance(p, dict) and set(p) == {"name", "sha256"} and isinstance(p["name"], str)
+                and isinstance(p["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", p["sha256"]) for p in files)):
+            raise ValueError(f"{record}: 'partitions' 'files' must be a list of {{'name', 'sha256'}} records (the "
+                             "file is damaged; move the run of this date aside to run it again)")
+        with open(os.path.join(stage, STORE_VERSION)) as f:
+            return {"files": files, "metadata": json.load(f)}
+    return {"files": matched_partitions(spec.input["path"]), "metadata": None}
+
+
 def _walk(path):
     for directory, _, names in os.walk(path):
         for name in names:
             yield os.path.join(directory, name)
 
 
-def stage_hashes(spec: Spec, root: str, previous: str | None = None) -> dict:
+def stage_hashes(spec: Spec, root: str, previous: str | None = None, partitions: list[dict] | None = None) -> dict:
     """Each stage's input hash; ``previous`` identifies the previous run (``nightly.py: previous_identity``), which
-    warm-started fits and the evaluation (component ids, trends, alerts) build on."""
+    warm-started fits and the evaluation (component ids, trends, alerts) build on; ``partitions``: the night's
+    files, for a source of partitions (``night_partitions``)."""
     files = [_file_digest(path) for f in spec.fits for path in spec.input_files(f).values()]
     fits = [{"method": f.method, "ranks": f.ranks, "seed": f.seed, "params": f.params, "inputs": f.inputs,
              **({"select": f.select} if f.select is not None else {})} for f in spec.fits]
-    out = {"ingest": _digest("ingest", data_digest(spec), {k: v for k, v in spec.input.items() if k != "path"})}
+    out = {"ingest": _digest("ingest", data_digest(spec, partitions), {k: v for k, v in spec.input.items() if k != "path"})}
     warm = any(f.warm_start != "none" for f in spec.fits)
     out["fit"] = _digest("fit", out["ingest"], fits, files, *([previous] if warm else []))
     evaluation = {k: v for k, v in spec.nightly.items() if k != "keep"}
@@ -205,8 +239,9 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     previous = previous_run(os.path.dirname(run_dir), date)
     build = OutputDir(run_dir, RUN_KIND, overwrite=True, keep_all=True, option="the run", lock=False)
     log = RunLog(build.path, spec.name, date, stream)
-    hashes = stage_hashes(spec, root, previous_identity(previous))
-    context = {"previous": previous, "spec": spec, "run_dir": build.path, "final_dir": run_dir, "root": root, "remote": remote,
+    night = night_partitions(spec, [os.path.join(d, "ingest") for d in (run_dir, build.path)])
+    hashes = stage_hashes(spec, root, previous_identity(previous), night and night["files"])
+    context = {"night": night, "previous": previous, "spec": spec, "run_dir": build.path, "final_dir": run_dir, "root": root, "remote": remote,
                "resume": resume, "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date,
                "fit_hash": hashes["fit"]}
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
@@ -372,37 +407,48 @@ def partitions_store(spec: Spec, runs_dir: str) -> str:
     return spec.input.get("store_path") or os.path.join(runs_dir, PARTITIONS_STORE)
 
 
-def ingest_partitions(options: dict, dest: str, log):
-    """Every file the pattern ``options["path"]`` matches that the store ``dest`` does not hold yet (by content:
-    its SHA-256 among those the store's ``ingests`` record), in name order: the first into a new store (the
-    source's ingest, which fixes its columns and vocabulary), the others appended, each as a version. Returns the
-    store and ``{"ingested": [names], "skipped": [names], "rows": rows added}``. Idempotent: what a run killed
+def ingest_partitions(options: dict, dest: str, night: dict, log):
+    """The night's partitions (``night_partitions``) into the store ``dest``, in name order: those the store holds
+    (by content: their SHA-256 among those its ``ingests`` record) skipped, whatever their names (a backfill, a copy
+    under another name, a rerun: the file need not exist any more), the first ever into a new store (the source's
+    ingest, which fixes its columns and vocabulary), the others appended, each as a version. Returns the store (the
+    version the night recorded when it holds the night's partitions, else the store as it is) and ``{"ingested":
+    [names], "skipped": [names], "rows": rows added, "files": the night's files}``. Idempotent: what a run killed
     midway appended is skipped by the next."""
+    from ..store import GroupedMatrix
+    from ..store.append import ingested_sources
     from ..store.sources import append_source, ingest_source
 
-    files = sorted(glob.glob(options["path"]))
-    if not files and not os.path.exists(os.path.join(dest, "zarr.json")):
+    folder = os.path.dirname(options["path"])
+    exists = os.path.exists(os.path.join(dest, "zarr.json"))
+    if not night["files"] and not exists:
         raise ValueError(f"no partition matches {options['value']!r} and the store {dest!r} does not exist yet")
     source_options = {key: options[key] for key in SOURCE_OPTIONS if key in options}
-    record = {"ingested": [], "skipped": [], "rows": 0}
-    data = None
-    for file in files:
+    record = {"ingested": [], "skipped": [], "rows": 0, "files": night["files"]}
+    held = ingested_sources(GroupedMatrix.open(dest).meta) if exists else {}
+    for partition in night["files"]:
+        name, file = partition["name"], os.path.join(folder, partition["name"])
+        if partition["sha256"] in held:
+            record["skipped"].append(name)
+            continue
+        if not os.path.isfile(file) or _file_digest(file) != partition["sha256"]:
+            raise ValueError(f"partition {file!r} changed or vanished since the run listed it (SHA-256 "
+                             f"{partition['sha256'][:12]}...): run the night again")
         if not os.path.exists(os.path.join(dest, "zarr.json")):
             data = ingest_source(file, dest, **source_options)
-            record["ingested"].append(os.path.basename(file))
-            record["rows"] += data.shape[0]
-            continue
-        data, outcome = append_source(file, dest, group_column=options.get("group_column"),
-                                      block_rows=options.get("block_rows"))
-        record["skipped" if outcome["version"] is None else "ingested"].append(os.path.basename(file))
+            outcome = {"version": 0, "rows": data.shape[0]}
+        else:
+            data, outcome = append_source(file, dest, group_column=options.get("group_column"),
+                                          block_rows=options.get("block_rows"))
+        record["skipped" if outcome["version"] is None else "ingested"].append(name)
         record["rows"] += outcome["rows"]
     log("ingest", "partitions", ingested=len(record["ingested"]), skipped=len(record["skipped"]),
         rows=record["rows"], store=dest)
-    if data is None:
-        from ..store import open_store
-
-        data = open_store(dest)
-    return data, record
+    pinned = night["metadata"]
+    if not record["ingested"] and pinned is not None and pinned.get("version", 0) >= max(
+            (held[p["sha256"]] for p in night["files"]), default=0):
+        return GroupedMatrix.open(dest, version_metadata=pinned), record
+    return GroupedMatrix.open(dest), record
 
 
 def stage_ingest(out: str, context: dict) -> dict:
@@ -427,7 +473,7 @@ def stage_ingest(out: str, context: dict) -> dict:
         store = "data.zarr"
     elif options.get("partitions"):
         data, partitions = ingest_partitions(options, partitions_store(spec, os.path.dirname(context["final_dir"])),
-                                             context["log"])
+                                             context["night"], context["log"])
         store = data.path
     else:
         data = ingest_source(options["path"], target, **{key: options[key] for key in SOURCE_OPTIONS if key in options})
