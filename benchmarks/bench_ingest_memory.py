@@ -91,17 +91,28 @@ def vocabulary(n_words: int, seed: int = 0) -> list[str]:
     return head + words
 
 
-def write_corpus(path: Path, n_docs: int, words: list[str], tokens_per_doc: int, seed: int) -> None:
+def write_corpus(path: Path, n_docs: int, words: list[str], tokens_per_doc: int, seed: int, topics: int = 0) -> None:
+    """``n_docs`` JSONL documents of about ``tokens_per_doc`` tokens from a Zipf law over ``words``. ``topics`` > 0
+    plants that many topics (fixed by the vocabulary, not by ``seed``, so that every partition shares them): each
+    document has one, and half its tokens (on average) come from the topic's own Zipf law over 2,000 words of its
+    own instead of the background law."""
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, len(words) + 1, dtype=np.float64)
     p = ranks ** -1.07
     p /= p.sum()
     vocab = np.array(words, dtype=object)
+    topic_words = np.random.default_rng(len(words)).permutation(len(words))[:topics * 2000].reshape(topics, 2000)
+    topic_p = p[:2000] / p[:2000].sum()
     with open(path, "w") as fh:
         for start in range(0, n_docs, 10_000):
             n = min(10_000, n_docs - start)
             lengths = np.maximum(rng.poisson(tokens_per_doc, n), 1)
-            tokens = vocab[rng.choice(len(words), size=int(lengths.sum()), p=p)]
+            indices = rng.choice(len(words), size=int(lengths.sum()), p=p)
+            if topics:
+                of_topic = rng.random(indices.size) < 0.5
+                topic = np.repeat(rng.integers(topics, size=n), lengths)[of_topic]
+                indices[of_topic] = topic_words[topic, rng.choice(2000, size=int(of_topic.sum()), p=topic_p)]
+            tokens = vocab[indices]
             groups = rng.choice(len(GROUPS), size=n, p=GROUP_P)
             bounds = np.concatenate([[0], np.cumsum(lengths)])
             fh.writelines(

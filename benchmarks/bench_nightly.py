@@ -2,11 +2,12 @@
 the cold start, night by night, on a real data set that grows.
 
     python benchmarks/bench_nightly.py          # about 3 minutes
-    python benchmarks/bench_nightly.py --corpus-docs 220000   # the nightly cost on 10 million non-zeros
+    python benchmarks/bench_nightly.py --corpus-docs 550000   # the nightly cost on 10 million non-zeros
 
 The second form measures issue 21's target instead: what a night costs (ingest + warm fit) when 1% new documents
 arrive, against a full re-ingest and a cold fit. A synthetic JSONL corpus (``bench_ingest_memory.py``'s generator:
-4 groups, ~60 tokens a document from a Zipf vocabulary) of ``--corpus-docs`` documents as two partitions,
+4 groups, ~60 tokens a document from a Zipf vocabulary, half of them from one of ``--topics`` (10) planted topics;
+``--topics 0``: none) of ``--corpus-docs`` documents as two partitions,
 ``incoming/part-00.jsonl`` (99%) and ``part-01.jsonl`` (1%), and a pipeline with ``source = "incoming/*.jsonl"``
 (tf-idf, 20,000 words), NMF rank 10, HALS, ``tol = 1e-4``. Nightly root: night 0 sees part-00 (setup, not
 timed), night 1 sees both: it appends part-01 to the root's store and warm-starts from night 0. Full root: one
@@ -102,7 +103,7 @@ CORPUS_SPEC = SPEC.replace('"digits-nightly"', '"corpus-nightly"').replace(
     'source = "data.npz"', 'source = "incoming/*.jsonl"\nmax_features = 20000')
 
 
-def corpus_case(docs: int, repeats: int) -> dict:
+def corpus_case(docs: int, repeats: int, topics: int) -> dict:
     """The nightly cost on a corpus of ``docs`` documents of which the last 1% arrive on night 1 (module docstring):
     night 1 and the full run alternated ``repeats`` times (night 1 on a copy of the root after night 0), medians."""
     import shutil
@@ -123,13 +124,13 @@ def corpus_case(docs: int, repeats: int) -> dict:
         tmp = Path(tmp)
         (tmp / "incoming").mkdir()
         words, n_new = vocabulary(60_000), max(docs // 100, 1)
-        write_corpus(tmp / "incoming" / "part-00.jsonl", docs - n_new, words, 60, seed=0)
+        write_corpus(tmp / "incoming" / "part-00.jsonl", docs - n_new, words, 60, seed=0, topics=topics)
         for kind in ("warm", "cold"):
             (tmp / f"{kind}.toml").write_text(CORPUS_SPEC.format(
                 rank=RANK, solver="hals", warm='warm_start = "previous"' if kind == "warm" else ""))
         night0 = stages(run_pipeline(tmp / "warm.toml", date="2026-03-01", root=str(tmp / "night0"),
                                      stream=io.StringIO()))
-        write_corpus(tmp / "incoming" / "part-01.jsonl", n_new, words, 60, seed=1)
+        write_corpus(tmp / "incoming" / "part-01.jsonl", n_new, words, 60, seed=1, topics=topics)
         runs = {"nightly": [], "full": []}
         for _ in range(repeats):
             shutil.copytree(tmp / "night0", tmp / "nightly")
@@ -143,11 +144,13 @@ def corpus_case(docs: int, repeats: int) -> dict:
             for name, done in runs.items()}
     out = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                        "platform": platform.platform()},
-           "case": f"{docs} documents (tf-idf, 20,000 words), +{n_new} (1%) on night 1, NMF rank {RANK} HALS tol 1e-4",
+           "case": f"{docs} documents ({topics} planted topics; tf-idf, 20,000 words), +{n_new} (1%) on night 1, "
+                   f"NMF rank {RANK} HALS tol 1e-4",
            "night0": night0, **runs, "median_seconds": cost,
            "ratio_nightly_to_full": cost["nightly"] / cost["full"]}
     print(json.dumps(out, indent=1))
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "nightly_corpus.json")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        f"nightly_corpus{'_topics' if topics else ''}.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     return out
@@ -157,5 +160,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus-docs", type=int, help="measure the nightly cost on a corpus of this many documents")
     parser.add_argument("--repeats", type=int, default=3, help="(with --corpus-docs) night 1 and the full run, each")
+    parser.add_argument("--topics", type=int, default=10,
+                        help="(with --corpus-docs) topics planted in the corpus (0: Zipf tokens without structure)")
     args = parser.parse_args()
-    corpus_case(args.corpus_docs, args.repeats) if args.corpus_docs else main()
+    corpus_case(args.corpus_docs, args.repeats, args.topics) if args.corpus_docs else main()

@@ -32,6 +32,7 @@ import uuid
 import warnings
 
 from .._warnings import user_stacklevel
+from ..outputs import file_sha256
 from .arraytree import TreeFile, save as save_tree
 
 logger = logging.getLogger("distfact")
@@ -65,11 +66,6 @@ def seal(record: dict) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
-def _file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 class Checkpointer:
     """Saves a fit's state every ``every`` iterations under ``run_dir/checkpoints`` (the ``keep`` newest
     are kept) and restores the newest intact one."""
@@ -99,7 +95,7 @@ class Checkpointer:
             json.dump({"hash": self.hash, "config": self.config}, f, indent=1, default=str)
         record = {"format": FORMAT, "version": VERSION, "iteration": iteration, "config_hash": self.hash,
                   "files": {STATE: save_tree(os.path.join(partial, STATE), {"iteration": iteration, **state}),
-                            CONFIG: _file_sha256(os.path.join(partial, CONFIG))},
+                            CONFIG: file_sha256(os.path.join(partial, CONFIG))},
                   "local": local}
         with open(os.path.join(partial, MARKER), "w") as f:
             json.dump({**record, "seal": seal(record)}, f)
@@ -157,7 +153,7 @@ class Checkpointer:
             raise ValueError(f"checkpoint {path!r} was written by a run with another configuration "
                              f"(hash {record['config_hash']}, this run {self.hash}); use a new run directory")
         try:
-            if _file_sha256(os.path.join(path, CONFIG)) != record["files"][CONFIG]:
+            if file_sha256(os.path.join(path, CONFIG)) != record["files"][CONFIG]:
                 raise DamagedCheckpoint(f"{CONFIG} is not the file that was written")
             state = TreeFile(os.path.join(path, STATE), record["files"][STATE]).read()
             if not (isinstance(state, dict) and type(state.get("iteration")) is int

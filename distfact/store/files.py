@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import numpy as np
+
+from ..outputs import file_sha256
 
 
 def read_labels(path: str) -> np.ndarray:
@@ -26,11 +27,7 @@ def read_labels(path: str) -> np.ndarray:
 def fingerprint(path) -> dict:
     """What a store's ``ingests`` record of a source file: its absolute path and the SHA-256 of its bytes (a
     partition is recognised by its content, whatever its name)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"file": os.path.abspath(os.fspath(path)), "sha256": digest.hexdigest()}
+    return {"file": os.path.abspath(os.fspath(path)), "sha256": file_sha256(path)}
 
 
 def utf8_text(raw: bytes, where: str, error=ValueError) -> str:
