@@ -24,11 +24,12 @@ import math
 import os
 import shutil
 
+import numpy as np
 
 from .files import fingerprint
-from .format import Metadata, group_stats, version_node
+from .format import Metadata, version_node
 from .grouped import GroupedMatrix
-from .ingest import StoreWriter, group_codes, input_rows, write_rows, writer_mask
+from .ingest import GroupSums, StoreWriter, group_codes, input_rows, write_rows, writer_mask
 from .masks import check_weights
 from .writing import DEFAULT_BLOCK_BYTES, array_records, lock_store, write_arrays
 
@@ -75,7 +76,8 @@ class AppendWriter(StoreWriter):
         self.first_key = max(int(b.key) for b in meta.blocks) + 1
         self.row_offset = meta.shape[0]
         self._square_sum = math.fsum(g.sq_norm for g in meta.groups)
-        self._group_column_sums = {name: store.group_column_sums[g].copy() for g, name in enumerate(store.group_names)}
+        self._group_sums = {g.name: GroupSums(store.group_column_sums[i].copy(), np.array([g.sq_norm, g.total]))
+                            for i, g in enumerate(meta.groups)}
 
     def _check_destination(self) -> None:  # the destination is the store appended to
         pass
@@ -122,7 +124,7 @@ class AppendWriter(StoreWriter):
             earlier = [[b for b in old.blocks if b.group == g] for g in range(len(names))]
             blocks = self.staged_blocks({name: g for g, name in enumerate(group_order)},
                                         earlier + [[] for _ in group_order[len(names):]], version)
-            groups = [group_stats(name, [b for b in blocks if b.group == g]) for g, name in enumerate(group_order)]
+            groups = self.group_records(group_order, blocks)
             rows = self.n_rows
             meta = Metadata((old.shape[0] + rows, old.shape[1]), old.dtype, old.layout, groups, blocks,
                             has_feature_names=old.has_feature_names, source=old.source, signed=old.signed,
