@@ -9,9 +9,12 @@ before) keeps reading it, and an append killed at any point leaves the store as 
 the next append). Appends to one store are serialised by a lock (``flock`` on the store's directory, released by the
 system when the process ends, however it ends).
 
-Per-group statistics are updated from the new blocks only: a group's squared norm, sum and non-zeros are the sums of
-its blocks' (the new blocks' statistics are taken as they are written), its column sums continue from the stored
-ones. Rows are numbered after the store's (``row_index()`` is the row number in all the data ingested, in order);
+Per-group statistics are updated from the new blocks only: a group's squared norm, sum and column sums are running
+sums of its rows in order (``docs/format.md``, "Group statistics"), continued from the stored ones over the new rows,
+its non-zeros the sum of its blocks'; the store's column sums are the groups' added in group order. They do not
+depend on where rows are cut into blocks, so the appended store's groups, column sums, row index and feature names
+are those of a fresh ingest of all the rows with any block cuts ("Equal to a fresh ingest"); its blocks are those
+of a fresh ingest cut at the same rows. Rows are numbered after the store's (``row_index()`` is the row number in all the data ingested, in order);
 the columns are the store's: a table's value columns must be its feature names, a corpus is vectorised with its
 vocabulary (and idf weights) or its hashing vectoriser, and the tokens the vocabulary lacks are counted.
 """
@@ -269,7 +272,8 @@ def append_rows(self, X, groups=None, *, feature_names=None, block_rows=None, bl
     after theirs, new groups follow the store's (in sorted order). Blocks are cut as :func:`from_arrays` cuts
     them (``block_rows`` rows, or about ``block_bytes``). The metadata is written last and atomically: this
     object, and any reader of the previous version, keeps reading that version, and an append that fails or is
-    killed leaves the store as it was. The per-group statistics are updated from the new blocks only. Column
+    killed leaves the store as it was. The per-group statistics are updated from the new blocks only, and are those
+    of a fresh ingest of all the rows however it cuts them (``docs/format.md``, "Equal to a fresh ingest"). Column
     blocks are not carried over (their rows would move): :meth:`with_column_blocks` builds the new version's.
     A store with a mask (``docs/format.md``, "Masks") takes the rows' mask as it was ingested: ``missing="nan"``
     (the default for it) for a store of kind ``"nan"``, ``mask=`` the rows' weights for one of kind ``"weights"``

@@ -48,6 +48,10 @@ class StoreWriter:
     X is then stored with 0 at its missing entries, beside the block's mask in the sparse form storing fewer
     entries (``store/masks.py: block_form``), so that every statistic the metadata records of X is over the
     observed entries. A mask that marks nothing (no NaN, all weights 1) writes a store without a mask.
+
+    Each group's squared norm, sum and column sums are running sums of its rows in order, carried from one block to
+    the next (:class:`GroupSums`; ``docs/format.md``, "Group statistics"): they are the same wherever the rows are
+    cut into blocks, and the same dense or CSR.
     """
 
     def __init__(self, path, n_cols: int, dtype, layout: str, *, overwrite: bool = False,
@@ -383,7 +387,10 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     block by block (NaN, infinite and negative values, and data whose sum of squares
     overflows X's dtype, are refused with the row and column named) and a failure leaves
     nothing at ``path``. A store records the checksum of every array it holds (see
-    ``docs/format.md``), checked whenever it is read.
+    ``docs/format.md``), checked whenever it is read. Each group's squared norm, sum and
+    column sums are running sums of its rows in order (``docs/format.md``, "Group
+    statistics"): the same whatever ``block_rows`` or ``block_bytes``, and what an
+    append of more rows continues.
     """
     mask = writer_mask(mask, missing)
     X, feature_names = input_rows(X, feature_names, missing)
