@@ -1,17 +1,21 @@
 """Appending rows to a store (issue 21): the appended store against a fresh ingest of the same rows, readers of the
 previous version, fixed vocabularies, idempotent partitions, the command line.
 
-"Equal to a fresh ingest" is checked field by field (``assert_same_as_fresh``): shape, dtype, layout, signedness;
-every group's record (name, rows, squared norm, sum, non-zeros); every block's record but its key and version (index,
-group, rows, non-zeros, squared norm, sum, smallest value, and each array's dtype and CRC32C: the stored bytes), and
-every block's data; the column sums, the per-group column sums, the idf weights (bitwise); the row index and the
-feature names. What must differ is not compared: block keys (arrival numbers), block and store versions, ``source``,
-``ingests``, the checksum and the column blocks (an append drops them). The fresh ingest is given the appended
-store's group order and blocks cut at the same rows (``block_rows`` dividing each group's first rows)."""
+"Equal to a fresh ingest" is checked in two parts. Whatever the block cuts (``assert_same_groups_as_fresh``, against a
+fresh ingest with its default options in particular): shape, dtype, layout, signedness, mask kind; every group's
+record (name, rows, squared norm, sum, non-zeros); the column sums, the per-group column sums, the idf weights
+(bitwise); the row index and the feature names. With blocks cut at the same rows (``assert_same_as_fresh``: the
+fresh ingest given ``block_rows`` dividing each group's first rows) also every block's record but its key and
+version (index, group, rows, non-zeros, squared norm, sum, smallest value, mask, and each array's dtype and CRC32C:
+the stored bytes), and every block's data. What must differ is not compared: block keys (arrival numbers), block and
+store versions, ``source``, ``ingests``, the checksum and the column blocks (an append drops them). The fresh ingest
+is given the appended store's group order (new groups follow the store's; with names that sort after them, the
+default order is that one)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -31,12 +35,27 @@ from distfact.store.sources import append_source
 
 
 # -- helpers --------------------------------------------------------------------
-def assert_same_as_fresh(appended, fresh):
-    """The appended store holds what a fresh ingest of the same rows holds (see the module docstring)."""
+def assert_same_groups_as_fresh(appended, fresh, appends: int = 1):
+    """The appended store (after ``appends`` appends) has the group-level and store-level records of a fresh ingest
+    of the same rows, cut into blocks anywhere (see the module docstring)."""
     a, f = appended.meta, fresh.meta
-    assert (a.shape, a.dtype, a.layout, a.signed, a.has_feature_names) == \
-        (f.shape, f.dtype, f.layout, f.signed, f.has_feature_names)
+    assert (a.shape, a.dtype, a.layout, a.signed, a.has_feature_names, a.mask) == \
+        (f.shape, f.dtype, f.layout, f.signed, f.has_feature_names, f.mask)
     assert a.groups == f.groups
+    for name in ("column_sums", "group_column_sums", "idf", "feature_names"):
+        x, y = getattr(appended, name), getattr(fresh, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and np.array_equal(x, y), name
+    np.testing.assert_array_equal(appended.row_index(), fresh.row_index())
+    assert a.version == f.version + appends and a.column_blocks == []
+
+
+def assert_same_as_fresh(appended, fresh):
+    """The appended store holds what a fresh ingest of the same rows, cut into blocks at the same rows, holds: its
+    group-level records and every block (see the module docstring)."""
+    assert_same_groups_as_fresh(appended, fresh)
+    a, f = appended.meta, fresh.meta
     assert len(a.blocks) == len(f.blocks)
     for x, y in zip(a.blocks, f.blocks):
         assert dataclasses.replace(x, key="", version=0) == dataclasses.replace(y, key="", version=0)
@@ -45,13 +64,11 @@ def assert_same_as_fresh(appended, fresh):
         if sp.issparse(x):
             x, y = x.toarray(), y.toarray()
         np.testing.assert_array_equal(x, y)
-    for name in ("column_sums", "group_column_sums", "idf", "feature_names"):
-        x, y = getattr(appended, name), getattr(fresh, name)
-        assert (x is None) == (y is None), name
-        if x is not None:
-            assert x.dtype == y.dtype and np.array_equal(x, y), name
-    np.testing.assert_array_equal(appended.row_index(), fresh.row_index())
-    assert a.version == f.version + 1 and a.column_blocks == []
+
+
+def assert_cut_elsewhere(appended, fresh):
+    """The two stores' blocks are cut at different rows (so that equal group records say something)."""
+    assert [b.row_stop for b in appended.blocks] != [b.row_stop for b in fresh.blocks]
 
 
 def referenced_files(store) -> dict:
@@ -114,21 +131,91 @@ def test_appending_arrays_equals_a_fresh_ingest_and_fits_bitwise(tmp_path, spars
     assert_same_fits(appended, fresh)
 
 
-def test_group_statistics_and_column_sums_against_numpy(tmp_path):
-    """An independent oracle: every group's statistics and column sums from the rows themselves."""
-    X, groups, first = split_data(sparse=False, seed=3)
+def sequential_sums(rows: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """The oracle of a group's running sums, by plain Python: (sum of squares, sum) of the entries of the dense
+    ``rows`` added one by one in row order, then column order within a row, in Python floats (IEEE doubles), and
+    the column sums as the rows added one after the other (``functools.reduce``) in float64."""
+    sq = total = 0.0
+    for x in rows.astype(np.float64).ravel().tolist():
+        sq += x * x
+        total += x
+    column_sums = functools.reduce(np.add, rows.astype(np.float64), np.zeros(rows.shape[1]))
+    return sq, total, column_sums
+
+
+@pytest.mark.parametrize("sparse,dtype", [(False, np.float64), (True, np.float32)])
+def test_group_statistics_and_column_sums_against_a_sequential_oracle(tmp_path, sparse, dtype):
+    """An independent oracle: every group's statistics and column sums from the rows themselves, bitwise the
+    running sums of a plain Python loop (``math.fsum``, or numpy's pairwise sums, round otherwise); the store's
+    column sums are the groups' added in group order."""
+    X, groups, first = split_data(sparse=sparse, seed=3)
+    X = X.astype(dtype)
     (X1, g1), (X2, g2) = halves(X, groups, first)
-    appended = from_arrays(X1, g1, tmp_path / "s", block_rows=4).append(X2, g2, block_rows=4)
+    appended = from_arrays(X1, g1, tmp_path / "s", block_rows=4).append(X2, g2, block_rows=3)
+    dense = X.toarray() if sparse else X
     for g, name in enumerate(appended.group_names):
-        rows = X[groups == name]
+        rows = dense[groups == name]
         record = appended.meta.groups[g]
+        sq, total, column_sums = sequential_sums(rows)
         assert record.nnz == np.count_nonzero(rows)
-        np.testing.assert_allclose([record.sq_norm, record.total], [np.sum(rows ** 2), rows.sum()], rtol=1e-12)
-        np.testing.assert_allclose(appended.group_column_sums[g], rows.sum(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(appended.column_sums, X.sum(axis=0), rtol=1e-12)
+        assert (record.sq_norm, record.total) == (sq, total)
+        np.testing.assert_array_equal(appended.group_column_sums[g], column_sums)
+    np.testing.assert_array_equal(appended.column_sums, functools.reduce(np.add, appended.group_column_sums))
+    np.testing.assert_allclose(appended.column_sums, dense.astype(np.float64).sum(axis=0), rtol=1e-12)
     # stored rows in group order, first-ingested rows of a group before its appended ones, numbered in all the data
     expected = np.concatenate([np.flatnonzero(groups == name) for name in appended.group_names])
     np.testing.assert_array_equal(appended.row_index(), expected)
+
+
+def test_group_statistics_are_those_of_the_rows_dense_or_csr_however_cut(tmp_path):
+    """The same rows stored dense and CSR, in one block a group or in blocks of 1, 2 or 7 rows: the same group
+    records and column sums, bitwise."""
+    X, groups, _ = split_data(sparse=True, seed=8)
+    stores = [from_arrays(X, groups, block_rows=rows, layout=layout)
+              for rows in (None, 1, 2, 7) for layout in ("csr", "dense")]
+    for store in stores[1:]:
+        assert store.meta.groups == stores[0].meta.groups
+        np.testing.assert_array_equal(store.group_column_sums, stores[0].group_column_sums)
+        np.testing.assert_array_equal(store.column_sums, stores[0].column_sums)
+    assert len({len(store.blocks) for store in stores}) == 4
+
+
+def test_opening_checks_group_records_against_their_blocks_to_within_rounding():
+    """A group's squared norm and sum (running sums of its rows) and the ``fsum`` of its blocks' differ by rounding
+    only: a record at the blocks' ``fsum`` (what a store written before running sums holds) is accepted, one
+    further than the bound of ``group_sum_tolerances`` (relative 2e-13 here) is refused, by name."""
+    from distfact.store.format import blocks_group_stats, group_sum_tolerances
+
+    X, groups, _ = split_data(sparse=False, seed=9)
+    meta = from_arrays(X, groups, block_rows=3).meta
+    by_blocks = [blocks_group_stats(g.name, [b for b in meta.blocks if b.group == i])
+                 for i, g in enumerate(meta.groups)]
+    assert any((g.sq_norm, g.total) != (f.sq_norm, f.total) for g, f in zip(meta.groups, by_blocks))
+    dataclasses.replace(meta, groups=by_blocks).check("old")
+    tolerances = group_sum_tolerances(by_blocks[1])
+    assert 0 < tolerances["sq_norm"] < 2e-13 * by_blocks[1].sq_norm
+    for name, tolerance in tolerances.items():
+        edited = [g if i != 1 else dataclasses.replace(g, **{name: getattr(g, name) + 2 * tolerance})
+                  for i, g in enumerate(meta.groups)]
+        with pytest.raises(ValueError, match=rf"corrupt metadata: group 1 \('b'\), field '{name}': .* its blocks' "
+                                             r"add up to .* \(to within .*, rounding\)"):
+            dataclasses.replace(meta, groups=edited).check("edited")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_appending_arrays_equals_a_fresh_ingest_with_default_options(tmp_path, sparse):
+    """Rows appended twice (groups a and b grow, a in the middle of the store; c is new, then grows) in blocks of 3
+    and 4 rows against one ingest of all of them with default options (one block a group)."""
+    X, groups, first = split_data(sparse)
+    (X1, g1), (X2, g2) = halves(X, groups, first)
+    names = [f"f{j}" for j in range(7)]
+    store = from_arrays(X1, g1, tmp_path / "s", block_rows=4, feature_names=names)
+    assert "c" in g2[:13] and "c" in g2[13:] and "a" in g2[:13]
+    appended = store.append(X2[:13], g2[:13], block_rows=3).append(X2[13:], g2[13:], block_rows=4)
+    fresh = from_arrays(X, groups, tmp_path / "f", feature_names=names)
+    assert appended.group_names == fresh.group_names == ["a", "b", "c"]
+    assert_same_groups_as_fresh(appended, fresh, appends=2)
+    assert_cut_elsewhere(appended, fresh)
 
 
 def test_readers_of_the_previous_version_keep_reading_it(tmp_path):
@@ -201,6 +288,9 @@ def test_appending_a_table_equals_a_fresh_ingest(tmp_path):
     assert outcome["version"] == 1 and outcome["rows"] == 30 and outcome["skipped"] == {}
     fresh = from_table(tmp_path / "all.csv", "group", tmp_path / "f", block_rows=5, group_names=["a", "b", "c"])
     assert_same_as_fresh(appended, fresh)
+    default = from_table(tmp_path / "all.csv", "group", tmp_path / "d")
+    assert_same_groups_as_fresh(appended, default)
+    assert_cut_elsewhere(appended, default)
     assert store.shape[0] == 30 and [r["version"] for r in appended.meta.ingests] == [0, 1]
     frame[~first].drop(columns=["v3"]).to_csv(tmp_path / "narrow.csv", index=False)
     with pytest.raises(ValueError, match="v3"):
@@ -234,6 +324,10 @@ def test_appending_a_corpus_equals_a_fresh_ingest_with_the_same_vocabulary(tmp_p
     fresh = from_corpus([parts / "night1.jsonl", parts / "night2.jsonl"], tmp_path / "f", block_rows=4,
                         group_names=["a", "b", "c"], vocabulary=vocabulary, **options)
     assert_same_as_fresh(appended, fresh)
+    default = from_corpus([parts / "night1.jsonl", parts / "night2.jsonl"], tmp_path / "d", vocabulary=vocabulary,
+                          **options)
+    assert_same_groups_as_fresh(appended, default)
+    assert_cut_elsewhere(appended, default)
     if vectorizer == "count":  # the words the vocabulary lacks, counted by brute force
         texts = [json.loads(line)["text"].split() for line in open(parts / "night2.jsonl")]
         missed = [sum(w not in set(store.feature_names) for w in words) for words in texts]
@@ -330,6 +424,30 @@ def test_appending_to_a_store_with_a_mask_equals_a_fresh_masked_ingest(tmp_path,
         (form_f, P_f), = read_fresh(f).items()
         assert form == form_f and (P != P_f).nnz == 0
     assert_same_fits(appended, fresh)
+
+
+@pytest.mark.parametrize("sparse,kind", [(False, "nan"), (True, "nan"), (True, "weights"), (False, "weights")])
+def test_appending_to_a_store_with_a_mask_equals_a_fresh_masked_ingest_with_default_options(tmp_path, sparse, kind):
+    """Group records over the observed entries, column sums and mask kind: those of a fresh masked ingest of all
+    the rows with default options (one block a group), the first rows in blocks of 4 and the appended in blocks of
+    3."""
+    X, groups, first, weights = masked_split(sparse, kind, appended_missing=True, seed=7)
+    (X1, g1), (X2, g2) = halves(X, groups, first)
+    if kind == "nan":
+        appended = from_arrays(X1, g1, tmp_path / "s", block_rows=4, missing="nan").append(X2, g2, block_rows=3)
+        fresh = from_arrays(X, groups, tmp_path / "f", missing="nan")
+    else:
+        appended = from_arrays(X1, g1, tmp_path / "s", block_rows=4, mask=weights[first]).append(
+            X2, g2, block_rows=3, mask=weights[~first])
+        fresh = from_arrays(X, groups, tmp_path / "f", mask=weights)
+    assert appended.mask_kind == kind
+    assert_same_groups_as_fresh(appended, fresh)
+    assert_cut_elsewhere(appended, fresh)
+    observed = np.nan_to_num(X.toarray() if sparse else X) * (1.0 if weights is None else (weights != 0))
+    for g, name in enumerate(appended.group_names):  # over the observed entries: X read as 0 at the missing ones
+        sq, total, column_sums = sequential_sums(observed[groups == name])
+        assert (appended.meta.groups[g].sq_norm, appended.meta.groups[g].total) == (sq, total)
+        np.testing.assert_array_equal(appended.group_column_sums[g], column_sums)
 
 
 def test_an_append_whose_mask_does_not_suit_the_store_is_refused(tmp_path):

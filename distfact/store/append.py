@@ -9,9 +9,12 @@ before) keeps reading it, and an append killed at any point leaves the store as 
 the next append). Appends to one store are serialised by a lock (``flock`` on the store's directory, released by the
 system when the process ends, however it ends).
 
-Per-group statistics are updated from the new blocks only: a group's squared norm, sum and non-zeros are the sums of
-its blocks' (the new blocks' statistics are taken as they are written), its column sums continue from the stored
-ones. Rows are numbered after the store's (``row_index()`` is the row number in all the data ingested, in order);
+Per-group statistics are updated from the new blocks only: a group's squared norm, sum and column sums are running
+sums of its rows in order (``docs/format.md``, "Group statistics"), continued from the stored ones over the new rows,
+its non-zeros the sum of its blocks'; the store's column sums are the groups' added in group order. They do not
+depend on where rows are cut into blocks, so the appended store's groups, column sums, row index and feature names
+are those of a fresh ingest of all the rows with any block cuts ("Equal to a fresh ingest"); its blocks are those
+of a fresh ingest cut at the same rows. Rows are numbered after the store's (``row_index()`` is the row number in all the data ingested, in order);
 the columns are the store's: a table's value columns must be its feature names, a corpus is vectorised with its
 vocabulary (and idf weights) or its hashing vectoriser, and the tokens the vocabulary lacks are counted.
 """
@@ -24,11 +27,12 @@ import math
 import os
 import shutil
 
+import numpy as np
 
 from .files import fingerprint
-from .format import Metadata, group_stats, version_node
+from .format import Metadata, version_node
 from .grouped import GroupedMatrix
-from .ingest import StoreWriter, group_codes, input_rows, write_rows, writer_mask
+from .ingest import GroupSums, StoreWriter, group_codes, input_rows, write_rows, writer_mask
 from .masks import check_weights
 from .writing import DEFAULT_BLOCK_BYTES, array_records, lock_store, write_arrays
 
@@ -75,7 +79,8 @@ class AppendWriter(StoreWriter):
         self.first_key = max(int(b.key) for b in meta.blocks) + 1
         self.row_offset = meta.shape[0]
         self._square_sum = math.fsum(g.sq_norm for g in meta.groups)
-        self._group_column_sums = {name: store.group_column_sums[g].copy() for g, name in enumerate(store.group_names)}
+        self._group_sums = {g.name: GroupSums(store.group_column_sums[i].copy(), np.array([g.sq_norm, g.total]))
+                            for i, g in enumerate(meta.groups)}
 
     def _check_destination(self) -> None:  # the destination is the store appended to
         pass
@@ -122,7 +127,7 @@ class AppendWriter(StoreWriter):
             earlier = [[b for b in old.blocks if b.group == g] for g in range(len(names))]
             blocks = self.staged_blocks({name: g for g, name in enumerate(group_order)},
                                         earlier + [[] for _ in group_order[len(names):]], version)
-            groups = [group_stats(name, [b for b in blocks if b.group == g]) for g, name in enumerate(group_order)]
+            groups = self.group_records(group_order, blocks)
             rows = self.n_rows
             meta = Metadata((old.shape[0] + rows, old.shape[1]), old.dtype, old.layout, groups, blocks,
                             has_feature_names=old.has_feature_names, source=old.source, signed=old.signed,
@@ -267,7 +272,8 @@ def append_rows(self, X, groups=None, *, feature_names=None, block_rows=None, bl
     after theirs, new groups follow the store's (in sorted order). Blocks are cut as :func:`from_arrays` cuts
     them (``block_rows`` rows, or about ``block_bytes``). The metadata is written last and atomically: this
     object, and any reader of the previous version, keeps reading that version, and an append that fails or is
-    killed leaves the store as it was. The per-group statistics are updated from the new blocks only. Column
+    killed leaves the store as it was. The per-group statistics are updated from the new blocks only, and are those
+    of a fresh ingest of all the rows however it cuts them (``docs/format.md``, "Equal to a fresh ingest"). Column
     blocks are not carried over (their rows would move): :meth:`with_column_blocks` builds the new version's.
     A store with a mask (``docs/format.md``, "Masks") takes the rows' mask as it was ingested: ``missing="nan"``
     (the default for it) for a store of kind ``"nan"``, ``mask=`` the rows' weights for one of kind ``"weights"``

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import get_type_hints
 
@@ -155,7 +156,9 @@ def allowed_dtypes(name: str, dtype: str) -> tuple[str, ...]:
 
 @dataclass
 class GroupStats:
-    """Per-group constants: the sums of the group's blocks' statistics (see :func:`group_stats`)."""
+    """Per-group constants, functions of the group's rows alone (not of where they are cut into blocks): ``sq_norm``
+    and ``total`` are running sums of its entries in row order (``kernels/running_sums.py``), ``nnz`` its blocks'
+    non-zeros added up."""
 
     name: str
     row_start: int
@@ -165,11 +168,27 @@ class GroupStats:
     nnz: int
 
 
-def group_stats(name: str, blocks: list[Block]) -> GroupStats:
-    """A group's statistics from its blocks (given in block order): correctly rounded sums
-    (``math.fsum``), so that opening a store can check them for equality, not within a tolerance."""
+def blocks_group_stats(name: str, blocks: list[Block]) -> GroupStats:
+    """A group's statistics as its blocks' add up (given in block order): correctly rounded sums (``math.fsum``)
+    of their ``sq_norm`` and ``total``, and their ``nnz``; what :meth:`Metadata.check` compares a group's record
+    with (see :func:`group_sum_tolerances`)."""
     return GroupStats(name, blocks[0].row_start, blocks[-1].row_stop, math.fsum(b.sq_norm for b in blocks),
                       math.fsum(b.total for b in blocks), sum(b.nnz for b in blocks))
+
+
+def group_sum_tolerances(from_blocks: GroupStats) -> dict[str, float]:
+    """How far a group's recorded ``sq_norm`` and ``total`` may lie from the ``fsum`` of its blocks' (``from_blocks``,
+    :func:`blocks_group_stats`): both approximate the exact sum of the same N = ``nnz`` non-zero terms (zeros add
+    nothing exactly), the record in one order (row-sequential), the blocks' in others (a BLAS dot product, numpy's
+    pairwise sum), each within gamma_N sum |term| (gamma_N ~ N u, u = 2^-53, for any order of additions; the product
+    x * x adds one rounding), and ``fsum`` adds half an ulp. So the gap is at most about 2 N u sum |term|; allowed:
+    4 (N + 1) eps sum |term| (eps = 2u), with sum |x^2| = the blocks' ``sq_norm`` and sum |x| <= sqrt(N sq_norm)
+    (Cauchy-Schwarz; a signed store's sum may cancel), plus (N + 1) times the smallest subnormal for the squares
+    that underflow."""
+    n = from_blocks.nnz
+    bound, underflow = 4.0 * (n + 1) * sys.float_info.epsilon, (n + 1) * math.ulp(0.0)
+    return {"sq_norm": bound * from_blocks.sq_norm + underflow,
+            "total": bound * math.sqrt(n * from_blocks.sq_norm) + underflow}
 
 
 def metadata_checksum(doc: dict) -> str:
@@ -291,7 +310,8 @@ class Metadata:
 
     def check(self, where: str) -> None:
         """Internal consistency: blocks tile the rows group by group, in order (column blocks the columns);
-        statistics are finite, non-negative where they must be, and the groups' are the sums of their blocks'."""
+        statistics are finite, non-negative where they must be, and the groups' are the sums of their blocks' (the
+        non-zeros exactly, the squared norm and sum to within rounding: :func:`group_sum_tolerances`)."""
         if self.layout not in LAYOUTS:
             raise ValueError(f"{where}: unknown layout {self.layout!r}")
         row = 0
@@ -320,11 +340,13 @@ class Metadata:
             raise ValueError(f"{where}: corrupt metadata: field 'shape': {self.shape[0]} rows, the blocks cover {row}")
         for g_idx, g in enumerate(self.groups):
             self._check_stats(g, f"group {g_idx} ({g.name!r})", where)
-            expected = group_stats(g.name, [b for b in self.blocks if b.group == g_idx])
-            for name in ("sq_norm", "total", "nnz"):
-                if getattr(g, name) != getattr(expected, name):
+            expected = blocks_group_stats(g.name, [b for b in self.blocks if b.group == g_idx])
+            tolerances = {"nnz": 0, **group_sum_tolerances(expected)}
+            for name, tolerance in tolerances.items():
+                if not abs(getattr(g, name) - getattr(expected, name)) <= tolerance:
                     raise ValueError(f"{where}: corrupt metadata: group {g_idx} ({g.name!r}), field {name!r}: "
-                                     f"{getattr(g, name)!r}, but its blocks' add up to {getattr(expected, name)!r}")
+                                     f"{getattr(g, name)!r}, but its blocks' add up to {getattr(expected, name)!r}"
+                                     + (f" (to within {tolerance:.3g}, rounding)" if tolerance else ""))
         if self.column_blocks:
             self._check_column_blocks(where)
 

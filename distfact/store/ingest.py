@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -14,12 +14,26 @@ import zarr
 from zarr.storage import LocalStore
 
 from ..kernels.memory import aligned
+from ..kernels.running_sums import SQ_NORM, TOTAL, add_rows
 from .chunks import ChecksummingStore
-from .format import Block, BlockMask, Metadata, group_stats
+from .format import Block, BlockMask, GroupStats, Metadata
 from .grouped import GroupedMatrix
 from .masks import FORM_NAMES, ComplementMask, block_form, block_observed_total, check_weights, nan_missing, zero_missing
 from .validate import check_block_values, check_groups, group_lookup, working_dtype
 from .writing import DEFAULT_BLOCK_BYTES, array_records, block_stats, check_destination, write_arrays
+
+
+@dataclass
+class GroupSums:
+    """A group's running sums (``kernels/running_sums.py``): its column sums, and ``running`` = [sum of squares,
+    sum], every entry of its rows added in row order (float64), carried from one block to the next."""
+
+    column_sums: np.ndarray
+    running: np.ndarray
+
+    @classmethod
+    def zeros(cls, n_cols: int) -> "GroupSums":
+        return cls(np.zeros(n_cols, dtype=np.float64), np.zeros(2, dtype=np.float64))
 
 
 class StoreWriter:
@@ -34,6 +48,10 @@ class StoreWriter:
     X is then stored with 0 at its missing entries, beside the block's mask in the sparse form storing fewer
     entries (``store/masks.py: block_form``), so that every statistic the metadata records of X is over the
     observed entries. A mask that marks nothing (no NaN, all weights 1) writes a store without a mask.
+
+    Each group's squared norm, sum and column sums are running sums of its rows in order, carried from one block to
+    the next (:class:`GroupSums`; ``docs/format.md``, "Group statistics"): they are the same wherever the rows are
+    cut into blocks, and the same dense or CSR.
     """
 
     def __init__(self, path, n_cols: int, dtype, layout: str, *, overwrite: bool = False,
@@ -48,9 +66,9 @@ class StoreWriter:
         self.overwrite = overwrite
         if self.final_path is not None:
             self._check_destination()
-        # each group's column sums, its blocks' added in arrival order (= block order within a group), so that an
-        # append continues the very sums a fresh ingest of the same blocks makes
-        self._group_column_sums: dict[str, np.ndarray] = {}
+        # each group's running sums, its rows added in arrival order (= stored order within a group), so that they
+        # are the same wherever the rows are cut into blocks and an append continues them from the stored ones
+        self._group_sums: dict[str, GroupSums] = {}
         self._square_sum = 0.0  # of every entry so far, in float64: it must stay representable in ``dtype``
         self._staged: list[dict] = []
         self.first_key = 0  # blocks are keyed by arrival number, from here (an append continues the store's)
@@ -93,8 +111,10 @@ class StoreWriter:
         check_block_values(block, group_name, source_rows, self.where, self.signed,
                            square_sum=self._square_sum + stats["sq_norm"])
         self._square_sum += stats["sq_norm"]
-        sums = self._group_column_sums.setdefault(group_name, np.zeros(self.n_cols, dtype=np.float64))
-        sums += np.asarray(block.sum(axis=0, dtype=np.float64)).ravel()
+        if group_name not in self._group_sums:
+            self._group_sums[group_name] = GroupSums.zeros(self.n_cols)
+        sums = self._group_sums[group_name]
+        add_rows(block, sums.column_sums, sums.running)
         key = f"{self.first_key + len(self._staged):06d}"
         entry = {"key": key, "group": group_name, "rows": block.shape[0], "stats": stats, "arrays": ()}
         source_rows = np.ascontiguousarray(source_rows, dtype=np.int64) + np.int64(self.row_offset)
@@ -153,7 +173,7 @@ class StoreWriter:
         mask_kind = self.settle_masks(keep=False)
         order = {name: i for i, name in enumerate(group_order)}
         blocks = self.staged_blocks(order, [[] for _ in group_order])
-        groups = [group_stats(name, [b for b in blocks if b.group == g]) for g, name in enumerate(group_order)]
+        groups = self.group_records(group_order, blocks)
         m = sum(b.n_rows for b in blocks)
         meta = Metadata((m, self.n_cols), str(self.dtype), self.layout, groups, blocks,
                         has_feature_names=feature_names is not None, source=source or {}, signed=self.signed,
@@ -221,13 +241,24 @@ class StoreWriter:
                 row += block.n_rows
         return blocks
 
+    def group_records(self, group_order: list[str], blocks: list[Block]) -> list[GroupStats]:
+        """Each group's record: its rows and non-zeros from its ``blocks`` (the store's, in order), its squared
+        norm and sum the running sums of its rows (the same wherever its rows are cut into blocks)."""
+        records = []
+        for g, name in enumerate(group_order):
+            mine = [b for b in blocks if b.group == g]
+            running = self._group_sums[name].running
+            records.append(GroupStats(name, mine[0].row_start, mine[-1].row_stop, float(running[SQ_NORM]),
+                                      float(running[TOTAL]), sum(b.nnz for b in mine)))
+        return records
+
     def own_arrays(self, group_order: list[str], feature_names, idf) -> dict:
         """The store's own arrays: each group's column sums, their sum over the groups in order, and the feature
         names and idf weights when given."""
         group_sums = np.zeros((len(group_order), self.n_cols), dtype=np.float64)
         for g, name in enumerate(group_order):
-            if name in self._group_column_sums:
-                group_sums[g] = self._group_column_sums[name]
+            if name in self._group_sums:
+                group_sums[g] = self._group_sums[name].column_sums
         column_sums = np.zeros(self.n_cols, dtype=np.float64)
         for sums in group_sums:
             column_sums += sums
@@ -356,7 +387,10 @@ def from_arrays(X, groups=None, path=None, *, group_names=None, feature_names=No
     block by block (NaN, infinite and negative values, and data whose sum of squares
     overflows X's dtype, are refused with the row and column named) and a failure leaves
     nothing at ``path``. A store records the checksum of every array it holds (see
-    ``docs/format.md``), checked whenever it is read.
+    ``docs/format.md``), checked whenever it is read. Each group's squared norm, sum and
+    column sums are running sums of its rows in order (``docs/format.md``, "Group
+    statistics"): the same whatever ``block_rows`` or ``block_bytes``, and what an
+    append of more rows continues.
     """
     mask = writer_mask(mask, missing)
     X, feature_names = input_rows(X, feature_names, missing)

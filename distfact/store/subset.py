@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .format import Metadata, group_stats
+from .format import Metadata
 from .grouped import GroupedMatrix
 
 
@@ -31,7 +31,8 @@ class GroupRows(GroupedMatrix):
         first = data.meta.groups[group].row_start
         blocks = [replace(b, index=i, group=0, row_start=b.row_start - first, row_stop=b.row_stop - first)
                   for i, b in enumerate(mine)]
-        stats = group_stats(data.group_names[group], blocks)
+        record = data.meta.groups[group]  # its statistics are its rows' (not its blocks'): the same ingested alone
+        stats = replace(record, row_start=0, row_stop=record.row_stop - record.row_start)
         meta = Metadata((stats.row_stop, data.shape[1]), data.meta.dtype, data.layout, [stats], blocks,
                         has_feature_names=data.meta.has_feature_names, source=data.meta.source,
                         signed=data.meta.signed, arrays=data.meta.arrays)
@@ -39,18 +40,22 @@ class GroupRows(GroupedMatrix):
         stored = data.row_index()[first:stats.row_stop + first]
         self.source_rows = np.sort(stored)
         self._positions = np.searchsorted(self.source_rows, stored)
-        super().__init__(meta, None, path=data.path,
+        sums = None if data.group_column_sums is None else data.group_column_sums[group:group + 1].copy()
+        super().__init__(meta, None if sums is None else sums[0], path=data.path,
                          blocks=None if not data.in_memory else [data._blocks[b.index] for b in mine],
                          block_rows=[self._positions[b.row_start:b.row_stop] for b in blocks],
-                         feature_names=data.feature_names, verify=data.verify)
+                         feature_names=data.feature_names, verify=data.verify, group_column_sums=sums)
 
     @property
     def column_sums(self) -> np.ndarray:
-        """The group's column sums, read from its blocks on first use (only the multigroup SVD needs them)."""
+        """The group's column sums: ``data``'s record of them, or (a store written before appends, which has none)
+        its rows' running sums read from its blocks on first use (only the multigroup SVD needs them)."""
         if self._column_sums is None:
-            self._column_sums = np.zeros(self.shape[1])
+            from ..kernels.running_sums import add_rows
+
+            self._column_sums, running = np.zeros(self.shape[1]), np.zeros(2)
             for block in self.blocks:
-                self._column_sums += np.asarray(self.load_block(block.index).sum(axis=0, dtype=np.float64)).ravel()
+                add_rows(self.load_block(block.index), self._column_sums, running)
         return self._column_sums
 
     @column_sums.setter

@@ -236,7 +236,8 @@ METADATA_EDITS = [
     (set_field("groups", 0, "sq_norm", value=-1.0), r"group 0 \('g0'\), field 'sq_norm': -1.0 is negative"),
     (set_field("blocks", 2, "sq_norm", value=-1.0), r"block 2 \(key '\d+'\), field 'sq_norm': -1.0 is negative"),
     (lambda meta: meta["groups"][1].update(sq_norm=meta["groups"][1]["sq_norm"] * 1.001),
-     r"group 1 \('g1'\), field 'sq_norm': [\d.e+-]+, but its blocks' add up to [\d.e+-]+$"),
+     r"group 1 \('g1'\), field 'sq_norm': [\d.e+-]+, but its blocks' add up to [\d.e+-]+ "
+     r"\(to within [\d.e+-]+, rounding\)$"),
     (lambda meta: meta["groups"][2].update(nnz=meta["groups"][2]["nnz"] + 1),
      r"group 2 \('g2'\), field 'nnz': \d+, but its blocks' add up to \d+$"),
     (set_field("blocks", 0, "nnz", value=10**6),
