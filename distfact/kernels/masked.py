@@ -18,6 +18,11 @@ it (observed), never a dense product with M_b:
 where P_x and P_wh are P's pattern holding p_ij x_ij and p_ij (WH)_ij (for KL, P_q holds p_ij x_ij / (WH)_ij
 with WH floored as in the unmasked ratio). Denominators are floored at the dtype's machine epsilon, as in
 ``kernels/nmf.py``: with an empty complement every expression above is the unmasked one minus exact zeros.
+
+The Frobenius MU step of a dense block in the complement form (what rank selection's folds give) does not form
+P_x, P_wh as matrices: :func:`complement_frobenius_step` runs the tiled unmasked kernel with P's entries applied
+tile by tile while the tile is in cache (both right-hand columns above, and W H at P's entries, from one sweep of
+the tile's entries of P each side of the update); the other forms, losses and solvers use the products above.
 """
 
 from __future__ import annotations
