@@ -127,6 +127,43 @@ def test_masked_mu_matches_numpy_transcription(loss, sparse, kind):
                                    rtol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_fused_complement_step_on_a_block_of_many_tiles_matches_the_transcription(dtype):
+    """A dense block of several tiles and chunks (run on BLAS's threads), 10% missing with values left in X there
+    and some weights 1/2: the fused complement step's W_b and statistics (at pass 0 and after the update) equal
+    the weighted MU transcription with a dense M."""
+    from distfact.kernels.nmf import PARALLEL_WORK, _tile_rows
+    from distfact.methods.nmf import NMFMethod
+    from distfact.store.masks import block_form
+
+    rng = np.random.default_rng(7)
+    m, n, r = 2000, 300, 8
+    assert m * n * r >= PARALLEL_WORK and m > 2 * _tile_rows(np.empty((1, n), dtype))
+    X = (rng.random((m, r)) @ rng.random((r, n)) + 0.1 * rng.random((m, n))).astype(dtype)
+    M = np.where(rng.random((m, n)) < 0.1, 0.0, np.where(rng.random((m, n)) < 0.03, 0.5, 1.0))
+    form, P = block_form(M, np.arange(m))
+    assert form == COMPLEMENT
+    W, H = (rng.random((m, r)) + 0.1).astype(dtype), (rng.random((r, n)) + 0.1).astype(dtype)
+    method = NMFMethod(r, tol=0, dtype=np.dtype(dtype).name)
+    G = method.with_derived(H, scale=1.0)
+    X64, W64, H64 = (A.astype(np.float64) for A in (X, W, H))
+    MX = M * np.where(M == 0, 0.0, X64)
+    W_ref = W64 * (MX @ H64.T) / np.maximum((M * (W64 @ H64)) @ H64.T, np.finfo(dtype).eps)
+    rtol = 1e-10 if dtype == np.float64 else 2e-4
+    for stats, W_at in ((method.block_stats(X, {form: P, "W": W}, None, G), W64),
+                        (method.local_step(X, {form: P, "W": W}, None, G)[1], W_ref)):
+        np.testing.assert_allclose(stats["WtX"], W_at.T @ MX, rtol=rtol)
+        np.testing.assert_allclose(stats["WtW"] @ H64 + stats["WtMWH_adj"], W_at.T @ (M * (W_at @ H64)), rtol=rtol)
+        np.testing.assert_allclose(stats["Mxx"], np.sum(MX * np.where(M == 0, 0.0, X64)), rtol=1e-10)
+        if dtype == np.float32:
+            np.testing.assert_allclose(stats["sq_err"], np.sum(M * (np.where(M == 0, 0.0, X64) - W_at @ H64) ** 2),
+                                       rtol=rtol)
+    local, _ = method.local_step(X, {form: P, "W": W}, None, G)
+    np.testing.assert_allclose(local["W"], W_ref, rtol=rtol)
+    np.testing.assert_allclose(local["X_sums"], [np.sum(np.where(M == 0, 0.0, X64) ** 2),
+                                                 np.sum(np.where(M == 0, 0.0, X64))], rtol=1e-10)
+
+
 def test_sparse_mask_and_its_complement_give_one_fit():
     """The same weights as a dense array, a sparse matrix, and (for 'nan') the complement form agree."""
     X, groups = low_rank()

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from ..kernels.products import weighted_sq_error_at
 from ..metrics import relative_to
 from ..store.subset import GroupRows
 from .masks import stored_mask_conflict, stored_weights
@@ -85,11 +86,6 @@ def _values_at(X_b, i, j) -> np.ndarray:
     return np.asarray(X_b[i, j], dtype=np.float64).ravel()
 
 
-def _wh_at(W_b, H, i, j) -> np.ndarray:
-    """(W_b H)[i, j] for the entries (i, j) only: O(entries x rank)."""
-    return np.einsum("kr,rk->k", W_b[i], H[:, j])
-
-
 class ObservedBlock:
     """A block's observed entries (weights ``base_b``; None: every entry, 1), with what does not depend on the
     model computed once for all the models scored on it: ``sq_norm`` = sum o x^2, and for a sparse ``base_b``
@@ -109,24 +105,30 @@ class ObservedBlock:
         else:
             self.sq_norm = float(np.sum((X_b * X_b) if base_b is None else base_b * X_b * X_b))
 
-    def sq_error(self, W_b, H) -> float:
-        """sum o (x - wh)^2 over the block's observed entries: at the stored weights of a sparse ``base_b``; by
-        the Gram form for a sparse X without weights (X is never densified); else on the dense block (squared
+    def sq_errors(self, W_bs: list, Hs: list) -> list[float]:
+        """sum o (x - wh)^2 over the block's observed entries for each model (its W_b, H; float64): at the
+        stored weights of a sparse ``base_b`` (:func:`weighted_sq_error_at`); without weights by the Gram form
+        ||X_b||^2 - 2 <X_b H^T, W_b> + <W_b H H^T, W_b>, X_b H^T of every model from one product with their H
+        stacked (X_b read once for all of them, a sparse X never densified); else on the dense block (squared
         and weighted in place: the same values as ``o * residual ** 2``)."""
         if sp.issparse(self.base_b):
-            return float(np.sum(self.o * (self.x - _wh_at(W_b, H, self.i, self.j)) ** 2))
+            return [weighted_sq_error_at(W_b, H, self.i, self.j, self.x, self.o) for W_b, H in zip(W_bs, Hs)]
+        if self.base_b is None:
+            XHt = np.asarray(self.X_b @ np.vstack(Hs).T)
+            starts = np.cumsum([0] + [H.shape[0] for H in Hs])
+            return [self.sq_norm - 2.0 * float(np.sum(XHt[:, start:start + H.shape[0]] * W_b))
+                    + float(np.sum((W_b @ (H @ H.T)) * W_b)) for W_b, H, start in zip(W_bs, Hs, starts)]
+        return [self._weighted_residual(W_b, H) for W_b, H in zip(W_bs, Hs)]
+
+    def _weighted_residual(self, W_b, H) -> float:
         X_b = self.X_b
-        if sp.issparse(X_b) and self.base_b is None:
-            cross = float(np.sum(np.asarray(X_b @ H.T) * W_b))
-            return self.sq_norm - 2.0 * cross + float(np.sum((W_b @ (H @ H.T)) * W_b))
         residual = -(W_b @ H)
         if sp.issparse(X_b):  # canonical CSR: no duplicate entries, so the fancy += adds each value once
             residual[np.repeat(np.arange(X_b.shape[0]), np.diff(X_b.indptr)), X_b.indices] += X_b.data
         else:
             residual += X_b
         residual *= residual
-        if self.base_b is not None:
-            residual *= self.base_b
+        residual *= self.base_b
         return float(np.sum(residual))
 
 
@@ -342,12 +344,11 @@ def score(data, Ws: list, Hs: list, base, seed: int, holdout: float, n_splits: i
             chosen = held.fold == f
             by_fold[f] = (held.i[chosen], held.j[chosen], held.x[chosen], held.weight[chosen])
         held_norms = {f: np.sum(o * x * x) for f, (_, _, x, o) in by_fold.items()}
-        for k, (W, f) in enumerate(zip(Ws, folds)):
-            H = np.asarray(Hs[k][block.group], dtype=np.float64)
-            W_b = np.asarray(W[rows], dtype=np.float64)
-            i, j, x, o = by_fold[f]
-            sums[k, block.group] += (np.sum(o * (x - _wh_at(W_b, H, i, j)) ** 2), held_norms[f],
-                                     observed.sq_error(W_b, H), observed.sq_norm)
+        W_bs = [np.asarray(W[rows], dtype=np.float64) for W in Ws]
+        H_bs = [np.asarray(H[block.group], dtype=np.float64) for H in Hs]
+        for k, (W_b, H, f, observed_sq) in enumerate(zip(W_bs, H_bs, folds, observed.sq_errors(W_bs, H_bs))):
+            sums[k, block.group] += (weighted_sq_error_at(W_b, H, *by_fold[f]), held_norms[f], observed_sq,
+                                     observed.sq_norm)
     return sums
 
 

@@ -18,6 +18,11 @@ it (observed), never a dense product with M_b:
 where P_x and P_wh are P's pattern holding p_ij x_ij and p_ij (WH)_ij (for KL, P_q holds p_ij x_ij / (WH)_ij
 with WH floored as in the unmasked ratio). Denominators are floored at the dtype's machine epsilon, as in
 ``kernels/nmf.py``: with an empty complement every expression above is the unmasked one minus exact zeros.
+
+The Frobenius MU step of a dense block in the complement form (what rank selection's folds give) does not form
+P_x, P_wh as matrices: :func:`complement_frobenius_step` runs the tiled unmasked kernel with P's entries applied
+tile by tile while the tile is in cache (both right-hand columns above, and W H at P's entries, from one sweep of
+the tile's entries of P each side of the update); the other forms, losses and solvers use the products above.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from .nmf import _dense_frobenius_local, kl_ratio, kl_stats, residual_sq_norm
 from .nmf import frobenius_stats as unmasked_stats
-from .nmf import kl_ratio, kl_stats, residual_sq_norm
 from .products import block_times_ht, floor_eps, sparse_wt_times_block, wh_at_nonzeros
 
 OBSERVED = "mask_observed"
@@ -226,6 +231,30 @@ def frobenius_stats(terms: BlockTerms, residual: bool) -> dict:
         masked = terms.sq_residual()
         stats["sq_err"] = np.float64(masked if terms.observed else residual_sq_norm(X, W, terms.H) - masked)
     return stats
+
+
+def fused(X, W, H, form: str) -> bool:
+    """Whether a block's Frobenius MU step goes through :func:`complement_frobenius_step`: the complement form of
+    a dense, C-contiguous X_b of the factors' dtype."""
+    return (form == COMPLEMENT and isinstance(X, np.ndarray) and X.flags.c_contiguous
+            and X.dtype == W.dtype == H.dtype)
+
+
+def complement_frobenius_step(X, W, H, HHt, P: sp.csr_matrix, X_sums, update: bool, residual: bool):
+    """A dense block's masked Frobenius MU step in the complement form, fused into the tiled unmasked kernel
+    (``kernels/nmf.py: _dense_frobenius_rows``): W_b's update (with ``update``; else W_b as it is, pass 0) and
+    the statistics of :func:`frobenius_stats` at the new W_b, in one sweep of X_b's tiles and of P's entries per
+    tile. X_b is read as 0 at its entries of weight 0 (each tile copied, so X there never matters), as
+    :func:`observed_block` would zero it. ``X_sums``: the zeroed block's (sum x^2, sum x) when known, else summed
+    from the same tiles. Returns (W_new, statistics, X_sums)."""
+    W_new, WtX, WtW, sq_err, WtPx, WtPwh, Pxx, P_sq_err, tile_sums = _dense_frobenius_local(
+        X, W, H, HHt, "mu" if update else None, None, residual,
+        mask=(P.indptr, P.indices, P.data.astype(W.dtype, copy=False)), block_sums=X_sums is None)
+    X_sums = tile_sums if X_sums is None else X_sums
+    stats = {"WtX": WtX - WtPx, "WtW": WtW, "WtMWH_adj": -WtPwh, "Mxx": np.float64(float(X_sums[0]) - Pxx)}
+    if residual:
+        stats["sq_err"] = np.float64(sq_err - P_sq_err)
+    return (W_new if update else W), stats, X_sums
 
 
 def mu_h_update(H, WtX, WtW, WtMWH_adj):

@@ -113,22 +113,40 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
 
 
 @numba.njit(nogil=True, cache=True)
-def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, product, XHt, WH):
+def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, product, XHt, WH,
+                          mask_indptr, mask_indices, mask_p, X_masked, corrections, WtPx_T, WtPwh_T, block_sums):
     """Rows lo:hi of the dense local step, ``tile`` rows at a time while they are in cache: X_t H^T,
     W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
     and W_t^T X_t added into WtX (r x n) in tile order. Scratch: ``product`` (r x n), ``XHt`` (tile x r),
     ``WH`` (tile x n, or no rows). With ``WH``, returns ||X - W_new H||^2 over the rows accumulated in
-    float64 (else 0)."""
+    float64 (else 0).
+
+    With a mask in the complement form (``mask_indptr``: X's rows + 1 entries, else none; update 0 or 1): P's
+    entries (``mask_indices``, weights ``mask_p``) are applied tile by tile (``_masked_tile``): the tile is
+    copied into ``X_masked`` (tile x n) with 0 at its entries of weight 0, the MU step takes
+    ((M o X) H^T, (M o W H) H^T) as X_t H^T and W_t H H^T less P's terms (``corrections``: tile x 2r scratch),
+    and the scattered W_new^T P_x, W_new^T P_wh are added into ``WtPx_T``, ``WtPwh_T`` (n x r). Returns
+    (the squared error above over the masked X, sum p x^2 over P, sum p (x - wh)^2 over P, and with
+    ``block_sums`` the masked X's sum x^2 and sum x, else 0), float64."""
     sq_err = 0.0
+    sums = np.zeros(4)
+    masked = mask_indptr.shape[0] > 0
     for start in range(lo, hi, tile):
         stop = min(start + tile, hi)
         X_t = X[start:stop]
+        if masked:
+            X_t = _zeroed_tile(X_t, mask_indptr[start:stop + 1], mask_indices, mask_p, X_masked[:stop - start])
+            if block_sums:
+                sums[2:] += _sums_of(X_t)
         xh = XHt[:stop - start]
         if update:
             np.dot(X_t, Ht, xh)
         w = W_new[start:stop]
         if update == 1:
             np.dot(W[start:stop], HHt, w)  # the denominator, then the update in place
+            if masked:
+                _mask_corrections(X_t, W[start:stop], Ht, mask_indptr[start:stop + 1], mask_indices, mask_p,
+                                  corrections, xh, w)
             for i in range(stop - start):
                 for q in range(w.shape[1]):
                     w[i, q] = W[start + i, q] * xh[i, q] / max(w[i, q] + shift[q], eps)
@@ -141,11 +159,89 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
         else:
             np.dot(w.T, X_t, product)
             WtX += product
+        if masked:
+            sums[:2] += _mask_scatter(X_t, w, Ht, mask_indptr[start:stop + 1], mask_indices, mask_p, WtPx_T, WtPwh_T)
         if WH.shape[0] > 0:
             wh = WH[:stop - start]
             np.dot(w, H, wh)
             sq_err += _sq_diff_sum(X_t, wh)
-    return sq_err
+    return sq_err, sums[0], sums[1], sums[2], sums[3]
+
+
+@numba.njit(nogil=True, cache=True)
+def _zeroed_tile(X_t, indptr, indices, p, out):
+    """X_t copied into ``out`` with 0 at P's entries of weight 0 (p = 1): always a copy, so that the products
+    see the same array (and alignment) whatever X holds at its missing entries."""
+    out[:] = X_t
+    for i in range(X_t.shape[0]):
+        for q in range(indptr[i], indptr[i + 1]):
+            if p[q] == 1.0:
+                out[i, indices[q]] = 0.0
+    return out
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _sums_of(A):
+    """(sum a^2, sum a) accumulated in float64."""
+    out = np.zeros(2)
+    for i in range(A.shape[0]):
+        for j in range(A.shape[1]):
+            a = np.float64(A[i, j])
+            out[0] += a * a
+            out[1] += a
+    return out
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _mask_corrections(X_t, W_t, Ht, indptr, indices, p, corrections, xh, den):
+    """The complement form's terms of a tile's MU step, in place: ``xh`` (X_t H^T) less P_x H^T and ``den``
+    (W_t H H^T) less P_wh H^T, each row's terms summed over its entries in order (wh: W_t H at the entry).
+    Indices, not row views, in the loops over entries (a view costs a reference count)."""
+    r = W_t.shape[1]
+    for i in range(X_t.shape[0]):
+        for k in range(2 * r):
+            corrections[i, k] = 0.0
+        for q in range(indptr[i], indptr[i + 1]):
+            j = indices[q]
+            wh = 0.0
+            for k in range(r):
+                wh += W_t[i, k] * Ht[j, k]
+            pwh = p[q] * wh
+            for k in range(r):
+                corrections[i, r + k] += pwh * Ht[j, k]
+            px = p[q] * X_t[i, j]
+            if px != 0.0:  # a 0/1 mask's entries are all missing: X_t is 0 there
+                for k in range(r):
+                    corrections[i, k] += px * Ht[j, k]
+        for k in range(r):
+            xh[i, k] -= corrections[i, k]
+            den[i, k] -= corrections[i, r + k]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _mask_scatter(X_t, W_t, Ht, indptr, indices, p, WtPx_T, WtPwh_T):
+    """Adds a tile's p x w_i and p wh w_i into rows j of ``WtPx_T`` and ``WtPwh_T`` (wh: W_t H at entry (i, j));
+    returns (sum p x^2, sum p (x - wh)^2) over the tile's entries of P, in float64."""
+    r = W_t.shape[1]
+    Pxx, P_sq_err = 0.0, 0.0
+    for i in range(X_t.shape[0]):
+        for q in range(indptr[i], indptr[i + 1]):
+            j = indices[q]
+            wh = 0.0
+            for k in range(r):
+                wh += W_t[i, k] * Ht[j, k]
+            x = X_t[i, j]
+            pwh = p[q] * wh
+            for k in range(r):
+                WtPwh_T[j, k] += pwh * W_t[i, k]
+            px = p[q] * x
+            if px != 0.0:
+                for k in range(r):
+                    WtPx_T[j, k] += px * W_t[i, k]
+            d = np.float64(x) - np.float64(wh)
+            Pxx += np.float64(p[q]) * (np.float64(x) * np.float64(x))
+            P_sq_err += np.float64(p[q]) * d * d
+    return np.array((Pxx, P_sq_err))
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
@@ -169,38 +265,54 @@ def _tiled(X, *factors) -> bool:
     return X.shape[0] > _tile_rows(X) and np.result_type(X, *factors) == X.dtype
 
 
-def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual):
+def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, block_sums=False):
     """The dense local step in cache-sized row tiles (``_dense_frobenius_rows``), its chunks on BLAS's threads.
-    ``solver`` None: W is not updated (H and HHt are not used), only W^T X is summed."""
+    ``solver`` None: W is not updated (HHt is not used, nor H without a mask), only W^T X is summed. Returns (W_new, W_new^T X,
+    W_new^T W_new, the residual or 0).
+
+    ``mask``: (indptr, indices, p) of a complement-form mask P (p in X's dtype; ``solver`` "mu" or None): the
+    weighted MU step over X with 0 at P's entries of weight 0 (``kernels/masked.py``), which then also returns
+    (W_new^T P_x, W_new^T P_wh, sum p x^2 over P, sum p (x - wh)^2 over P, and with ``block_sums`` the masked
+    X's (sum x^2, sum x), else zeros), each chunk's sums added in chunk order."""
     (m, n), r, dtype = X.shape, W.shape[1], X.dtype
-    tile = _tile_rows(X)
+    tile = min(_tile_rows(X), m)
     n_tiles = -(-m // tile)
     chunk = tile * -(-n_tiles // MAX_CHUNKS)
-    if solver is None:
-        H = HHt = np.empty((0, 0), dtype)
+    if solver is None:  # H is used by a mask's terms only
+        HHt = np.empty((0, 0), dtype)
+        H = HHt if mask is None else H
     W, H, HHt = aligned(np.ascontiguousarray(W)), aligned(np.ascontiguousarray(H)), aligned(np.ascontiguousarray(HHt))
     Ht = aligned(np.ascontiguousarray(H.T))
     update = {None: 0, "mu": 1, "hals": 2}[solver]
     shift = np.zeros(r, dtype) if shift is None else np.asarray(shift, dtype)
     W_new = empty_aligned((m, r), dtype)
+    indptr, indices, p = (np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, dtype)) if mask is None else mask
+    masked_rows = min(tile, m) if mask is not None else 0
 
     def rows(lo):
         hi = min(lo + chunk, m)
         WtX = empty_aligned((r, n), dtype)
         product = empty_aligned((r if hi - lo > tile else 0, n), dtype)
         WH = empty_aligned((min(tile, hi - lo) if residual else 0, n), dtype)
-        sq_err = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile,
-                                       W_new, WtX, product, empty_aligned((min(tile, hi - lo), r), dtype), WH)
-        return WtX, sq_err
+        WtP = np.zeros((2, n if mask is not None else 0, r), dtype)
+        sums = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile, W_new, WtX,
+                                     product, empty_aligned((min(tile, hi - lo), r), dtype), WH, indptr, indices, p,
+                                     empty_aligned((masked_rows, n), dtype), np.empty((masked_rows, 2 * r), dtype),
+                                     WtP[0], WtP[1], block_sums)
+        return WtX, WtP, np.array(sums)
 
     starts = list(range(0, m, chunk))
     parts = (map_on_blas_threads(rows, starts) if m * n * r >= PARALLEL_WORK
              else [rows(lo) for lo in starts])
-    WtX, sq_err = parts[0]
-    for WtX_part, sq_part in parts[1:]:  # in chunk order, whatever ran them
+    WtX, WtP, sums = parts[0]
+    for WtX_part, WtP_part, sums_part in parts[1:]:  # in chunk order, whatever ran them
         WtX += WtX_part
-        sq_err += sq_part
-    return W_new, WtX, gram(W_new), sq_err
+        WtP += WtP_part
+        sums += sums_part
+    out = (W_new, WtX, gram(W_new), sums[0])
+    if mask is None:
+        return out
+    return (*out, np.ascontiguousarray(WtP[0].T), np.ascontiguousarray(WtP[1].T), sums[1], sums[2], sums[3:])
 
 
 def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = False):

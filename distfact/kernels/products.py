@@ -73,3 +73,22 @@ def _csr_scatter_wt(indptr, indices, data, W, n_cols):
 def sparse_wt_times_block(W: np.ndarray, X: sp.csr_matrix) -> np.ndarray:
     """W^T X for CSR X in one sweep of its entries (no transposed copy of X)."""
     return np.ascontiguousarray(_csr_scatter_wt(X.indptr, X.indices, X.data, W, X.shape[1]).T)
+
+
+@numba.njit(nogil=True, cache=True)
+def _weighted_sq_error_at(W, Ht, rows, cols, x, weights):
+    total = 0.0
+    for e in range(rows.shape[0]):
+        i, j = rows[e], cols[e]
+        wh = 0.0
+        for k in range(W.shape[1]):
+            wh += W[i, k] * Ht[j, k]
+        d = x[e] - wh
+        total += weights[e] * (d * d)
+    return total
+
+
+def weighted_sq_error_at(W: np.ndarray, H: np.ndarray, rows, cols, x, weights) -> float:
+    """sum_e weights_e (x_e - (W H)[rows_e, cols_e])^2 over the entries (rows_e, cols_e), float64 factors: one sweep
+    of the entries, O(entries x r), never W H nor a gathered copy of W's rows."""
+    return float(_weighted_sq_error_at(np.ascontiguousarray(W), np.ascontiguousarray(H.T), rows, cols, x, weights))

@@ -117,8 +117,11 @@ class NMFMethod:
     def block_stats(self, X_b, W_b, block, G):
         """Statistics of the block for (W_b, H) (pass 0)."""
         if isinstance(W_b, dict):
-            return self._masked_stats(km.BlockTerms(X_b, W_b["W"], G["H"], *km.mask_of(W_b),
-                                                    X_sums=W_b.get("X_sums")))
+            form, P = km.mask_of(W_b)
+            if self._fused(X_b, W_b["W"], G["H"], form):
+                return km.complement_frobenius_step(X_b, W_b["W"], G["H"], None, P, W_b.get("X_sums"), False,
+                                                    self._float32)[1]
+            return self._masked_stats(km.BlockTerms(X_b, W_b["W"], G["H"], form, P, X_sums=W_b.get("X_sums")))
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         stats = {"WtX": WtX, "WtW": WtW}
         if self.kl:
@@ -143,16 +146,24 @@ class NMFMethod:
     def _masked_local_step(self, X_b, local, block, G):
         """A masked block: W_b by weighted MU (or HALS) over its observed entries, then its statistics."""
         form, P = km.mask_of(local)
-        terms = km.BlockTerms(X_b, local["W"], G["H"], form, P, X_sums=local.get("X_sums"))
-        if self.kl:
-            terms = km.kl_local(terms)
+        if self._fused(X_b, local["W"], G["H"], form):
+            W_new, stats, X_sums = km.complement_frobenius_step(X_b, local["W"], G["H"], G["HHt"], P,
+                                                                local.get("X_sums"), True, self._float32)
         else:
-            terms = (km.hals_local if self.solver == "hals" else km.frobenius_local)(terms, G["HHt"])
-        stats = self._masked_stats(terms)
-        local = {**local, "W": terms.W}
-        if form == km.COMPLEMENT:  # X_b's sums, a constant, computed in its first step: kept with the block
-            local["X_sums"] = terms.X_sums
+            terms = km.BlockTerms(X_b, local["W"], G["H"], form, P, X_sums=local.get("X_sums"))
+            if self.kl:
+                terms = km.kl_local(terms)
+            else:
+                terms = (km.hals_local if self.solver == "hals" else km.frobenius_local)(terms, G["HHt"])
+            W_new, stats, X_sums = terms.W, self._masked_stats(terms), terms.X_sums if form == km.COMPLEMENT else None
+        local = {**local, "W": W_new}
+        if X_sums is not None:  # X_b's sums, a constant, computed in its first step: kept with the block
+            local["X_sums"] = X_sums
         return local, stats
+
+    def _fused(self, X_b, W_b, H, form) -> bool:
+        """Whether a masked block's MU step (Frobenius) is the fused complement kernel's."""
+        return not self.kl and self.solver == "mu" and km.fused(X_b, W_b, H, form)
 
     def _masked_stats(self, terms):
         """A masked block's statistics at (W_b, H): the Frobenius ones (the H update of 'frobenius', and the
