@@ -15,7 +15,7 @@ import pandas as pd
 METRICS = {
     "relative_error": (
         "‖X_l - X̂_l‖_F / ‖X_l‖_F with the method's reconstruction X̂_l: W_l H (NMF, Fairer-NMF, weighted "
-        "L1-NMF, SSNMF whatever its losses and masks), W_l H + 1 v_l^T (Stratified-NMF), A_l V_k^T V_k at rank k "
+        "L1-NMF, SSNMF whatever its losses), W_l H + 1 v_l^T (Stratified-NMF), A_l V_k^T V_k at rank k "
         "(multigroup SVD, A_l = X_l centred and scaled as fitted); for a group of zeros, ‖X̂_l‖_F",
         "fraction"),
     "objective": (
@@ -37,8 +37,8 @@ METRICS = {
         "D(L_l o Y_l ‖ L_l o W_l B) (S = D)",
         "Y's units squared (F), Y's units (D)"),
     "relative_i_divergence": (
-        "reconstruction_term / sum(X_l) for SSNMF's I-divergence models (R = D), the sum over all of X_l "
-        "whatever the mask; for a group of zeros, the term itself",
+        "reconstruction_term / sum(M_l o X_l) for SSNMF's I-divergence models (R = D), the sum over group l's "
+        "observed entries (all of X_l without a mask); for a group of zeros, the term itself",
         "fraction"),
     "marginal_loss": (
         "multigroup SVD at rank k: sum_{i<=k} sigma_i^2(A_l) - ‖A_l V_k^T V_k‖_F^2 (Appendix A)",

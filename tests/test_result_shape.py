@@ -77,7 +77,7 @@ def fit(name):
         model_name = name.split("-")[1]  # 'D': 'DD' fitted without labels, plain I-divergence NMF
         model = distfact.SSNMF(2, model=model_name * (3 - len(model_name)), lam=1.0, max_iter=20, tol=0,
                                random_state=0)
-        mask = (np.random.default_rng(5).random(X.shape) < 0.8).astype(float) if "masked" in name else None
+        mask = data_mask(name, X.shape)
         y = labels_of(groups) if len(model_name) == 2 else None
         W = model.fit_transform(X, y=y, groups=groups, mask=mask)
         WH = W @ model.components_
@@ -90,6 +90,11 @@ def fit(name):
             objective = i_divergence(X, WH)
         return model, X, groups, objective, WH
     raise KeyError(name)
+
+
+def data_mask(name, shape):
+    """The 0/1 data mask a factorisation is fitted with (None: every entry observed)."""
+    return (np.random.default_rng(5).random(shape) < 0.8).astype(float) if "masked" in name else None
 
 
 FACTORISATIONS = ["NMF", "NMF-kl", "FairerNMF", "StratifiedNMF", "WeightedL1NMF", "SSNMF-FF-masked", "SSNMF-DD",
@@ -105,9 +110,11 @@ def test_every_factorisation_reports_the_relative_error_and_its_objective(name, 
     assert not model.group_metrics_.duplicated(["group", "metric"]).any()
     assert set(model.group_metrics_["metric"]) <= set(METRICS)
     assert list(dict.fromkeys(model.group_metrics_["group"])) == list(model.group_names_)
+    mask = data_mask(name, X.shape)  # with a mask: over the observed entries
+    observed = (X, reconstruction) if mask is None else (mask * X, mask * reconstruction)
     for g in model.group_names_:
         rows = groups == g
-        assert metric(model, "relative_error", g) == pytest.approx(frobenius_ratio(X[rows], reconstruction[rows]),
+        assert metric(model, "relative_error", g) == pytest.approx(frobenius_ratio(*(Z[rows] for Z in observed)),
                                                                    rel=1e-7), g
     history = model.objective_history_
     assert history.ndim == 1 and len(history) == model.n_iter_ + 1

@@ -139,13 +139,12 @@ def test_the_cli_fit_of_the_multigroup_svd_on_a_store_with_a_mask_exits_2(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("make", ["stratified", "wl1", "ssnmf"])
+@pytest.mark.parametrize("make", ["stratified", "wl1"])  # SSNMF's reads it: tests/test_ssnmf_masks.py
 def test_transforms_that_do_not_read_a_stored_mask_refuse_it(tmp_path, make):
     stored, X, groups, _ = stored_and_given(tmp_path, "dense", "nan")
     X = resolve_mask(X, "nan")[0]
     model = {"stratified": lambda: stratified(),
-             "wl1": lambda: WeightedL1NMF(3, max_iter=3, random_state=0),
-             "ssnmf": lambda: distfact.SSNMF(3, max_iter=3, random_state=0)}[make]().fit(X, groups=groups)
+             "wl1": lambda: WeightedL1NMF(3, max_iter=3, random_state=0)}[make]().fit(X, groups=groups)
     name = type(model).__name__
     with pytest.raises(ValueError, match=rf"has a mask \(kind 'nan', written at ingest\), which {name}.transform "
                                          r"does not read from a store yet; it would treat every entry as observed"):

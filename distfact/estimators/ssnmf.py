@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import numbers
 import warnings
+from dataclasses import dataclass
 from numbers import Real
 
 import numpy as np
@@ -17,18 +18,24 @@ import pandas as pd
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.exceptions import NotFittedError
+from sklearn.metrics import accuracy_score
 from sklearn.utils import column_or_1d
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 
 from .._warnings import user_stacklevel
 from ..engine.driver import initialise
+from ..engine.executor.base import ReadInput, joined_input
+from ..kernels.masked import COMPLEMENT
+from ..kernels.ssnmf import mask_weights
 from ..methods.ssnmf import MODELS, SSNMFMethod
 from ..metrics import group_metric_frame, relative_error, relative_to
+from ..store.masks import ComplementMask, check_weights
 from ..store.validate import check_label_spellings
 from .base import (FactorEstimator, Phase, SavedEstimator, check_factor, check_iteration_params, data_fingerprint,
                    given_local, with_input_tags)
 from .contract import NON_NEGATIVE, SURFACE_CONSTRAINTS, FitInput, MethodDeclaration, PaperReport
+from .masks import resolve_mask, stored_mask_conflict
 
 INITS = ("random", "custom")
 
@@ -42,6 +49,27 @@ def _check_weights(values, shape, name: str):
         raise ValueError(f"{name} has NaN or infinite values")
     if (data < 0).any():
         raise ValueError(f"{name} has negative values; it must be non-negative")
+
+
+@dataclass(frozen=True, eq=False)
+class StoredMaskWeights:
+    """A block's stored mask (``read``: a store's mask reader, ``block -> {form: P}``) as the block's data mask M
+    of ``kernels/ssnmf.py``, {"M": weights}; run where the block lives (a :class:`ReadInput`'s ``read``)."""
+
+    read: object
+
+    def __call__(self, block) -> dict:
+        (form, P), = self.read(block).items()
+        return {"M": mask_weights(form, P)}
+
+
+def _with_stored_mask(data, inputs: list) -> list:
+    """Each block's ``inputs`` (its rows of Y and L) with the block's data mask M from the store's own mask:
+    read on this process for data in memory, else where the block lives (the driver never holds it)."""
+    weights = StoredMaskWeights(data.mask_reader())
+    if data.in_memory:
+        return [{**weights(block), **entry} for block, entry in zip(data.blocks, inputs)]
+    return [joined_input(ReadInput(weights), **entry) for entry in inputs]
 
 
 def renamed_mask(mask, data_mask):
@@ -124,9 +152,10 @@ class SSNMF(FactorEstimator):
         The objective minimised, R + lam S, at the start and after every iteration (``loss_history_[:, 0]``).
     group_metrics_ : pandas.DataFrame
         Columns group, metric, value (``distfact.metrics.METRICS``, docs/metrics.md): ``relative_error``
-        ||X_l - W_l H||_F / ||X_l||_F (unmasked, for every model, I-divergence ones included);
-        ``objective`` R_l + lam S_l; ``reconstruction_term`` R_l; ``supervision_term`` S_l (with targets);
-        ``relative_i_divergence`` R_l / sum(X_l) (models whose R is the I-divergence).
+        ||X_l - W_l H||_F / ||X_l||_F (for every model, I-divergence ones included; with a mask
+        sqrt(sum m (x - wh)^2 / sum m x^2) over the observed entries); ``objective`` R_l + lam S_l;
+        ``reconstruction_term`` R_l; ``supervision_term`` S_l (with targets); ``relative_i_divergence``
+        R_l / sum(M_l o X_l) (models whose R is the I-divergence).
     loss_history_ : ndarray (n_iter_ + 1, 3)
         Per iteration (the first row at the start): the objective, its reconstruction part R and its
         supervision part S (Frobenius terms squared, I-divergence unsquared; S unweighted by lam).
@@ -134,12 +163,22 @@ class SSNMF(FactorEstimator):
     group_losses_ : ndarray (n_groups,)
         The ``objective`` metric, R_l + lam S_l; ``group_loss_parts_`` (n_groups, 2) its R_l and S_l.
     group_errors_ : ndarray (n_groups,)
-        The reconstruction per group, relative to the group's data: for R = F, sqrt(R_l) / ||X_l||_F (the
-        ``relative_error`` metric when there is no data mask); for R = D, R_l / sum(X_l) (the
-        ``relative_i_divergence`` metric, not a Frobenius ratio); for a group of zeros, the numerator.
+        The reconstruction per group, relative to the group's observed data: for R = F, sqrt(R_l) /
+        ||M_l o X_l||_F (the ``relative_error`` metric when there is no data mask, or a 0/1 one); for R = D,
+        R_l / sum(M_l o X_l) (the ``relative_i_divergence`` metric, not a Frobenius ratio); for a group of
+        zeros, the numerator.
     n_iter_, n_passes_ (``n_iter_ + 1``), converged_, scheduler_, n_features_in_.
     feature_names_in_ : ndarray of str
         When the data carry feature names.
+
+    Notes
+    -----
+    ``fit(X, mask=M)`` takes the mask every NMF-family method takes (docs/masks.md): weights of X's shape (0 =
+    missing), ``"nan"`` (X's NaN entries) or ``"nonzero"`` (a sparse X's stored entries); a store's own mask
+    (written at ingest) is read with it. M is the paper's data mask above: the updates use M o X and M o W H
+    (written out in ``distfact.methods.ssnmf``), the values of X at missing entries never change the factors,
+    and the objective, the stopping rule and every per-group number are over the observed entries
+    (docs/ssnmf.md, "With a mask").
     """
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "model": [StrOptions(set(MODELS))],
@@ -170,21 +209,31 @@ class SSNMF(FactorEstimator):
             client=None, W_out=None, *, data_mask=None):
         """Fit on X (array, sparse matrix, dask array, GroupedMatrix or store path) with targets Y
         (n_samples x n_targets, non-negative; regression allowed) or class labels y (-1: unlabelled),
-        or neither (NMF with a data mask). ``mask`` (n_samples x n_features, sparse or dense; 0: missing) and
-        ``label_mask`` (n_samples x n_targets) weight the entries; all ones when None (``data_mask``: the
-        former name of ``mask``, accepted with a FutureWarning). W (X's row order), H, B: init='custom'.
-        ``groups``: row labels for per-group losses."""
-        self._run_fit(X, groups, client, want_W=False, W_out=W_out, Y=Y, y=y, mask=mask, data_mask=data_mask,
-                      label_mask=label_mask, W=W, H=H, B=B)
+        or neither (NMF with a data mask).
+
+        ``mask``: the data mask M, which entries of X are observed, as every NMF-family method takes it
+        (``distfact.estimators.masks``, docs/masks.md): None (all), a non-negative weight array or sparse
+        matrix of X's shape (0 = missing), "nan" (X's NaN entries are missing) or "nonzero" (the stored
+        entries of a sparse X are the observed ones); a store with a mask of its own (written at ingest)
+        gives that one. The values of X at missing entries never change the factors. ``data_mask``: the
+        former name of ``mask``, accepted with a FutureWarning. ``label_mask`` (n_samples x n_targets)
+        weights the entries of Y; all ones when None. W (X's row order), H, B: init='custom'. ``groups``:
+        row labels for per-group losses."""
+        X, mask = resolve_mask(X, renamed_mask(mask, data_mask))
+        self._run_fit(X, groups, client, want_W=False, W_out=W_out, Y=Y, y=y, mask=mask, label_mask=label_mask,
+                      W=W, H=H, B=B)
         return self
 
     def fit_transform(self, X, Y=None, y=None, mask=None, label_mask=None, W=None, H=None, B=None,
                       groups=None, client=None, *, data_mask=None):
-        """Fit and return W (n_samples x r) in X's row order (gathered on the driver)."""
-        return self._run_fit(X, groups, client, want_W=True, Y=Y, y=y, mask=mask, data_mask=data_mask,
-                             label_mask=label_mask, W=W, H=H, B=B)
+        """Fit (the arguments as :meth:`fit` takes them) and return W (n_samples x r) in X's row order
+        (gathered on the driver)."""
+        X, mask = resolve_mask(X, renamed_mask(mask, data_mask))
+        return self._run_fit(X, groups, client, want_W=True, Y=Y, y=y, mask=mask, label_mask=label_mask,
+                             W=W, H=H, B=B)
 
     _custom_factors = ("W", "H", "B")
+    _reads_stored_mask = True  # a store's own mask (written at ingest) is the data mask
 
     def _check_params(self):
         check_iteration_params(self.max_iter, self.tol, self.random_state)
@@ -216,10 +265,11 @@ class SSNMF(FactorEstimator):
             _check_weights(label_mask, Y.shape, "label_mask")
         if labelled is not None and not labelled.all():  # unlabelled rows weigh nothing in the label term
             label_mask = (np.ones_like(Y) if label_mask is None else label_mask) * labelled[:, None]
-        if mask is not None:
+        mask = check_weights(mask, (m, n))  # (fit_many gives each model's weights here, unresolved)
+        if isinstance(mask, ComplementMask):  # X's NaN entries (few missing): as weights, the kernels' one form
+            mask = mask_weights(COMPLEMENT, mask.matrix)
+        elif mask is not None:
             mask = sp.csr_matrix(mask, dtype=np.float64)
-            _check_weights(mask, (m, n), "mask")
-            mask.sum_duplicates()
             mask.eliminate_zeros()
         stored = data.row_index()
         inputs = [{} for _ in data.blocks]
@@ -231,13 +281,17 @@ class SSNMF(FactorEstimator):
                     digest.update(name.encode() + np.ascontiguousarray(part).tobytes())
                 for block, entry in zip(data.blocks, inputs):
                     entry[name] = values[block.row_start:block.row_stop]
+        if data.mask_kind is not None:
+            if mask is not None:
+                raise ValueError(stored_mask_conflict(data))
+            digest.update(f"M stored:{data.mask_identity()}".encode())
+            inputs = _with_stored_mask(data, inputs)
         return inputs, (0 if Y is None else Y.shape[1]), classes, digest.hexdigest()
 
     def _prepare(self, fit):
         """The targets and masks, per block; the model (R alone without targets) and its method."""
         inputs = fit.inputs
-        mask = renamed_mask(inputs["mask"], inputs.pop("data_mask", None))
-        local, n_targets, classes, digest = self._local_inputs(fit.data, inputs["Y"], inputs["y"], mask,
+        local, n_targets, classes, digest = self._local_inputs(fit.data, inputs["Y"], inputs["y"], inputs["mask"],
                                                                inputs["label_mask"])
         inputs.update(local=local, n_targets=n_targets, classes=classes, digest=digest)
         model = self.model if n_targets else self.model[0]
@@ -281,14 +335,15 @@ class SSNMF(FactorEstimator):
         self.group_loss_parts_ = parts[-1]
         self.group_losses_ = parts[-1, :, 0] + method.lam * parts[-1, :, 1]
         metrics = {"relative_error": relative_error(method.squared_errors(state.global_state, state.stats, data),
-                                                    data.group_sq_norms),
+                                                    method.observed_sq_norms(state.stats, data)),
                    "objective": self.group_losses_, "reconstruction_term": parts[-1, :, 0]}
         if method.supervised:
             metrics["supervision_term"] = parts[-1, :, 1]
-        if method.losses[0] == "F":  # relative to the whole of X_l, whatever the data mask
-            self.group_errors_ = np.sqrt(relative_to(parts[-1, :, 0], data.group_sq_norms))
+        sq_norms, totals = method.data_term_scales(state.stats, data)  # of M o X_l: the observed entries
+        if method.losses[0] == "F":
+            self.group_errors_ = np.sqrt(relative_to(parts[-1, :, 0], sq_norms))
         else:
-            self.group_errors_ = metrics["relative_i_divergence"] = relative_to(parts[-1, :, 0], data.group_totals)
+            self.group_errors_ = metrics["relative_i_divergence"] = relative_to(parts[-1, :, 0], totals)
         self.objective_history_ = np.asarray(state.objectives)
         self.group_metrics_ = group_metric_frame(self.group_names_, metrics)
         self._set_run_facts(method, data, state, fit.executor)
@@ -301,12 +356,13 @@ class SSNMF(FactorEstimator):
     def transform(self, X, mask=None, *, groups=None, client=None, max_iter=500, tol=1e-6, data_mask=None):
         """W for new rows with H fixed (Section 2.3, step 2): exact non-negative least squares per row
         for a Frobenius reconstruction, multiplicative updates of the I-divergence (or masked Frobenius)
-        otherwise; one read of X."""
+        otherwise; one read of X. ``mask`` as :meth:`fit` takes it (a store's own mask is used): each row
+        is solved over its observed entries."""
         self._check_fitted()
+        X, mask = resolve_mask(X, renamed_mask(mask, data_mask))
         data = self._grouped(X, groups)
-        self._refuse_stored_mask(data, "transform")  # its mask is given in memory (mask=...)
         self._check_width(data.shape[1])
-        inputs = self._local_inputs(data, None, None, renamed_mask(mask, data_mask), None)[0]
+        inputs = self._local_inputs(data, None, None, mask, None)[0]
         executor = self._executor(data, client)
         try:
             executor.init_local(given_local, per_block=inputs)  # each block's rows of the mask, where it runs
@@ -342,7 +398,9 @@ class SSNMFClassifier(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Classifie
     N=50, tol=1e-3); ``transform_max_iter`` and ``transform_tol`` bound the
     representation of new rows (for I-divergence models). ``predict_proba`` normalises W_new B's rows.
     ``transform`` gives W_new, whose columns ``get_feature_names_out()`` names ``ssnmfclassifier0``, ... (so
-    ``set_output(transform="pandas")`` applies to it).
+    ``set_output(transform="pandas")`` applies to it). ``mask`` (fit, transform, predict, score, ...): which
+    entries of X are observed, as :meth:`SSNMF.fit` takes it (docs/masks.md); rows are fitted and represented
+    over their observed entries.
 
     Attributes
     ----------
@@ -374,60 +432,63 @@ class SSNMFClassifier(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Classifie
         self.transform_tol = transform_tol
         self.n_threads = n_threads
 
-    def fit(self, X, y, client=None):
-        """Fit on X with class labels y (-1 marks unlabelled rows, used for the reconstruction only)."""
+    def fit(self, X, y, client=None, *, mask=None):
+        """Fit on X with class labels y (-1 marks unlabelled rows, used for the reconstruction only); ``mask``:
+        X's observed entries (:meth:`SSNMF.fit`)."""
         y = column_or_1d(y, warn=True)  # a column of labels, as scikit-learn's classifiers take it, with a warning
         if y.dtype.kind == "f" and np.isfinite(y).all():  # continuous targets; a missing label is named by SSNMF
             check_classification_targets(y)
         self.ssnmf_ = SSNMF(self.n_components, model=self.model, lam=self.lam, max_iter=self.max_iter, tol=self.tol,
                             eps=self.eps, random_state=self.random_state, n_threads=self.n_threads)
-        self.ssnmf_.fit(X, y=y, client=client)
+        self.ssnmf_.fit(X, y=y, mask=mask, client=client)
         self.classes_ = self.ssnmf_.classes_
         self.n_features_in_ = self.ssnmf_.n_features_in_
         self.n_iter_ = self.ssnmf_.n_iter_
         return self
 
-    def fit_transform(self, X, y, client=None):
+    def fit_transform(self, X, y, client=None, *, mask=None):
         """Fit, then W for X's rows as :meth:`transform` gives it (with H fixed, as for new rows)."""
-        return self.fit(X, y, client=client).transform(X, client=client)
+        return self.fit(X, y, client=client, mask=mask).transform(X, client=client, mask=mask)
 
     @property
     def _n_features_out(self) -> int:
         """The width of transform's output, which get_feature_names_out names (AttributeError until fitted)."""
         return self.ssnmf_.components_.shape[0]
 
-    def transform(self, X, client=None):
-        """W for new rows with H fixed (:meth:`SSNMF.transform`)."""
+    def transform(self, X, client=None, *, mask=None):
+        """W for new rows with H fixed (:meth:`SSNMF.transform`), over the entries ``mask`` observes."""
         self._check_fitted()
-        return self.ssnmf_.transform(X, client=client, max_iter=self.transform_max_iter, tol=self.transform_tol)
+        return self.ssnmf_.transform(X, mask, client=client, max_iter=self.transform_max_iter,
+                                     tol=self.transform_tol)
 
-    def decision_function(self, X, client=None):
+    def decision_function(self, X, client=None, *, mask=None):
         """W_new B (n_samples x n_classes); with two classes, as scikit-learn's binary classifiers give it,
         the second class's score less the first's (n_samples,): positive predicts ``classes_[1]``."""
-        scores = self._scores(X, client)
+        scores = self._scores(X, client, mask)
         return scores[:, 1] - scores[:, 0] if len(self.classes_) == 2 else scores
 
-    def _scores(self, X, client):
+    def _scores(self, X, client, mask):
         """W_new B (n_samples x n_classes)."""
-        return np.asarray(self.transform(X, client=client)) @ self.ssnmf_.B_  # a DataFrame under set_output
+        return np.asarray(self.transform(X, client=client, mask=mask)) @ self.ssnmf_.B_  # a DataFrame: set_output
 
-    def predict_proba(self, X, client=None):
-        scores = self._scores(X, client)
+    def predict_proba(self, X, client=None, *, mask=None):
+        scores = self._scores(X, client, mask)
         totals = scores.sum(axis=1, keepdims=True)
         uniform = np.full_like(scores, 1.0 / scores.shape[1])
         return np.divide(scores, totals, out=uniform, where=totals > 0)
 
-    def predict(self, X, client=None):
-        scores = self._scores(X, client)  # first: an unfitted model raises NotFittedError
+    def predict(self, X, client=None, *, mask=None):
+        scores = self._scores(X, client, mask)  # first: an unfitted model raises NotFittedError
         return self.classes_[np.argmax(scores, axis=1)]
 
-    def score(self, X, y, sample_weight=None):
-        """Accuracy; labels the model has not seen are an error (they could never be predicted)."""
+    def score(self, X, y, sample_weight=None, *, mask=None):
+        """Accuracy of :meth:`predict` (``mask``: X's observed entries); labels the model has not seen are an
+        error (they could never be predicted)."""
         self._check_fitted()
         unseen = sorted(set(np.asarray(y).tolist()) - set(self.classes_.tolist()))
         if unseen:
             raise ValueError(f"y has classes {unseen} that were not seen in fit; known classes: {self.classes_.tolist()}")
-        return super().score(X, y, sample_weight=sample_weight)
+        return accuracy_score(y, self.predict(X, mask=mask), sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         return with_input_tags(super().__sklearn_tags__())

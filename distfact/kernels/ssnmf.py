@@ -17,6 +17,9 @@ W^T [(M o X) / (eps + M o W H) o M] and W^T M (D), summed over blocks. ``eps`` s
 reference implementation (PyPI ``ssnmf`` 1.0.3) puts it: in every denominator, and inside the
 I-divergence's log as log((x + eps) / (wh + eps)). A sparse X, or a sparse mask, is only touched at
 its non-zeros (the zeros of X enter the I-divergence through sum(W H) = (1^T W)(H 1)).
+
+A mask given in either sparse form of ``kernels/masked.py`` (a store's own, or X's NaN entries) becomes M by
+``mask_weights``; ``observed_sums`` gives the sums over M's entries that the metrics are relative to.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from .masked import COMPLEMENT
 from .products import wh_at_nonzeros
 
 LOSSES = ("F", "D")
@@ -40,13 +44,40 @@ def _on_support(S: sp.csr_matrix, values) -> sp.csr_matrix:
     return out
 
 
-def _mask_terms(X, W, H, mask):
-    """On the mask's stored entries (a CSR matrix), in its data order: its values m, x there, and
-    m * (W H) there."""
+def _mask_values(X, W, H, mask):
+    """On the mask's stored entries (a CSR matrix), in its data order: its values m, x there, and W H there."""
     mask = sp.csr_matrix(mask)
     rows = np.repeat(np.arange(mask.shape[0]), np.diff(mask.indptr))  # aligned with mask.data, zeros included
     x = np.asarray(X[rows, mask.indices]).ravel()
-    return mask, mask.data, x, mask.data * wh_at_nonzeros(mask, W, H)
+    return mask, mask.data, x, wh_at_nonzeros(mask, W, H)
+
+
+def _mask_terms(X, W, H, mask):
+    """As :func:`_mask_values`, with m * (W H) in place of W H."""
+    mask, m, x, wh = _mask_values(X, W, H, mask)
+    return mask, m, x, m * wh
+
+
+def mask_weights(form: str, P) -> sp.csr_matrix:
+    """M for a block's mask in the ``form`` of ``kernels/masked.py``: the weights of its observed entries as a CSR
+    matrix without explicit zeros (the kernels here take no other form). "observed": P itself; "complement"
+    (1 - weight at the entries whose weight is not 1): 1 - P, which stores every entry of weight above 0, so a
+    mask with few missing entries costs O(m_b n) here (exact for the weights 0 and 1 of a NaN mask)."""
+    M = sp.csr_matrix(1.0 - P.toarray()) if form == COMPLEMENT else sp.csr_matrix(P, dtype=np.float64, copy=True)
+    M.eliminate_zeros()
+    M.sort_indices()
+    return M
+
+
+def observed_sums(X, W, H, mask) -> dict:
+    """Over M's entries (the observed ones; ``mask`` a CSR matrix) at (W, H): sum m (x - wh)^2 and sum m x^2 (the
+    metric ``relative_error`` over the observed entries, weighted as docs/metrics.md defines it), and
+    ||M o X||_F^2 and sum(M o X) (what a group's data term is relative to: ``group_errors_``)."""
+    _, m, x, wh = _mask_values(X, W, H, mask)
+    mx = m * x
+    return {"M_sq_error": np.float64(np.sum(m * (x - wh) ** 2)),
+            "M_sq_norm": np.float64(np.sum(mx * x)), "MX_sq_norm": np.float64(np.sum(mx * mx)),
+            "MX_total": np.float64(np.sum(mx))}
 
 
 def _masked_x(X, mask):

@@ -20,8 +20,21 @@ One iteration, in the paper's order (lines 3, 4, 5 of Algorithms 1-3):
                   (Algorithm 2): the factor 2 of a squared Frobenius term's gradient
     statistics    per group, at the new W and the current H, B: each term's numerator and denominator
                   for its global update, and its loss (``kernels/ssnmf.py``); and W^T X, W^T W, from
-                  which ||X_l - W_l H||_F (the metric ``relative_error``, unmasked) follows without
-                  another read of X (``squared_errors``; an unmasked Frobenius data term has them already)
+                  which ||X_l - W_l H||_F (the metric ``relative_error``) follows without another read
+                  of X (``squared_errors``; an unmasked Frobenius data term has them already); with a
+                  data mask, sums over the observed entries instead: sum m (x - wh)^2 and sum m x^2 (the
+                  metric), ||M o X_l||^2 and sum(M o X_l) (``data_term_scales``)
+
+With a data mask M (weights, 0 = missing; the estimator's ``mask``: an array, X's NaN entries or a
+sparse X's stored entries, or a store's own mask) every data term is the paper's masked one above,
+M o X and M o W H: the values of X where M is 0 never enter an update, and X reaches the blocks with 0
+there. The masked updates of W and of the global factor F (H, or B with L) are, entrywise,
+
+    F:  W <- W o [(M o X) H^T] / [eps + (M o W H) H^T]        F <- F o [W^T (M o X)] / [eps + W^T (M o W F)]
+    D:  W <- W o [Q H^T] / [eps + M H^T]                       F <- F o [W^T Q] / [eps + W^T M]
+        Q = (M o X) / (eps + M o W H) o M
+
+(with M = 1 these are the paper's: Algorithms 1-3, lines 3-5).
 
 ``eps`` (default 1e-10) is added to every denominator as in the reference package. A block's local
 state is a dict: W, and the rows of Y, of L and of M that belong to the block (row-aligned inputs
@@ -90,7 +103,9 @@ class SSNMFMethod:
         for loss, Z, F, mask, prefix, _ in self._terms(X_b, local, G):
             stats.update(k.term_stats(Z, W, F, mask, loss, self.eps, prefix))
             stats[f"{prefix}_loss"] = np.float64(k.term_loss(Z, W, F, mask, loss, self.eps, stats, prefix))
-        if "R_WtW" not in stats:  # the data term's statistics are not W^T X, W^T W: add them
+        if local.get("M") is not None:  # the metrics over the observed entries (X is not read elsewhere)
+            stats.update(k.observed_sums(X_b, W, G["H"], local["M"]))
+        elif "R_WtW" not in stats:  # the data term's statistics are not W^T X, W^T W: add them
             stats.update(WtX=wt_times_block(W, X_b), WtW=gram(W))
         return stats
 
@@ -119,9 +134,28 @@ class SSNMFMethod:
 
     @staticmethod
     def squared_errors(G, stats, data) -> np.ndarray:
-        """||X_l - W_l H||_F^2 per group (unmasked, whatever the model) at the (W, H) of ``stats``."""
+        """||X_l - W_l H||_F^2 per group (whatever the model) at the (W, H) of ``stats``; with a data mask
+        sum m (x - wh)^2 over group l's observed entries."""
+        if "M_sq_error" in stats[0]:
+            return np.array([s["M_sq_error"] for s in stats], dtype=np.float64)
         grams = [(s["R_num"], s["R_WtW"]) if "R_WtW" in s else (s["WtX"], s["WtW"]) for s in stats]
         return frobenius_sq_errors(data.group_sq_norms, grams, G["H"])
+
+    @staticmethod
+    def observed_sq_norms(stats, data) -> np.ndarray:
+        """What ``squared_errors`` is relative to: ||X_l||_F^2, or with a data mask sum m x^2 over group l."""
+        if "M_sq_norm" in stats[0]:
+            return np.array([s["M_sq_norm"] for s in stats], dtype=np.float64)
+        return data.group_sq_norms
+
+    @staticmethod
+    def data_term_scales(stats, data) -> tuple[np.ndarray, np.ndarray]:
+        """Per group, what its data term R_l is relative to (``group_errors_``): ||M_l o X_l||_F^2 and
+        sum(M_l o X_l), X_l's own without a data mask."""
+        if "MX_sq_norm" in stats[0]:
+            return (np.array([s["MX_sq_norm"] for s in stats], dtype=np.float64),
+                    np.array([s["MX_total"] for s in stats], dtype=np.float64))
+        return data.group_sq_norms, data.group_totals
 
     def converged(self, objectives, group_objectives):
         if self.tol <= 0 or len(objectives) < 3:

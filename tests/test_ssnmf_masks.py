@@ -1,0 +1,218 @@
+"""SSNMF's ``mask`` in the three forms every NMF-family method takes (issue 20, docs/masks.md), and a store's own mask.
+
+Oracles: a second code path (the weight array that "nan" and "nonzero" stand for, whose masked updates
+tests/test_ssnmf.py checks against the reference package's); for the metrics, a numpy recomputation over the
+observed entries from the fitted W and H; for a store's own mask, the in-memory fit with the same mask cut into
+the same blocks."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import distfact
+from distfact import SSNMF, SSNMFClassifier
+from test_store_masks import BLOCK_ROWS, weights, with_holes
+from test_store_masks_groups import stored_and_given
+
+MODELS = ["F", "D", "FF", "FD", "DF", "DD"]
+
+
+def problem(layout="dense", seed=0):
+    """X with NaN holes (scattered groups), the weights they stand for (0 at a NaN), class labels."""
+    X, groups = with_holes(layout, seed=seed)
+    holes = np.isnan(X.toarray() if sp.issparse(X) else X)
+    y = np.random.default_rng(seed).integers(0, 3, X.shape[0])
+    return X, groups, np.where(holes, 0.0, 1.0), y
+
+
+def estimator(model, **params):
+    """SSNMF with labels (model 'XY') or plain masked NMF (model 'F' or 'D': model[0] without targets)."""
+    return SSNMF(3, model=model if len(model) == 2 else model + "F", lam=0.5, max_iter=6, tol=0, random_state=1,
+                 block_rows=BLOCK_ROWS, **params)
+
+
+def fitted(model, X, groups, y, **fit_args):
+    est = estimator(model)
+    W = est.fit_transform(X, y=y if len(model) == 2 else None, groups=groups, **fit_args)
+    return est, W
+
+
+def assert_same(ours, theirs):
+    (a, W_a), (b, W_b) = ours, theirs
+    np.testing.assert_array_equal(W_a, W_b)
+    for name in ("components_", "B_", "objective_history_", "loss_history_", "group_loss_parts_", "group_errors_"):
+        if getattr(b, name) is None:
+            assert getattr(a, name) is None, name
+        else:
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(a.group_metrics_["value"], b.group_metrics_["value"])
+
+
+def with_values_at(X, missing, seed):
+    """X (dense or CSR) with random positive values at the ``missing`` entries (NaN there replaced)."""
+    values = np.random.default_rng(seed).random(X.shape) + 0.5
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, copy=True)
+        rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+        X.data = np.where(missing[rows, X.indices], values[rows, X.indices], X.data)
+        return X
+    return np.where(missing, values, X)
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+@pytest.mark.parametrize("model", MODELS)
+def test_nan_is_the_weight_array_with_zeros_at_the_nan_entries(model, layout):
+    X, groups, M, y = problem(layout, seed=1)
+    ours = fitted(model, X, groups, y, mask="nan")
+    for seed in (0, 1):  # whatever value stands at a NaN entry
+        theirs = fitted(model, with_values_at(X, M == 0, seed), groups, y, mask=M)
+        assert_same(ours, theirs)
+    assert np.isfinite(ours[1]).all() and np.isfinite(ours[0].group_errors_).all()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_nonzero_is_the_weights_of_the_sparse_pattern(model):
+    X, groups, _, y = problem("csr", seed=2)
+    X = sp.csr_matrix(np.nan_to_num(X.toarray()))
+    X.data[::5] = 0.0  # explicit zeros are stored entries: observed
+    pattern = sp.csr_matrix((np.ones(X.nnz), X.indices, X.indptr), shape=X.shape)
+    ours = fitted(model, X, groups, y, mask="nonzero")
+    assert_same(ours, fitted(model, X, groups, y, mask=pattern))
+    assert_same(ours, fitted(model, X, groups, y, mask=pattern.toarray()))  # dense weights: the same mask
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+@pytest.mark.parametrize("model", ["D", "F", "DF", "FD"])
+def test_values_at_missing_entries_never_change_the_factors(model, layout):
+    X, groups, _, y = problem(layout, seed=3)
+    X = np.nan_to_num(X.toarray()) if layout == "csr" else np.nan_to_num(X)
+    M = weights(X.shape, seed=3)  # 0, 0.5, 0.7 and 1
+    as_layout = sp.csr_matrix if layout == "csr" else np.asarray
+    ours = fitted(model, as_layout(X), groups, y, mask=M)
+    for seed in (0, 1):
+        assert_same(ours, fitted(model, as_layout(with_values_at(X, M == 0, seed)), groups, y, mask=M))
+    assert_same(ours, fitted(model, as_layout(X), groups, y, mask=sp.csr_matrix(M)))  # a sparse weight matrix
+
+
+@pytest.mark.parametrize("model", ["F", "DF"])
+def test_all_weights_one_is_the_unmasked_fit(model):
+    X, groups, _, y = problem("dense", seed=4)
+    X = np.nan_to_num(X)
+    assert_same(fitted(model, X, groups, y, mask=np.ones(X.shape)), fitted(model, X, groups, y))
+
+
+@pytest.mark.parametrize("model", ["F", "D", "FD", "DF"])
+def test_metrics_are_over_the_observed_entries(model):
+    """relative_error sqrt(sum m (x - wh)^2 / sum m x^2) per group (docs/metrics.md); group_errors_ the data term
+    R_l relative to M o X_l (F: sqrt(R_l) / ||M o X_l||_F, D: R_l / sum(M o X_l)); recomputed with numpy."""
+    X, groups, _, y = problem("dense", seed=5)
+    M = weights(X.shape, seed=5)
+    est, W = fitted(model, X, groups, y, mask=np.where(np.isnan(X), 0.0, M))
+    M = np.where(np.isnan(X), 0.0, M)
+    X = np.nan_to_num(X)
+    WH = W @ est.components_
+    metrics = est.group_metrics_.pivot(index="group", columns="metric", values="value")
+    for name in est.group_names_:
+        rows = groups == name
+        m, x, wh = M[rows], X[rows], WH[rows]
+        np.testing.assert_allclose(metrics.loc[name, "relative_error"],
+                                   np.sqrt(np.sum(m * (x - wh) ** 2) / np.sum(m * x ** 2)), rtol=1e-10)
+        term = metrics.loc[name, "reconstruction_term"]
+        if model[0] == "F":
+            np.testing.assert_allclose(term, np.sum((m * x - m * wh) ** 2), rtol=1e-8)
+            expected = np.sqrt(term / np.sum((m * x) ** 2))
+        else:
+            mx, mwh = m * x, m * wh
+            np.testing.assert_allclose(term, np.sum(mx * np.log((mx + 1e-10) / (mwh + 1e-10)) - mx + mwh), rtol=1e-8)
+            expected = term / np.sum(mx)
+            np.testing.assert_allclose(metrics.loc[name, "relative_i_divergence"], expected, rtol=1e-10)
+        np.testing.assert_allclose(est.group_errors_[list(est.group_names_).index(name)], expected, rtol=1e-10)
+
+
+def test_transform_takes_the_three_forms():
+    X, groups, M, _ = problem("csr", seed=6)
+    est = estimator("D").fit(X, groups=groups, mask="nan")
+    W = est.transform(X, mask="nan", groups=groups)
+    np.testing.assert_array_equal(W, est.transform(with_values_at(X, M == 0, 0), mask=M, groups=groups))
+    X0 = sp.csr_matrix(np.nan_to_num(X.toarray()))
+    pattern = sp.csr_matrix((np.ones(X0.nnz), X0.indices, X0.indptr), shape=X0.shape)
+    np.testing.assert_array_equal(est.transform(X0, mask="nonzero", groups=groups),
+                                  est.transform(X0, mask=pattern, groups=groups))
+
+
+@pytest.mark.parametrize("mask, X_kind, message", [
+    ("nonzero", "dense", "mask='nonzero' needs a sparse X"),
+    ("zeros", "dense", "mask must be None, a weight array or sparse matrix of X's shape, or one of"),
+    ("nan", "store", "mask='nan' needs X in memory"),
+])
+def test_bad_masks_are_refused_naming_what_to_do(tmp_path, mask, X_kind, message):
+    X, groups, _, _ = problem("dense", seed=7)
+    X = np.nan_to_num(X)
+    data = distfact.from_arrays(X, groups, tmp_path / "x.zarr") if X_kind == "store" else X
+    with pytest.raises(ValueError, match=message):
+        estimator("F").fit(data, mask=mask, groups=None if X_kind == "store" else groups)
+    with pytest.raises(ValueError, match="X has NaN"):  # NaN in X only with mask="nan"
+        estimator("F").fit(problem("dense", seed=7)[0], groups=groups)
+
+
+# ------------------------------------------------------------------ a store's own mask
+@pytest.mark.parametrize("kind", ["nan", "weights"])
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+@pytest.mark.parametrize("model", ["D", "FF", "DF"])
+def test_a_stored_mask_fits_as_the_in_memory_mask(tmp_path, model, layout, kind):
+    stored, X, groups, mask = stored_and_given(tmp_path, layout, kind)
+    y = np.random.default_rng(0).integers(0, 3, X.shape[0])
+    theirs = fitted(model, X, groups, y, mask=mask)
+    for data in (stored, str(stored.path)):  # the store, and the store opened from its path
+        est = estimator(model)
+        ours = est, est.fit_transform(data, y=y if len(model) == 2 else None)
+        assert_same(ours, theirs)
+
+
+def test_a_stored_mask_on_a_local_cluster_and_in_transform(tmp_path, local_cluster_client):
+    stored, X, groups, _ = stored_and_given(tmp_path, "csr", "nan", seed=2)
+    est = estimator("D")
+    ours = est, est.fit_transform(stored, client=local_cluster_client)
+    assert est.scheduler_["mode"] == "distributed"
+    assert_same(ours, fitted("D", X, groups, None, mask="nan"))
+    np.testing.assert_array_equal(est.transform(stored), est.transform(X, mask="nan", groups=groups))
+    np.testing.assert_array_equal(est.transform(stored, client=local_cluster_client), est.transform(stored))
+
+
+def test_fit_many_and_checkpoints_read_the_stored_mask(tmp_path):
+    stored, *_ = stored_and_given(tmp_path, "csr", "weights", seed=7)
+    for rank, model in zip([2, 3], distfact.fit_many(estimator("D"), stored, ranks=[2, 3])):
+        alone = estimator("D").set_params(n_components=rank).fit(stored)
+        np.testing.assert_array_equal(model.components_, alone.components_)
+        np.testing.assert_array_equal(model.objective_history_, alone.objective_history_)
+    whole = estimator("D").fit(stored)
+    params = dict(checkpoint_dir=tmp_path / "run", checkpoint_every=2)
+    SSNMF(3, model="DF", lam=0.5, max_iter=4, tol=0, random_state=1, **params).fit(stored)
+    iterations = []
+    resumed = SSNMF(3, model="DF", lam=0.5, max_iter=6, tol=0, random_state=1, resume=True,
+                    callback=lambda info: iterations.append(info.iteration), **params).fit(stored)
+    assert iterations == [5, 6]  # from the checkpoint of iteration 4
+    np.testing.assert_array_equal(resumed.components_, whole.components_)
+
+
+def test_another_mask_on_a_store_with_its_own_is_refused(tmp_path):
+    stored, X, *_ = stored_and_given(tmp_path, "dense", "nan")
+    with pytest.raises(ValueError, match=r"has its own mask \(kind 'nan'.*cannot take another"):
+        estimator("D").fit(stored, mask=np.ones(X.shape) * 0.5)
+    with pytest.raises(ValueError, match=r"has its own mask \(kind 'nan'.*cannot take another"):
+        estimator("D").fit(stored, mask="nan")
+
+
+# ------------------------------------------------------------------ the classifier
+def test_the_classifier_fits_predicts_and_scores_with_a_mask():
+    X, groups, M, y = problem("dense", seed=8)
+    params = dict(model="DF", lam=0.5, max_iter=6, tol=0, random_state=1)
+    ours = SSNMFClassifier(3, **params).fit(X, y, mask="nan")
+    theirs = SSNMFClassifier(3, **params).fit(with_values_at(X, M == 0, 0), y, mask=M)
+    np.testing.assert_array_equal(ours.ssnmf_.B_, theirs.ssnmf_.B_)
+    np.testing.assert_array_equal(ours.predict_proba(X, mask="nan"), theirs.predict_proba(np.nan_to_num(X), mask=M))
+    predicted = ours.predict(X, mask="nan")
+    assert ours.score(X, y, mask="nan") == np.mean(predicted == y)
+    np.testing.assert_array_equal(ours.fit_transform(X, y, mask="nan"), ours.transform(X, mask="nan"))
+    with pytest.raises(ValueError, match="X has NaN"):
+        ours.predict(X)
