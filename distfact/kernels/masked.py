@@ -33,7 +33,7 @@ import scipy.sparse as sp
 
 from .nmf import _dense_frobenius_local, kl_ratio, kl_stats, residual_sq_norm
 from .nmf import frobenius_stats as unmasked_stats
-from .products import block_times_ht, floor_eps, sparse_wt_times_block, wh_at_nonzeros
+from .products import block_column_sums, block_times_ht, floor_eps, sparse_wt_times_block, wh_at_nonzeros
 
 OBSERVED = "mask_observed"
 COMPLEMENT = "mask_complement"
@@ -287,7 +287,7 @@ def column_sums(terms: BlockTerms) -> tuple[np.ndarray, np.ndarray]:
     on_p = np.bincount(terms.P.indices, weights=p, minlength=n)
     if terms.observed:
         return on_p_x, on_p
-    return np.asarray(terms.X.sum(axis=0, dtype=np.float64)).ravel() - on_p_x, terms.P.shape[0] - on_p
+    return block_column_sums(terms.X) - on_p_x, terms.P.shape[0] - on_p
 
 
 def shifted_w_update(terms: BlockTerms, HHt, v, Hv, eps: float):

@@ -61,6 +61,7 @@ import numpy as np
 
 from ..kernels import masked as km
 from ..kernels import nmf as k
+from ..kernels.products import block_column_sums
 from .stopping import relative_decrease_below
 
 
@@ -109,7 +110,7 @@ class StratifiedMU:
             colsum, Mt1 = km.column_sums(terms)
             return {**self._masked_stats(terms), "colsum": colsum, "Mt1": Mt1}
         WtA, WtW = k.frobenius_stats(A_b, W_b)
-        colsum = np.asarray(A_b.sum(axis=0, dtype=np.float64)).ravel()
+        colsum = block_column_sums(A_b)
         return {"WtA": WtA, "WtW": WtW, "Wt1": W_b.sum(axis=0, dtype=np.float64), "colsum": colsum}
 
     def local_step(self, A_b, W_b, block, G):

@@ -8,6 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...kernels.gram import centred_gram, projected_gram, sketch_products, squared_deviations
+from ...kernels.products import block_column_sums
 
 
 def gram_block(X_b, local, block, centre, mean):
@@ -35,7 +36,7 @@ def projected_gram_block(X_b, local, block, centre, basis):
 def deviations_block(X_b, local, block, mean):
     """One block's column sums and sums of squared deviations from ``mean`` (the wide path's scale and
     its groups' ||A_l||_F^2)."""
-    return {"sum": np.asarray(X_b.sum(axis=0, dtype=np.float64)).ravel(), "sq_dev": squared_deviations(X_b, mean)}
+    return {"sum": block_column_sums(X_b), "sq_dev": squared_deviations(X_b, mean)}
 
 
 def column_scale(sq_dev: np.ndarray, mean: np.ndarray, n_rows: int) -> np.ndarray:
