@@ -152,6 +152,7 @@ def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, p
 
 def w_update(W, parts: list, eps: float):
     """W <- W / (eps + sum_t c_t den_t) o sum_t c_t num_t over the loss terms ``parts`` = [(c_t, (num_t, den_t))]."""
-    num = sum(c * n for c, (n, _) in parts)
-    den = sum(c * d for c, (_, d) in parts)
+    # a weight of 1 is not multiplied by: 1.0 * x is x, bitwise (FF and DD with lam = 1, every iteration)
+    num = sum(n if c == 1.0 else c * n for c, (n, _) in parts)
+    den = sum(d if c == 1.0 else c * d for c, (_, d) in parts)
     return W / (eps + den) * num
