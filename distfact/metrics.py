@@ -73,8 +73,10 @@ def frobenius_sq_errors(sq_norms, grams, H, HHt=None) -> np.ndarray:
     ``HHt``: H H^T when the caller has it."""
     H = np.asarray(H, dtype=np.float64)  # no copy of float64 factors
     HHt = H @ H.T if HHt is None else np.asarray(HHt, dtype=np.float64)
-    errs = np.array([np.vdot(WtW, HHt) - 2.0 * np.vdot(WtX, H) for WtX, WtW in grams], dtype=np.float64)
-    return np.maximum(errs + sq_norms, 0.0)
+    # group by group in Python floats: the same float64 operations as on arrays of the groups, without the arrays
+    # (small fits compute this every iteration, issue 19); max(nan, 0.0) is nan, as np.maximum's
+    return np.array([max(float(np.vdot(WtW, HHt) - 2.0 * np.vdot(WtX, H)) + float(sq_norm), 0.0)
+                     for (WtX, WtW), sq_norm in zip(grams, sq_norms)])
 
 
 def group_metric_frame(group_names, metrics: dict, ranked: bool = False) -> pd.DataFrame:

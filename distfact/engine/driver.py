@@ -52,8 +52,15 @@ class IterativeMethod(Protocol):
 
 def shipped(method, global_state: dict) -> dict:
     """What the blocks receive of the global state."""
+    return _shipping(method)(global_state)
+
+
+def _shipping(method) -> Callable[[dict], dict]:
+    """What gives the blocks' part of a global state for ``method`` (:func:`shipped`), its ``block_state`` looked up
+    once (a missing attribute costs an exception inside ``getattr``: the driver ships the global state every
+    iteration, and small fits make many, issue 19)."""
     select = getattr(method, "block_state", None)
-    return global_state if select is None else select(global_state)
+    return (lambda global_state: global_state) if select is None else select
 
 
 @dataclass
@@ -189,6 +196,8 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         logger.info("pass 0: objective %.6g", value)
     columns = hasattr(method, "column_step")
     reused = ReusedBuffers()  # the global state's aligned copies, made into the same allocations every iteration
+    ship = _shipping(method)
+    group_names = data.group_names  # for the error message of a non-finite objective
     while state.iteration < max_iter and not state.converged:
         started = time.perf_counter()
         if time_limit is not None and started - began >= time_limit:
@@ -200,19 +209,18 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             # what a step leaves as it was (the same object) was checked already
             state.global_state = aligned_checked(method.global_step(state.global_state, state.stats, data), reused,
                                                  iteration)
-            block_args = shipped(method, state.global_state)  # the global state itself: aligned just now
+            block_args = ship(state.global_state)  # the global state itself: aligned just now
             state.stats = executor.run_pass(method.local_step, block_args, update=True,
                                             args_aligned=block_args is state.global_state)
             if columns:
-                pieces, column_stats = executor.run_column_pass(method.column_step,
-                                                                shipped(method, state.global_state))
+                pieces, column_stats = executor.run_column_pass(method.column_step, ship(state.global_state))
                 state.global_state = aligned_checked(method.assemble_columns(state.global_state, pieces), reused,
                                                      iteration)
                 state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
             value, per_group = method.objective(state.global_state, state.stats, data)
-            check_objective(value, per_group, data.group_names, iteration)
+            check_objective(value, per_group, group_names, iteration)
         except NonFiniteError as exc:
-            raise exc.at(iteration, data.group_names) from None
+            raise exc.at(iteration, group_names) from None
         state.objectives.append(value)
         state.group_objectives.append(per_group)
         state.iteration = iteration

@@ -25,8 +25,10 @@ def finite_array(array: np.ndarray) -> bool:
     """Whether a floating-point array holds no NaN and no infinity. The sum of squares of a small array is finite
     unless it does or its values are beyond 1e154 (then the exact test decides): the engine checks every block's
     factor and statistics on every pass, and small fits make many small ones (issue 19)."""
-    if 0 < array.size <= DOT_CHECK_MAX_SIZE and math.isfinite(np.vdot(array, array)):
-        return True
+    if 0 < array.size <= DOT_CHECK_MAX_SIZE:
+        flat = array if array.ndim == 1 else array.ravel()  # a vector's own dot: less dispatch than np.vdot
+        if math.isfinite(flat.dot(flat)):
+            return True
     return bool(np.isfinite(array).all())
 
 
@@ -127,9 +129,10 @@ def check_global(state: dict, iteration: int, where: str = "the global step") ->
 def check_objective(value: float, per_group, group_names, iteration: int) -> None:
     """On the driver, after a pass: the objective and its per-group terms (a vector per group, or per group and
     run: then the first group whose term is non-finite is named)."""
-    per_group = np.asarray(per_group, dtype=np.float64).ravel()
+    per_group = np.asarray(per_group, dtype=np.float64)
     if math.isfinite(value) and finite_array(per_group):
         return
+    per_group = per_group.ravel()
     bad = np.flatnonzero(~np.isfinite(per_group))
     if bad.size and per_group.size % len(group_names) == 0:
         group = group_names[bad[0] // (per_group.size // len(group_names))]

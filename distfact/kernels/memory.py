@@ -59,17 +59,6 @@ def is_aligned(array: np.ndarray) -> bool:
     return array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0  # address(), inlined
 
 
-def _copied_in_container(array: np.ndarray) -> bool:
-    """Whether :func:`aligned` copies ``array`` found in a container: one this module did not make that is small
-    (its address is not looked at: numpy builds ``__array_interface__`` in Python, 1-2 µs, more than copying a small
-    array into the container's shared allocation) or not aligned."""
-    ref = _made.get(id(array))
-    if ref is not None and ref() is array:
-        return False
-    return (array.nbytes < SHARED_BELOW_BYTES
-            or not (array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0))
-
-
 def empty_aligned(shape, dtype) -> np.ndarray:
     """An uninitialised C-contiguous array whose data start at a 64-byte boundary (remembered as aligned: a kernel's
     output made here is known as such when a pass aligns it)."""
@@ -100,7 +89,7 @@ CONTAINERS = (dict, list, tuple)
 def aligned(value, reused: "ReusedBuffers | None" = None):
     """``value`` with every numpy array in it (also inside dicts, lists, tuples) C-contiguous at a
     64-byte boundary: arrays already so are returned as they are, others copied (in a container, also the small
-    arrays this module did not make, see :func:`_copied_in_container`); a container comes back as it is when none of
+    arrays this module did not make, see :func:`_collect_to_copy`); a container comes back as it is when none of
     its items was copied, else rebuilt around the copies. ``reused``: where the small arrays of a container are
     copied to (:class:`ReusedBuffers`); default: a new allocation."""
     if isinstance(value, np.ndarray):
@@ -129,10 +118,17 @@ def aligned_holding(value, reused: "ReusedBuffers"):
 
 def _collect_to_copy(container, pending: list, rest: list | None = None) -> None:
     """The arrays in ``container`` that :func:`aligned` copies into ``pending``; with ``rest``, every other item that
-    is not a container into it."""
+    is not a container into it. Copied: an array this module did not make that is small (its address is not looked
+    at: numpy builds ``__array_interface__`` in Python, 1-2 µs, more than copying a small array into the container's
+    shared allocation) or not aligned. (Small fits walk a pass's and a global state's containers every iteration,
+    issue 19: the test is written out here, not called per array.)"""
+    made = _made
     for item in container.values() if isinstance(container, dict) else container:
         if isinstance(item, np.ndarray):
-            if _copied_in_container(item):
+            ref = made.get(id(item))
+            if (ref is None or ref() is not item) and (
+                    item.nbytes < SHARED_BELOW_BYTES
+                    or not (item.flags.c_contiguous and item.__array_interface__["data"][0] % ALIGNMENT == 0)):
                 pending.append(item)
             elif rest is not None:
                 rest.append(item)
@@ -146,22 +142,24 @@ def _copies(arrays: list, reused: "ReusedBuffers | None" = None, holding: list |
     """Aligned copies of ``arrays`` by id: the small ones cut from one allocation (``reused``'s, when it has a free
     one for them), the others each in its own. ``holding``: the allocations' contents are appended to it (see
     :func:`aligned_holding`)."""
-    out, shared = {}, []
+    out, shared, shared_ids = {}, [], []
     for array in arrays:
-        if id(array) in out:
+        key = id(array)
+        if key in out:
             continue
         if array.nbytes < SHARED_BELOW_BYTES and not array.dtype.hasobject:
             shared.append(array)
-            out[id(array)] = None
+            shared_ids.append(key)
+            out[key] = None
         else:
-            out[id(array)] = copy = aligned_copy(array)
+            out[key] = copy = aligned_copy(array)
             if holding is not None:
                 holding.append(copy)
     if shared:
         copies = _SharedCopies(shared) if reused is None else reused.free_copies(shared)
-        for array, copy in zip(shared, copies.views):
+        for array, key, copy in zip(shared, shared_ids, copies.views):
             copy[...] = array
-            out[id(array)] = copy
+            out[key] = copy
         if holding is not None:
             if copies.whole is None:
                 holding.extend(copies.views)
@@ -243,22 +241,26 @@ class ReusedBuffers:
 def _with_copies(container, copies: dict):
     """``container`` with the arrays of ``copies`` replaced; containers rebuilt only where something was."""
     is_dict = isinstance(container, dict)
-    pairs = container.items() if is_dict else enumerate(container)
     changed = None
-    for key, item in pairs:
+    for key, item in container.items() if is_dict else enumerate(container):
         if isinstance(item, np.ndarray):
-            new = copies.get(id(item), item)
+            new = copies.get(id(item))  # a copy, or None: kept as it is
+            if new is None:
+                continue
         elif isinstance(item, CONTAINERS):
             new = _with_copies(item, copies)
+            if new is item:
+                continue
         else:
             continue
-        if new is not item:
-            if changed is None:
-                changed = {}
-            changed[key] = new
+        if changed is None:
+            changed = {}
+        changed[key] = new
     if changed is None:
         return container
     if is_dict:
         return {**container, **changed}
-    items = [changed.get(index, item) for index, item in enumerate(container)]
+    items = list(container)
+    for index, new in changed.items():
+        items[index] = new
     return items if type(container) is list else type(container)(items)

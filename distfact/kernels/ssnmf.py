@@ -103,14 +103,15 @@ def ratio(X, W, H, mask, eps: float):
     return _on_support(MX, MX.data / (eps + m * wh) * m)
 
 
-def term_update_parts(X, W, H, mask, loss: str, eps: float):
-    """``(num, den)`` of one loss term for the W update (m_b x r), at the current W and H."""
+def term_update_parts(X, W, H, mask, loss: str, eps: float, HHt=None):
+    """``(num, den)`` of one loss term for the W update (m_b x r), at the current W and H. ``HHt``: H H^T, when
+    the caller has it (an unmasked Frobenius term)."""
     if loss == "D":
         Q = ratio(X, W, H, mask, eps)
         den = np.broadcast_to(H.sum(axis=1), W.shape) if mask is None else np.asarray(mask @ H.T)
         return np.asarray(Q @ H.T), den
     if mask is None:
-        return np.asarray(X @ H.T), W @ (H @ H.T)
+        return np.asarray(X @ H.T), W @ (H @ H.T if HHt is None else HHt)
     if _dense_path(X, mask):
         return (mask * X) @ H.T, (mask * (W @ H)) @ H.T
     mask, _, _, mwh = _mask_terms(X, W, H, mask)
@@ -147,14 +148,22 @@ def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
     return F / (eps + den) * num
 
 
-def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, prefix: str = "") -> float:
+def sq_norm(X) -> float:
+    """||X||_F^2 of a dense or CSR block."""
+    return float(X.multiply(X).sum()) if sp.issparse(X) else float(np.vdot(X, X))
+
+
+def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, prefix: str = "",
+              HHt=None, X_sq_norm: float | None = None) -> float:
     """The term's value at (W, H): ||M o (X - W H)||_F^2 or D(M o X || M o W H), with the package's
     x log((x + eps) / (wh + eps)); a sparse X is only read at its non-zeros. Without a mask, a Frobenius
     term comes from the term's statistics at (W, H) (``term_stats``), never forming W H:
-    ||X - W H||^2 = ||X||^2 - 2 <W^T X, H> + <W^T W, H H^T>."""
+    ||X - W H||^2 = ||X||^2 - 2 <W^T X, H> + <W^T W, H H^T>, with ``HHt`` (H H^T) and ``X_sq_norm``
+    (||X||^2, :func:`sq_norm`) when the caller has them."""
     if loss == "F" and mask is None and stats is not None:
-        sq_norm = float(X.multiply(X).sum()) if sp.issparse(X) else float(np.vdot(X, X))
-        value = sq_norm - 2.0 * np.vdot(stats[f"{prefix}_num"], H) + np.vdot(stats[f"{prefix}_WtW"], H @ H.T)
+        X_sq_norm = sq_norm(X) if X_sq_norm is None else X_sq_norm
+        HHt = H @ H.T if HHt is None else HHt
+        value = X_sq_norm - 2.0 * np.vdot(stats[f"{prefix}_num"], H) + np.vdot(stats[f"{prefix}_WtW"], HHt)
         return max(float(value), 0.0)
     if _dense_path(X, mask):
         MX = X if mask is None else mask * X
@@ -174,6 +183,7 @@ def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, p
 
 def w_update(W, parts: list, eps: float):
     """W <- W / (eps + sum_t c_t den_t) o sum_t c_t num_t over the loss terms ``parts`` = [(c_t, (num_t, den_t))]."""
-    num = sum(c * n for c, (n, _) in parts)
-    den = sum(c * d for c, (_, d) in parts)
+    # a weight of 1 is not multiplied by: 1.0 * x is x, bitwise (FF and DD with lam = 1, every iteration)
+    num = sum(n if c == 1.0 else c * n for c, (n, _) in parts)
+    den = sum(d if c == 1.0 else c * d for c, (_, d) in parts)
     return W / (eps + den) * num

@@ -131,7 +131,7 @@ class LastErrors:
     def __init__(self):
         self._entries = weakref.WeakKeyDictionary()
 
-    def get(self, method, G, stats, compute) -> np.ndarray:
+    def get(self, method, G, stats, compute):
         """``compute()``, or what it gave last time for ``method`` and these very objects ``G`` and ``stats``."""
         entry = self._entries.get(method)
         if entry is not None and entry[0] is G and entry[1] is stats:
@@ -250,21 +250,31 @@ class GroupErrorEstimate(ObservedConstants):
             return km.mu_h_update(H, s["WtX"][t], s["WtW"][t], s["WtMWH_adj"][t])
         return k.mu_h_update(H, s["WtX"][t], s["WtW"][t])
 
+    def _measured(self, G, stats, data) -> tuple[np.ndarray, np.ndarray]:
+        """(||X_l - W_l^(t) H_l^(t)||_F of shape (L, T), ||X_l|| of shape (L, 1)), computed once for the same ``G``
+        and ``stats``; masked: over the observed entries."""
+        def measure():
+            sq_norms = self.sq_norms(data)
+            errors = np.array([
+                [group_errors(sq, s["WtX"][t], s["WtW"][t], G["H"][g, t], G["HHt"][g, t],
+                              s["WtMWH_adj"][t] if "WtMWH_adj" in s else None) for t in range(self.n_estimates)]
+                for g, (s, sq) in enumerate(zip(stats, sq_norms))])
+            return errors, np.sqrt(sq_norms)[:, None]
+        return LAST_ERRORS.get(self, G, stats, measure)
+
     def errors(self, G, stats, data) -> np.ndarray:
         """||X_l - W_l^(t) H_l^(t)||_F, shape (L, T) (the same array for the same ``G`` and ``stats``); masked:
         over the observed entries."""
-        return LAST_ERRORS.get(self, G, stats, lambda: np.array([
-            [group_errors(sq, s["WtX"][t], s["WtW"][t], G["H"][g, t], G["HHt"][g, t],
-                          s["WtMWH_adj"][t] if "WtMWH_adj" in s else None) for t in range(self.n_estimates)]
-            for g, (s, sq) in enumerate(zip(stats, self.sq_norms(data)))]))
+        return self._measured(G, stats, data)[0]
 
     def relative_errors(self, G, stats, data) -> np.ndarray:
-        return self.errors(G, stats, data) / np.sqrt(self.sq_norms(data))[:, None]
+        errors, norms = self._measured(G, stats, data)
+        return errors / norms
 
     def objective(self, G, stats, data):
         """Total: half the squared errors of every (group, run); per group: the runs' relative errors."""
-        errors = self.errors(G, stats, data)
-        return float((0.5 * errors ** 2).sum()), (errors / np.sqrt(self.sq_norms(data))[:, None]).ravel()
+        errors, norms = self._measured(G, stats, data)
+        return float((0.5 * errors ** 2).sum()), (errors / norms).ravel()
 
     def runs_stopped(self, G, stats, data) -> np.ndarray:
         """Per (group, run), shape (L, T): whether the run has met its rule by the iteration of ``stats``."""
@@ -310,15 +320,26 @@ class _FairerScheme(ObservedConstants):
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         return {"WtX": WtX, "WtW": WtW}
 
+    def _measured(self, G, stats, data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(||X_l - W_l H||_F, ||X_l||^2, ||X_l||, E_l), per group, computed once for the same ``G`` and ``stats``
+        (the objective's, then the next global step's: small fits take them every iteration, issue 19); masked: over
+        the observed entries."""
+        def measure():
+            sq_norms = self.sq_norms(data)
+            errors = np.array([group_errors(sq, s["WtX"], s["WtW"], G["H"], G["HHt"], s.get("WtMWH_adj"))
+                               for s, sq in zip(stats, sq_norms)])
+            return errors, sq_norms, np.sqrt(sq_norms), np.asarray(self.E)
+        return LAST_ERRORS.get(self, G, stats, measure)
+
     def errors(self, G, stats, data) -> np.ndarray:
         """||X_l - W_l H||_F per group (the same array for the same ``G`` and ``stats``); masked: over the observed
         entries."""
-        return LAST_ERRORS.get(self, G, stats, lambda: np.array([group_errors(
-            sq, s["WtX"], s["WtW"], G["H"], G["HHt"], s.get("WtMWH_adj")) for s, sq in zip(stats, self.sq_norms(data))]))
+        return self._measured(G, stats, data)[0]
 
     def losses(self, G, stats, data) -> np.ndarray:
         """Relative reconstruction loss per group (Definition 4.1)."""
-        return (self.errors(G, stats, data) - np.asarray(self.E)) / np.sqrt(self.sq_norms(data))
+        errors, _, norms, E = self._measured(G, stats, data)
+        return (errors - E) / norms
 
     def relative_losses(self, relative_errors, data) -> np.ndarray:
         """Definition 4.1 from the relative errors e_l / ||X_l|| (the per-group objective vectors, groups on the
@@ -327,9 +348,8 @@ class _FairerScheme(ObservedConstants):
 
     def objective(self, G, stats, data):
         """f = max_l relative loss (eq. 7); the per-group vector is the relative errors e_l / ||X_l|| (for eq. 10)."""
-        norms = np.sqrt(self.sq_norms(data))
-        errors = self.errors(G, stats, data)
-        return float(((errors - np.asarray(self.E)) / norms).max()), errors / norms
+        errors, _, norms, E = self._measured(G, stats, data)
+        return float(((errors - E) / norms).max()), errors / norms
 
     def converged(self, objectives, group_objectives):
         """Eq. (10): relative change of every group's error below tol (errors floored at ``floor`` ||X_l||)."""
@@ -361,10 +381,12 @@ class FairerMU(_FairerScheme):
 
     def next_c(self, c, worst: int) -> np.ndarray:
         """Line 8 and its variants."""
+        if self.c_update == "decaying":  # c + e_l*: c's other entries plus 0, themselves (c >= 0, never -0.0)
+            c = c.copy()
+            c[worst] += 1.0
+            return c
         e = np.zeros_like(c)
         e[worst] = 1.0
-        if self.c_update == "decaying":
-            return c + e
         if self.c_update == "largest":
             return e
         return (1.0 - self.c_step) * c + self.c_step * e
@@ -372,7 +394,7 @@ class FairerMU(_FairerScheme):
     def global_step(self, G, stats, data):
         """Lines 7-10 from the statistics of W^(k-1), H^(k-1)."""
         c = self.next_c(G["c"], int(np.argmax(self.losses(G, stats, data))))
-        weights = (c ** 2 / self.sq_norms(data)).astype(self.dtype)
+        weights = (c ** 2 / self._measured(G, stats, data)[1]).astype(self.dtype)
         WtX = sum(w * s["WtX"] for w, s in zip(weights, stats))
         WtW = sum(w * s["WtW"] for w, s in zip(weights, stats))
         if "WtMWH_adj" in stats[0]:

@@ -55,6 +55,7 @@ within its round-off bound ((terms) x eps x the undiminished diagonal), as the t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,7 @@ import numpy as np
 from ..kernels import masked as km
 from ..kernels import nmf as k
 from ..metrics import frobenius_sq_errors
-from .stopping import groups_relative_change_below
+from .stopping import group_sums, groups_relative_change_below
 
 SOLVERS = ("mu", "hals")
 LOSSES = ("frobenius", "kullback-leibler")
@@ -137,11 +138,11 @@ class NMFMethod:
             WtX, WtW = k.frobenius_stats(X_b, W_new)
             stats = {"WtX": WtX, "WtW": WtW, "WtR": WtR, "Wsum": Wsum, "xlogx": xlogx}
             return W_new, self._with_residual(stats, X_b, W_new, G)
-        W_new, WtX, WtW, *sq_err = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver, residual=self._float32)
-        stats = {"WtX": WtX, "WtW": WtW}
-        if sq_err:  # float32: from the same tiles of X_b as the products
-            stats["sq_err"] = np.float64(sq_err[0])
-        return W_new, stats
+        float32 = _single_precision(self.dtype)
+        W_new, WtX, WtW, *sq_err = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver, residual=float32)
+        if not float32:
+            return W_new, {"WtX": WtX, "WtW": WtW}
+        return W_new, {"WtX": WtX, "WtW": WtW, "sq_err": np.float64(sq_err[0])}  # from the same tiles of X_b
 
     def _masked_local_step(self, X_b, local, block, G):
         """A masked block: W_b by weighted MU (or HALS) over its observed entries, then its statistics."""
@@ -178,7 +179,7 @@ class NMFMethod:
     @property
     def _float32(self) -> bool:
         """float32 data: the errors come from ||X_b - W_b H||^2 accumulated in float64 (see ``residual_sq_norm``)."""
-        return np.dtype(self.dtype) == np.float32
+        return _single_precision(self.dtype)
 
     def _with_residual(self, stats, X_b, W_b, G):
         """float32 data: add ||X_b - W_b H||^2 accumulated in float64."""
@@ -189,7 +190,7 @@ class NMFMethod:
     # -- global -------------------------------------------------------------
     def global_step(self, G, stats, data):
         """H update from the statistics summed over all groups."""
-        total = {name: sum(s[name] for s in stats) for name in stats[0]}
+        total = group_sums(stats)
         H = G["H"]
         if "WtM" in total:
             H = km.kl_h_update(H, total["WtR"], total["WtM"])
@@ -250,3 +251,8 @@ class NMFMethod:
             return k.kl_solve_w(X_b, W_b, H, max_iter, tol)
         return k.frobenius_solve_w(X_b, W_b, H, self.solver, max_iter, tol)
 
+
+@functools.lru_cache(maxsize=None)
+def _single_precision(dtype) -> bool:
+    """Whether ``dtype`` is float32 (asked every local step: the answer for a dtype, once)."""
+    return np.dtype(dtype) == np.float32

@@ -38,7 +38,7 @@ there. The masked updates of W and of the global factor F (H, or B with L) are, 
 
 ``eps`` (default 1e-10) is added to every denominator as in the reference package. A block's local
 state is a dict: W, and the rows of Y, of L and of M that belong to the block (row-aligned inputs
-that stay with it). Stopping rule (the reference package's): after the second iteration, stop once the
+that stay with it), and from its first step on the terms' ||X_b||^2 and ||Y_b||^2 (constants of the loss). Stopping rule (the reference package's): after the second iteration, stop once the
 objective fell by less than ``tol`` times its value after the first iteration (for plain F-NMF
 the value compared is the unsquared norm, as there).
 """
@@ -53,6 +53,7 @@ from ..kernels import ssnmf as k
 from ..kernels.nnls import nnls_gram
 from ..kernels.products import gram, wt_times_block
 from ..metrics import frobenius_sq_errors
+from .stopping import group_sums
 
 MODELS = ("FF", "FD", "DF", "DD")
 PLAIN = ("F", "D")
@@ -96,13 +97,17 @@ class SSNMFMethod:
             terms.append((S, local["Y"], G["B"], local.get("L"), "S", self.lam * c_S))
         return terms
 
-    def block_stats(self, X_b, local, block, G):
-        """Each term's statistics for its global update and its loss, at (W_b, H, B)."""
+    def block_stats(self, X_b, local, block, G, grams=None):
+        """Each term's statistics for its global update and its loss, at (W_b, H, B). ``grams``: per term, F F^T
+        of its global factor F (H, B) where the caller has it."""
         W = local["W"]
         stats = {}
-        for loss, Z, F, mask, prefix, _ in self._terms(X_b, local, G):
+        sq_norms = local.get("sq_norms")
+        for i, (loss, Z, F, mask, prefix, _) in enumerate(self._terms(X_b, local, G)):
             stats.update(k.term_stats(Z, W, F, mask, loss, self.eps, prefix))
-            stats[f"{prefix}_loss"] = np.float64(k.term_loss(Z, W, F, mask, loss, self.eps, stats, prefix))
+            stats[f"{prefix}_loss"] = np.float64(k.term_loss(
+                Z, W, F, mask, loss, self.eps, stats, prefix, None if grams is None else grams[i],
+                None if sq_norms is None else float(sq_norms[i])))
         if local.get("M") is not None:  # the metrics over the observed entries (X is not read elsewhere)
             stats.update(k.observed_sums(X_b, W, G["H"], local["M"]))
         elif "R_WtW" not in stats:  # the data term's statistics are not W^T X, W^T W: add them
@@ -110,16 +115,24 @@ class SSNMFMethod:
         return stats
 
     def local_step(self, X_b, local, block, G):
-        """Line 5: W_b from both terms at the current H and B; then the new W_b's statistics."""
-        parts = [(weight, k.term_update_parts(Z, local["W"], F, mask, loss, self.eps))
-                 for loss, Z, F, mask, _, weight in self._terms(X_b, local, G)]
+        """Line 5: W_b from both terms at the current H and B; then the new W_b's statistics. The terms' ||Z||^2
+        (X_b's, Y_b's), constants, are computed in the block's first step and kept in its local state
+        (``sq_norms``: 0 for a term whose loss does not take it), and each F F^T is formed once for both the
+        update and the loss (small fits, issue 19)."""
+        terms = self._terms(X_b, local, G)
+        grams = [F @ F.T if loss == "F" and mask is None else None for loss, _, F, mask, _, _ in terms]
+        parts = [(weight, k.term_update_parts(Z, local["W"], F, mask, loss, self.eps, FFt))
+                 for (loss, Z, F, mask, _, weight), FFt in zip(terms, grams)]
         local = {**local, "W": k.w_update(local["W"], parts, self.eps)}
-        return local, self.block_stats(X_b, local, block, G)
+        if "sq_norms" not in local:
+            local["sq_norms"] = np.array([k.sq_norm(Z) if FFt is not None else 0.0
+                                          for (_, Z, _, _, _, _), FFt in zip(terms, grams)])
+        return local, self.block_stats(X_b, local, block, G, grams)
 
     # -- global -------------------------------------------------------------------
     def global_step(self, G, stats, data):
         """Lines 3 and 4: H, then B, each from its term's statistics summed over the groups."""
-        total = {name: sum(s[name] for s in stats) for name in stats[0]}
+        total = group_sums(stats)
         R, S = self.losses
         G = {**G, "H": k.global_update(G["H"], total, R, self.eps, "R")}
         if S is not None:

@@ -1,4 +1,5 @@
-"""Stopping rules shared by the methods (each method module says which it uses)."""
+"""Stopping rules shared by the methods (each method module says which it uses), and the sum of the groups'
+statistics that their global steps start from."""
 
 from __future__ import annotations
 
@@ -26,3 +27,15 @@ def relative_decrease_below(objectives: list[float], tol: float | None) -> bool:
         return False
     previous, current = objectives[-2], objectives[-1]
     return bool(previous - current < tol * max(abs(previous), np.finfo(np.float64).tiny))
+
+
+def group_sums(stats: list[dict]) -> dict:
+    """Each statistic summed over the groups, ``{name: sum(s[name] for s in stats)}`` with the same additions
+    (0 + the first group's, then each next group's in order), without a generator per statistic (small fits
+    sum them every iteration, issue 19)."""
+    first, rest = stats[0], stats[1:]
+    total = {name: 0 + value for name, value in first.items()}
+    for s in rest:
+        for name in total:
+            total[name] = total[name] + s[name]
+    return total

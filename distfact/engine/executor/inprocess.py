@@ -64,6 +64,7 @@ class InProcessExecutor(Executor):
         self._direct = (self._in_turn and self._resident is not None and self.spill is None
                         and sorted(groups) == list(range(data.n_groups)))
         self._block_of_group = sorted(range(len(groups)), key=groups.__getitem__)
+        self._aligned_locals = None  # the list of local factors the last direct pass made (aligned: not walked again)
         self._pool = None  # threads for the blocks of a pass, made at the first parallel pass
         if self._holds_blas:
             # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
@@ -126,15 +127,15 @@ class InProcessExecutor(Executor):
         (the reduction would only gather them), and one finite check over the new local factors and statistics once
         copied into the kept allocations; only when that finds a non-finite value does each block's own check
         name where, in block order, as the tasks would have."""
-        outputs = [fn(X_b, aligned(local), block, *args)
-                   for X_b, local, block in zip(self._resident, self.locals, self.blocks)]
+        locals_ = self.locals if self.locals is self._aligned_locals else [aligned(local) for local in self.locals]
+        outputs = [fn(X_b, local, block, *args) for X_b, local, block in zip(self._resident, locals_, self.blocks)]
         n_blocks = len(outputs)  # one flat list: local factors, then statistics by group
         made, holding = aligned_holding([out[0] for out in outputs] + [outputs[b][1] for b in self._block_of_group],
                                         self._reused)
         if not all_finite(holding):
             for block, (local, block_stats) in zip(self.blocks, outputs):
                 check_block(block, local, block_stats)
-        self.locals = made[:n_blocks]
+        self.locals = self._aligned_locals = made[:n_blocks]
         self._count_pass()
         return made[n_blocks:]
 
