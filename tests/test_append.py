@@ -517,3 +517,22 @@ def test_an_earlier_version_opens_from_its_metadata_document(tmp_path):
     assert_same_fits(pinned, store)
     with pytest.raises(ValueError, match=r"store '.*s', version 0: corrupt metadata"):
         type(earlier).open(tmp_path / "s", version_metadata={**document, "shape": [29, 7]})
+
+
+@pytest.mark.parametrize("newest_has_them", [True, False])
+def test_an_earlier_version_gets_no_column_blocks(tmp_path, newest_has_them):
+    """Column blocks hold the rows of the version that lists them: asked of an earlier version (a pipeline's rerun
+    of an old night), with_column_blocks refuses, naming both versions, rather than return the newest version (when
+    that has column blocks) or fail as if the store had been replaced; the store is left as it was."""
+    X = sp.random(100, 20, density=0.3, random_state=0, format="csr")
+    store = from_arrays(X, np.repeat(["a", "b"], 50), tmp_path / "s")
+    document = store.meta.to_json()
+    store.append(sp.random(30, 20, density=0.3, random_state=1, format="csr"), np.repeat(["a"], 30))
+    if newest_has_them:
+        distfact.open(tmp_path / "s").with_column_blocks()
+    before = referenced_files(distfact.open(tmp_path / "s"))
+    pinned = type(store).open(tmp_path / "s", version_metadata=document)
+    with pytest.raises(ValueError, match=r"column blocks can only be added to the store's newest version \(1\), "
+                                         r"not to version 0"):
+        pinned.with_column_blocks()
+    assert referenced_files(distfact.open(tmp_path / "s")) == before

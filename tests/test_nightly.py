@@ -515,6 +515,26 @@ def test_seven_nights_of_a_growing_partitioned_corpus(tmp_path):
                             stream=io.StringIO())["ran"] == []
 
 
+def test_a_night_that_saw_no_partition_stays_a_no_op(tmp_path):
+    """incoming/ emptied after each ingest (the files archived): a night that matched nothing records no files, and
+    reruns of it stay no-ops when a later partition arrives, which the next night ingests."""
+    (tmp_path / "spec.toml").write_text(spec_text(warm=False))
+
+    def run(date):
+        return run_pipeline(tmp_path / "spec.toml", date=date, root=str(tmp_path / "runs"), stream=io.StringIO())
+
+    write_partition(tmp_path, 0)
+    run("2026-01-01")
+    os.makedirs(tmp_path / "archive")
+    os.rename(tmp_path / "incoming" / "part-00.npz", tmp_path / "archive" / "part-00.npz")
+    assert run("2026-01-02")["ran"] and run("2026-01-02")["ran"] == []
+    write_partition(tmp_path, 1)
+    assert run("2026-01-02")["ran"] == []
+    third = run("2026-01-03")
+    with open(os.path.join(third["run_dir"], "ingest", "input.json")) as f:
+        assert json.load(f)["partitions"]["ingested"] == ["part-01.npz"]
+
+
 def test_a_damaged_record_of_a_nights_partitions_is_named(tmp_path):
     """A rerun reads the night's partitions from its ingest/input.json: a damaged record stops the run, naming it."""
     result = night(tmp_path, 0, spec_text(warm=False))

@@ -28,6 +28,7 @@ import zipfile
 import numpy as np
 
 from ..kernels.memory import aligned
+from ..outputs import file_sha256
 
 FORMAT = "distfact.arrays"
 VERSION = 1
@@ -51,8 +52,7 @@ def save(path, tree, meta: dict | None = None) -> str:
     try:
         with open(aside, "wb") as f:
             np.savez(f, **{SKELETON: np.array(json.dumps(skeleton))}, **arrays)
-        with open(aside, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        digest = file_sha256(aside)
         os.replace(aside, path)
     except BaseException:
         if os.path.exists(aside):

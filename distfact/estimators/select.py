@@ -92,6 +92,8 @@ class ObservedBlock:
     its entries, weights and X's values there."""
 
     def __init__(self, X_b, base_b):
+        if base_b is None and X_b.dtype != np.float64:  # the Gram form cancels: its terms in float64
+            X_b = X_b.astype(np.float64)
         self.X_b, self.base_b = X_b, base_b
         if sp.issparse(base_b):
             self.i, self.j = base_b.nonzero()
@@ -114,6 +116,7 @@ class ObservedBlock:
         if sp.issparse(self.base_b):
             return [weighted_sq_error_at(W_b, H, self.i, self.j, self.x, self.o) for W_b, H in zip(W_bs, Hs)]
         if self.base_b is None:
+            W_bs, Hs = [W_b.astype(np.float64, copy=False) for W_b in W_bs], [H.astype(np.float64, copy=False) for H in Hs]
             XHt = np.asarray(self.X_b @ np.vstack(Hs).T)
             starts = np.cumsum([0] + [H.shape[0] for H in Hs])
             return [self.sq_norm - 2.0 * float(np.sum(XHt[:, start:start + H.shape[0]] * W_b))

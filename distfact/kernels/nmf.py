@@ -122,7 +122,7 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
     float64 (else 0).
 
     With a mask in the complement form (``mask_indptr``: X's rows + 1 entries, else none; update 0 or 1): P's
-    entries (``mask_indices``, weights ``mask_p``) are applied tile by tile (``_masked_tile``): the tile is
+    entries (``mask_indices``, weights ``mask_p``) are applied tile by tile (``_zeroed_tile``, ``_mask_corrections``, ``_mask_scatter``): the tile is
     copied into ``X_masked`` (tile x n) with 0 at its entries of weight 0, the MU step takes
     ((M o X) H^T, (M o W H) H^T) as X_t H^T and W_t H H^T less P's terms (``corrections``: tile x 2r scratch),
     and the scattered W_new^T P_x, W_new^T P_wh are added into ``WtPx_T``, ``WtPwh_T`` (n x r). Returns

@@ -110,7 +110,8 @@ def data_digest(spec: Spec, partitions: list[dict] | None = None) -> str:
         return _digest("dataset", value, __version__)
     path = spec.input["path"]
     if spec.input.get("partitions"):
-        return _digest("partitions", *[(p["name"], p["sha256"]) for p in partitions or matched_partitions(path)])
+        files = matched_partitions(path) if partitions is None else partitions  # a night may have recorded none
+        return _digest("partitions", *[(p["name"], p["sha256"]) for p in files])
     if kind == "store":
         from ..store import open_store
 
@@ -240,7 +241,7 @@ def run_pipeline(spec_path, *, date: str | None = None, root: str | None = None,
     build = OutputDir(run_dir, RUN_KIND, overwrite=True, keep_all=True, option="the run", lock=False)
     log = RunLog(build.path, spec.name, date, stream)
     night = night_partitions(spec, [os.path.join(d, "ingest") for d in (run_dir, build.path)])
-    hashes = stage_hashes(spec, root, previous_identity(previous), night and night["files"])
+    hashes = stage_hashes(spec, root, previous_identity(previous), None if night is None else night["files"])
     context = {"night": night, "previous": previous, "spec": spec, "run_dir": build.path, "final_dir": run_dir, "root": root, "remote": remote,
                "resume": resume, "scheduler": scheduler, "tls_dir": tls_dir, "log": log, "date": date,
                "fit_hash": hashes["fit"]}

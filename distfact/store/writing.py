@@ -206,6 +206,14 @@ def build_column_blocks(matrix, ranges, stage_path) -> tuple[list[ColumnBlock], 
     return column_blocks, matrices
 
 
+def _check_newest(matrix, current: Metadata, where: str) -> None:
+    """Column blocks hold the rows of the version they are listed in: ``matrix`` must be the store's newest version
+    (a matrix opened at an earlier one, as a pipeline rerun of an old night opens it, gets none)."""
+    if current.version != matrix.meta.version:
+        raise ValueError(f"{where}: column blocks can only be added to the store's newest version ({current.version}), "
+                         f"not to version {matrix.meta.version}, which later appends have followed")
+
+
 def commit_column_blocks(matrix, ranges) -> None:
     """Build the column blocks of ``matrix`` (a GroupedMatrix on disk) beside its store, move them in, then list them
     in the metadata.
@@ -215,6 +223,7 @@ def commit_column_blocks(matrix, ranges) -> None:
     was (a stray ``columns/`` is replaced by the next attempt).
     """
     where = f"store {matrix.path!r}"  # on disk only
+    _check_newest(matrix, Metadata.from_json(zarr.open_group(matrix.path, mode="r").attrs["distfact"], where), where)
     parent, name = os.path.split(matrix.path)
     stage_path = os.path.join(parent, f".{name}.columns-partial-{uuid.uuid4().hex[:8]}")
     # beside this version's own arrays: the column blocks of an earlier version, which a reader may still hold,
@@ -228,6 +237,7 @@ def commit_column_blocks(matrix, ranges) -> None:
         try:
             root = zarr.open_group(matrix.path, mode="r+")
             current = Metadata.from_json(root.attrs["distfact"], where)
+            _check_newest(matrix, current, where)
             if not current.column_blocks and current != matrix.meta:
                 raise ValueError(f"{where} was replaced while its column blocks were being built (or appended to); "
                                  "not adding them")
