@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import numbers
 import warnings
-from dataclasses import dataclass
 from numbers import Real
 
 import numpy as np
@@ -26,8 +25,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from .._warnings import user_stacklevel
 from ..engine.driver import initialise
 from ..engine.executor.base import ReadInput, joined_input
-from ..kernels.masked import COMPLEMENT
-from ..kernels.ssnmf import mask_weights
+from ..kernels.masked import COMPLEMENT, OBSERVED
 from ..methods.ssnmf import MODELS, SSNMFMethod
 from ..metrics import group_metric_frame, relative_error, relative_to
 from ..store.masks import ComplementMask, check_weights
@@ -51,25 +49,14 @@ def _check_weights(values, shape, name: str):
         raise ValueError(f"{name} has negative values; it must be non-negative")
 
 
-@dataclass(frozen=True, eq=False)
-class StoredMaskWeights:
-    """A block's stored mask (``read``: a store's mask reader, ``block -> {form: P}``) as the block's data mask M
-    of ``kernels/ssnmf.py``, {"M": weights}; run where the block lives (a :class:`ReadInput`'s ``read``)."""
-
-    read: object
-
-    def __call__(self, block) -> dict:
-        (form, P), = self.read(block).items()
-        return {"M": mask_weights(form, P)}
-
-
 def _with_stored_mask(data, inputs: list) -> list:
-    """Each block's ``inputs`` (its rows of Y and L) with the block's data mask M from the store's own mask:
-    read on this process for data in memory, else where the block lives (the driver never holds it)."""
-    weights = StoredMaskWeights(data.mask_reader())
+    """Each block's ``inputs`` (its rows of Y and L) with the block's data mask from the store's own mask, in the
+    stored form ({form: P}, ``kernels/masked.py``): read on this process for data in memory, else where the block
+    lives (the driver never holds it)."""
+    read = data.mask_reader()
     if data.in_memory:
-        return [{**weights(block), **entry} for block, entry in zip(data.blocks, inputs)]
-    return [joined_input(ReadInput(weights), **entry) for entry in inputs]
+        return [{**read(block), **entry} for block, entry in zip(data.blocks, inputs)]
+    return [joined_input(ReadInput(read), **entry) for entry in inputs]
 
 
 def renamed_mask(mask, data_mask):
@@ -266,15 +253,16 @@ class SSNMF(FactorEstimator):
         if labelled is not None and not labelled.all():  # unlabelled rows weigh nothing in the label term
             label_mask = (np.ones_like(Y) if label_mask is None else label_mask) * labelled[:, None]
         mask = check_weights(mask, (m, n))  # (fit_many gives each model's weights here, unresolved)
-        if isinstance(mask, ComplementMask):  # X's NaN entries (few missing): as weights, the kernels' one form
-            mask = mask_weights(COMPLEMENT, mask.matrix)
-        elif mask is not None:
+        form = OBSERVED  # the block's data mask as kernels/masked.py names its forms
+        if isinstance(mask, ComplementMask):  # X's NaN entries (few missing): 1 - weight where the weight is not 1
+            form, mask = COMPLEMENT, mask.matrix if mask.matrix.has_sorted_indices else mask.matrix.sorted_indices()
+        elif mask is not None:  # weights: the CSR of the observed ones
             mask = sp.csr_matrix(mask, dtype=np.float64)
             mask.eliminate_zeros()
         stored = data.row_index()
         inputs = [{} for _ in data.blocks]
         digest = hashlib.sha1()  # identifies the targets and masks in a checkpoint's configuration
-        for name, values in (("Y", Y), ("L", label_mask), ("M", mask)):
+        for name, values in (("Y", Y), ("L", label_mask), (form, mask)):
             if values is not None:
                 values = values[stored]
                 for part in ((values.data, values.indices, values.indptr) if sp.issparse(values) else (values,)):
@@ -381,7 +369,7 @@ class SSNMF(FactorEstimator):
 
 def _represent_block(X_b, inputs, block, method, H, max_iter, tol):
     W0 = np.full((block.n_rows, H.shape[0]), 1.0)
-    return method.represent(X_b, H, inputs.get("M"), max_iter, tol, W0)
+    return method.represent(X_b, H, inputs, max_iter, tol, W0)
 
 
 def _forwarded(name: str):

@@ -2,8 +2,8 @@
 
 distfact's orientation, rows are samples: X_b (m_b x n) ~ W_b H, Y_b (m_b x k) ~ W_b B, with W_b >= 0
 (m_b x r, local; the paper's S^T), H >= 0 (r x n, global; the paper's A^T), B >= 0 (r x k, global;
-the paper's B^T). Weights: M_b (m_b x n, the paper's data mask W^T; a CSR matrix, or None for all
-ones, which is never built) and L_b (m_b x k, the paper's label mask; dense, or None for all ones).
+the paper's B^T). Weights: M_b (m_b x n, the paper's data mask W^T; a CSR matrix of its observed weights, a
+:class:`Complement`, or None for all ones, which is never built) and L_b (m_b x k, the paper's label mask; dense, or None for all ones).
 
 Each loss term, reconstruction R(X, W H; M) or supervision S(Y, W B; L), is Frobenius ("F",
 ||M o (X - W H)||_F^2) or I-divergence ("D", D(M o X || M o W H)). For the multiplicative update of W
@@ -18,16 +18,31 @@ reference implementation (PyPI ``ssnmf`` 1.0.3) puts it: in every denominator, a
 I-divergence's log as log((x + eps) / (wh + eps)). A sparse X, or a sparse mask, is only touched at
 its non-zeros (the zeros of X enter the I-divergence through sum(W H) = (1^T W)(H 1)).
 
-A mask given in either sparse form of ``kernels/masked.py`` (a store's own, or X's NaN entries) becomes M by
-``mask_weights``; ``observed_sums`` gives the sums over M's entries that the metrics are relative to.
+A data mask comes in either sparse form of ``kernels/masked.py`` (``block_mask`` reads it from a block's local
+state): "observed", P = M itself (few entries observed: the terms are evaluated on M's entries, as above), or
+"complement", P holding p = 1 - m at the entries whose weight m is not 1 (few entries masked: X's NaN entries, a
+store's "complement" blocks), given to the kernels as a :class:`Complement`. With M = 1 - P every masked product
+is then the unmasked one less P's entries, O(entries of P x r) on top of the unmasked term, never a product with
+M's m_b x n entries:
+
+    F:  (M o X) H^T = X H^T - (P o X) H^T          (M o W H) H^T = W (H H^T) - (P o W H) H^T
+        W^T (M o X) = W^T X - W^T (P o X)          W^T (M o W H) = (W^T W) H - W^T (P o W H)
+    D:  Q = x / (eps + wh) on X's support, m x / (eps + m wh) m at P's entries
+        M H^T = 1 (H 1)^T - P H^T                  W^T M = (W^T 1) 1^T - W^T P
+
+and the losses and observed sums are the unmasked ones less P's entries' contributions, plus theirs with weight m
+(the differences that are non-negative in exact arithmetic are clipped at 0: a row or column of weight 0 leaves
+round-off of either sign). ``observed_sums`` gives the sums over M's entries that the metrics are relative to.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 
-from .masked import COMPLEMENT
+from .masked import COMPLEMENT, OBSERVED, observed_block, on_pattern, positions_at
 from .products import wh_at_nonzeros
 
 LOSSES = ("F", "D")
@@ -58,21 +73,63 @@ def _mask_terms(X, W, H, mask):
     return mask, m, x, m * wh
 
 
-def mask_weights(form: str, P) -> sp.csr_matrix:
-    """M for a block's mask in the ``form`` of ``kernels/masked.py``: the weights of its observed entries as a CSR
-    matrix without explicit zeros (the kernels here take no other form). "observed": P itself; "complement"
-    (1 - weight at the entries whose weight is not 1): 1 - P, which stores every entry of weight above 0, so a
-    mask with few missing entries costs O(m_b n) here (exact for the weights 0 and 1 of a NaN mask)."""
-    M = sp.csr_matrix(1.0 - P.toarray()) if form == COMPLEMENT else sp.csr_matrix(P, dtype=np.float64, copy=True)
-    M.eliminate_zeros()
-    M.sort_indices()
-    return M
+@dataclass(frozen=True, eq=False)
+class Complement:
+    """A block's data mask in ``kernels/masked.py``'s complement form, as the term kernels take it: ``P`` (CSR)
+    holds p = 1 - m at the entries whose weight m is not 1 (every other entry has weight 1) and ``x`` X_b's values
+    there, X_b read as 0 at the entries of weight 0 (:func:`block_mask`)."""
+
+    P: sp.csr_matrix
+    x: np.ndarray
+
+    def values(self, W, H):
+        """At P's entries, in P's data order: the weights m, x and W H."""
+        return 1.0 - self.P.data, self.x, wh_at_nonzeros(self.P, W, H)
+
+    def times(self, values) -> sp.csr_matrix:
+        """P's pattern holding p * values (P o Z for Z's ``values`` at P's entries)."""
+        return on_pattern(self.P, self.P.data * values)
 
 
-def observed_sums(X, W, H, mask) -> dict:
-    """Over M's entries (the observed ones; ``mask`` a CSR matrix) at (W, H): sum m (x - wh)^2 and sum m x^2 (the
-    metric ``relative_error`` over the observed entries, weighted as docs/metrics.md defines it), and
-    ||M o X||_F^2 and sum(M o X) (what a group's data term is relative to: ``group_errors_``)."""
+def block_mask(X, local: dict):
+    """(X_b, data mask) for the term kernels from a block's local state (or inputs), which holds the block's mask
+    in the form of ``kernels/masked.py`` ({form: P}) or none: (X_b, None) without a mask; (X_b, P) for the
+    observed form (P is M's CSR); for the complement form, X_b with 0 at its entries of weight 0 (a copy only
+    when it holds a non-zero there) and with sorted indices when sparse, and the :class:`Complement` of P."""
+    if OBSERVED in local:
+        return X, local[OBSERVED]
+    if COMPLEMENT not in local:
+        return X, None
+    P = local[COMPLEMENT]
+    X, x = observed_block(X, COMPLEMENT, P)
+    if sp.issparse(X) and not X.has_sorted_indices:
+        X = X.sorted_indices()
+    return X, Complement(P, np.asarray(x, dtype=np.float64))
+
+
+def block_sums(X) -> np.ndarray:
+    """(||X_b||^2, sum X_b) in float64: what a complement-form mask's losses and sums are relative to."""
+    return np.array([sq_norm(X), float(X.sum(dtype=np.float64))])
+
+
+def observed_sums(X, W, H, mask, X_sums=None, F_loss: float | None = None) -> dict:
+    """Over M's entries (the observed ones; ``mask`` the observed form's CSR or a :class:`Complement`) at (W, H):
+    sum m (x - wh)^2 and sum m x^2 (the metric ``relative_error`` over the observed entries, weighted as
+    docs/metrics.md defines it), and ||M o X||_F^2 and sum(M o X) (what a group's data term is relative to:
+    ``group_errors_``). For a complement: the block's sums less P's entries' (``X_sums``: :func:`block_sums`,
+    when the caller has them), and sum m (x - wh)^2 from the Frobenius data term's ``F_loss`` = sum m^2 (x - wh)^2
+    when there is one (the two differ at P's entries only), else from W^T X and W^T W."""
+    if isinstance(mask, Complement):
+        m, x, wh = mask.values(W, H)
+        p, d2 = mask.P.data, (x - wh) ** 2
+        X_sq, X_total = block_sums(X) if X_sums is None else X_sums
+        if F_loss is None:
+            sq_error = X_sq - 2.0 * np.vdot(_wt(W, X), H) + np.vdot(W.T @ W, H @ H.T) - np.sum(p * d2)
+        else:
+            sq_error = F_loss + np.sum((m - m * m) * d2)
+        return {"M_sq_error": np.float64(max(sq_error, 0.0)), "M_sq_norm": np.float64(X_sq - np.sum(p * x * x)),
+                "MX_sq_norm": np.float64(X_sq - np.sum((1.0 - m * m) * x * x)),
+                "MX_total": np.float64(X_total - np.sum(p * x))}
     _, m, x, wh = _mask_values(X, W, H, mask)
     mx = m * x
     return {"M_sq_error": np.float64(np.sum(m * (x - wh) ** 2)),
@@ -90,7 +147,19 @@ def _masked_x(X, mask):
 
 
 def ratio(X, W, H, mask, eps: float):
-    """Q = (M o X) / (eps + M o W H) o M: dense on the dense path, else on the support of M o X."""
+    """Q = (M o X) / (eps + M o W H) o M: dense on the dense path (and for a dense X with a complement), else on
+    the support of M o X (of X, for a complement: x / (eps + wh) there, m x / (eps + m wh) m at P's entries)."""
+    if isinstance(mask, Complement):
+        Q = ratio(X, W, H, None, eps)
+        m, x, wh = mask.values(W, H)
+        values = m * x / (eps + m * wh) * m
+        if sp.issparse(Q):  # P's entries outside X's support hold x = 0, so Q = 0 there too
+            where = positions_at(mask.P, Q)
+            stored = where >= 0
+            Q.data[where[stored]] = values[stored]
+        else:
+            Q[np.repeat(np.arange(Q.shape[0]), np.diff(mask.P.indptr)), mask.P.indices] = values
+        return Q
     if _dense_path(X, mask):
         if mask is None:
             return X / (eps + W @ H)
@@ -106,6 +175,8 @@ def ratio(X, W, H, mask, eps: float):
 def term_update_parts(X, W, H, mask, loss: str, eps: float, HHt=None):
     """``(num, den)`` of one loss term for the W update (m_b x r), at the current W and H. ``HHt``: H H^T, when
     the caller has it (an unmasked Frobenius term)."""
+    if isinstance(mask, Complement):
+        return _complement_update_parts(X, W, H, mask, loss, eps, HHt)
     if loss == "D":
         Q = ratio(X, W, H, mask, eps)
         den = np.broadcast_to(H.sum(axis=1), W.shape) if mask is None else np.asarray(mask @ H.T)
@@ -118,13 +189,33 @@ def term_update_parts(X, W, H, mask, loss: str, eps: float, HHt=None):
     return np.asarray(_masked_x(X, mask) @ H.T), np.asarray(_on_support(mask, mwh) @ H.T)
 
 
+def _complement_update_parts(X, W, H, mask: Complement, loss: str, eps: float, HHt):
+    """:func:`term_update_parts` for a complement-form mask: the unmasked products less P's entries'."""
+    if loss == "D":
+        num = np.asarray(ratio(X, W, H, mask, eps) @ H.T)
+        return num, np.maximum(H.sum(axis=1)[None, :] - mask.times(1.0) @ H.T, 0.0)
+    _, x, wh = mask.values(W, H)
+    num = np.asarray(X @ H.T) - mask.times(x) @ H.T
+    return num, np.maximum(W @ (H @ H.T if HHt is None else HHt) - mask.times(wh) @ H.T, 0.0)
+
+
 def _wt(W, Z):
     """W^T Z for dense or CSR Z (as a dense array)."""
     return np.asarray((Z.T @ W).T) if sp.issparse(Z) else W.T @ Z
 
 
 def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
-    """Statistics of one loss term for the update of its global factor, at (W, H)."""
+    """Statistics of one loss term for the update of its global factor, at (W, H). A Frobenius term with a data
+    mask gives W^T (M o W H) as ``WtW`` F + ``den_adj`` (the global update forms it): for a complement
+    ``WtW`` = W^T W and ``den_adj`` = -W^T (P o W H); for the observed form ``WtW`` = 0 and ``den_adj`` =
+    W^T (M o W H) (so that blocks of either form add up)."""
+    if isinstance(mask, Complement):
+        if loss == "D":
+            den = W.sum(axis=0)[:, None] - _wt(W, mask.times(1.0))
+            return {f"{prefix}_num": _wt(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": np.maximum(den, 0.0)}
+        _, x, wh = mask.values(W, H)
+        return {f"{prefix}_num": _wt(W, X) - _wt(W, mask.times(x)), f"{prefix}_WtW": W.T @ W,
+                f"{prefix}_den_adj": -_wt(W, mask.times(wh))}
     if loss == "D":
         den = W.sum(axis=0) if mask is None else _wt(W, mask)  # W^T 1 broadcasts over the columns
         return {f"{prefix}_num": _wt(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": den}
@@ -133,7 +224,9 @@ def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
     if _dense_path(X, mask):
         return {f"{prefix}_num": W.T @ (mask * X), f"{prefix}_den": W.T @ (mask * (W @ H))}
     mask, _, _, mwh = _mask_terms(X, W, H, mask)
-    return {f"{prefix}_num": _wt(W, _masked_x(X, mask)), f"{prefix}_den": _wt(W, _on_support(mask, mwh))}
+    r = W.shape[1]
+    return {f"{prefix}_num": _wt(W, _masked_x(X, mask)), f"{prefix}_WtW": np.zeros((r, r)),
+            f"{prefix}_den_adj": _wt(W, _on_support(mask, mwh))}
 
 
 def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
@@ -142,6 +235,8 @@ def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
     num = stats[f"{prefix}_num"]
     if f"{prefix}_WtW" in stats:
         den = stats[f"{prefix}_WtW"] @ F
+        if f"{prefix}_den_adj" in stats:  # a data mask (term_stats); 0 + den_adj is den_adj for the observed form
+            den = np.maximum(den + stats[f"{prefix}_den_adj"], 0.0)
     else:
         den = stats[f"{prefix}_den"]
         den = den[:, None] if den.ndim == 1 else den
@@ -159,7 +254,11 @@ def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, p
     x log((x + eps) / (wh + eps)); a sparse X is only read at its non-zeros. Without a mask, a Frobenius
     term comes from the term's statistics at (W, H) (``term_stats``), never forming W H:
     ||X - W H||^2 = ||X||^2 - 2 <W^T X, H> + <W^T W, H H^T>, with ``HHt`` (H H^T) and ``X_sq_norm``
-    (||X||^2, :func:`sq_norm`) when the caller has them."""
+    (||X||^2, :func:`sq_norm`) when the caller has them. With a complement-form mask: the unmasked value less P's
+    entries' terms plus theirs with weight m; a Frobenius term then takes the term's statistics (``stats``)
+    and ``X_sq_norm`` is the zeroed X_b's."""
+    if isinstance(mask, Complement):
+        return _complement_loss(X, W, H, mask, loss, eps, stats, prefix, HHt, X_sq_norm)
     if loss == "F" and mask is None and stats is not None:
         X_sq_norm = sq_norm(X) if X_sq_norm is None else X_sq_norm
         HHt = H @ H.T if HHt is None else HHt
@@ -179,6 +278,27 @@ def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, p
     if loss == "F":
         return float(np.sum((MX - MWH) ** 2))
     return float(np.sum(MX * np.log((MX + eps) / (MWH + eps)) - MX + MWH))
+
+
+def _divergence(x, wh, eps: float):
+    """The I-divergence's entries x log((x + eps) / (wh + eps)) - x + wh."""
+    return x * np.log((x + eps) / (wh + eps)) - x + wh
+
+
+def _complement_loss(X, W, H, mask: Complement, loss: str, eps: float, stats, prefix: str, HHt, X_sq_norm):
+    """:func:`term_loss` for a complement-form mask. F: ||X - W H||^2 from the statistics (W^T X = ``num`` +
+    W^T (P o X), and <W^T (P o X), H> = sum_P p x wh) less sum_P (1 - m^2) (x - wh)^2; D: the unmasked divergence
+    less P's entries' plus theirs at (m x, m wh)."""
+    m, x, wh = mask.values(W, H)
+    if loss == "D":
+        value = term_loss(X, W, H, None, "D", eps) - np.sum(_divergence(x, wh, eps)) + \
+            np.sum(_divergence(m * x, m * wh, eps))
+        return max(float(value), 0.0)
+    X_sq_norm = sq_norm(X) if X_sq_norm is None else X_sq_norm
+    HHt = H @ H.T if HHt is None else HHt
+    WtX_H = np.vdot(stats[f"{prefix}_num"], H) + np.dot(mask.P.data * x, wh)
+    value = X_sq_norm - 2.0 * WtX_H + np.vdot(stats[f"{prefix}_WtW"], HHt) - np.sum((1.0 - m * m) * (x - wh) ** 2)
+    return max(float(value), 0.0)
 
 
 def w_update(W, parts: list, eps: float):

@@ -38,7 +38,9 @@ there. The masked updates of W and of the global factor F (H, or B with L) are, 
 
 ``eps`` (default 1e-10) is added to every denominator as in the reference package. A block's local
 state is a dict: W, and the rows of Y, of L and of M that belong to the block (row-aligned inputs
-that stay with it), and from its first step on the terms' ||X_b||^2 and ||Y_b||^2 (constants of the loss). Stopping rule (the reference package's): after the second iteration, stop once the
+that stay with it; M in the sparse form of ``kernels/masked.py`` that stores fewer entries, its observed
+weights or, with few entries masked, its complement), and from its first step on the terms' ||X_b||^2 and
+||Y_b||^2 (constants of the loss; with a complement, ||X_b||^2 and sum X_b). Stopping rule (the reference package's): after the second iteration, stop once the
 objective fell by less than ``tol`` times its value after the first iteration (for plain F-NMF
 the value compared is the unsquared norm, as there).
 """
@@ -88,11 +90,11 @@ class SSNMFMethod:
         return {**inputs, "W": rows.uniform(self.n_components)}
 
     # -- pass -------------------------------------------------------------------
-    def _terms(self, X_b, local, G):
+    def _terms(self, X_b, mask, local, G):
         """(loss, data, factor, mask, prefix, weight) for the data term and, if any, the label term."""
         R, S = self.losses
         c_R, c_S = TERM_WEIGHTS.get(self.model, (1.0, 0.0))
-        terms = [(R, X_b, G["H"], local.get("M"), "R", c_R)]
+        terms = [(R, X_b, G["H"], mask, "R", c_R)]
         if S is not None:
             terms.append((S, local["Y"], G["B"], local.get("L"), "S", self.lam * c_S))
         return terms
@@ -100,16 +102,24 @@ class SSNMFMethod:
     def block_stats(self, X_b, local, block, G, grams=None):
         """Each term's statistics for its global update and its loss, at (W_b, H, B). ``grams``: per term, F F^T
         of its global factor F (H, B) where the caller has it."""
+        return self._stats(*k.block_mask(X_b, local), local, G, grams)
+
+    def _stats(self, X_b, mask, local, G, grams):
+        """:meth:`block_stats` of X_b and its data mask as ``kernels/ssnmf.py: block_mask`` gives them."""
         W = local["W"]
         stats = {}
         sq_norms = local.get("sq_norms")
-        for i, (loss, Z, F, mask, prefix, _) in enumerate(self._terms(X_b, local, G)):
-            stats.update(k.term_stats(Z, W, F, mask, loss, self.eps, prefix))
+        X_sums = local.get("X_sums")  # a complement's: its losses are the unmasked ones less P's entries'
+        for i, (loss, Z, F, term_mask, prefix, _) in enumerate(self._terms(X_b, mask, local, G)):
+            stats.update(k.term_stats(Z, W, F, term_mask, loss, self.eps, prefix))
+            sq_norm = X_sums[0] if isinstance(term_mask, k.Complement) and X_sums is not None else \
+                None if sq_norms is None else sq_norms[i]
             stats[f"{prefix}_loss"] = np.float64(k.term_loss(
-                Z, W, F, mask, loss, self.eps, stats, prefix, None if grams is None else grams[i],
-                None if sq_norms is None else float(sq_norms[i])))
-        if local.get("M") is not None:  # the metrics over the observed entries (X is not read elsewhere)
-            stats.update(k.observed_sums(X_b, W, G["H"], local["M"]))
+                Z, W, F, term_mask, loss, self.eps, stats, prefix, None if grams is None else grams[i],
+                None if sq_norm is None else float(sq_norm)))
+        if mask is not None:  # the metrics over the observed entries (X is not read elsewhere)
+            stats.update(k.observed_sums(X_b, W, G["H"], mask, X_sums,
+                                         float(stats["R_loss"]) if self.losses[0] == "F" else None))
         elif "R_WtW" not in stats:  # the data term's statistics are not W^T X, W^T W: add them
             stats.update(WtX=wt_times_block(W, X_b), WtW=gram(W))
         return stats
@@ -117,17 +127,22 @@ class SSNMFMethod:
     def local_step(self, X_b, local, block, G):
         """Line 5: W_b from both terms at the current H and B; then the new W_b's statistics. The terms' ||Z||^2
         (X_b's, Y_b's), constants, are computed in the block's first step and kept in its local state
-        (``sq_norms``: 0 for a term whose loss does not take it), and each F F^T is formed once for both the
-        update and the loss (small fits, issue 19)."""
-        terms = self._terms(X_b, local, G)
-        grams = [F @ F.T if loss == "F" and mask is None else None for loss, _, F, mask, _, _ in terms]
-        parts = [(weight, k.term_update_parts(Z, local["W"], F, mask, loss, self.eps, FFt))
-                 for (loss, Z, F, mask, _, weight), FFt in zip(terms, grams)]
+        (``sq_norms``: 0 for a term whose loss does not take it; with a complement-form data mask ``X_sums``,
+        the block's ||X_b||^2 and sum X_b), and each F F^T is formed once for both the update and the loss
+        (small fits, issue 19)."""
+        X_b, mask = k.block_mask(X_b, local)
+        terms = self._terms(X_b, mask, local, G)
+        grams = [F @ F.T if loss == "F" and (term_mask is None or isinstance(term_mask, k.Complement)) else None
+                 for loss, _, F, term_mask, _, _ in terms]
+        parts = [(weight, k.term_update_parts(Z, local["W"], F, term_mask, loss, self.eps, FFt))
+                 for (loss, Z, F, term_mask, _, weight), FFt in zip(terms, grams)]
         local = {**local, "W": k.w_update(local["W"], parts, self.eps)}
         if "sq_norms" not in local:
-            local["sq_norms"] = np.array([k.sq_norm(Z) if FFt is not None else 0.0
-                                          for (_, Z, _, _, _, _), FFt in zip(terms, grams)])
-        return local, self.block_stats(X_b, local, block, G, grams)
+            local["sq_norms"] = np.array([k.sq_norm(Z) if FFt is not None and term_mask is None else 0.0
+                                          for (_, Z, _, term_mask, _, _), FFt in zip(terms, grams)])
+        if isinstance(mask, k.Complement) and "X_sums" not in local:
+            local["X_sums"] = k.block_sums(X_b)
+        return local, self._stats(X_b, mask, local, G, grams)
 
     # -- global -------------------------------------------------------------------
     def global_step(self, G, stats, data):
@@ -177,16 +192,19 @@ class SSNMFMethod:
         return bool((values[-2] - values[-1]) / values[1] < self.tol)
 
     # -- new rows (Section 2.3) -------------------------------------------------------
-    def represent(self, X_b, H, mask, max_iter: int, tol: float, W0):
+    def represent(self, X_b, H, inputs: dict, max_iter: int, tol: float, W0):
         """W for new rows with H fixed, from the reconstruction term only: exact non-negative least
         squares per row for F (without a mask), I-divergence (or masked F) multiplicative updates
-        otherwise, until the relative change of W is below ``tol`` or ``max_iter`` updates."""
+        otherwise, until the relative change of W is below ``tol`` or ``max_iter`` updates. ``inputs``: the
+        block's, with its data mask if any."""
         R = self.losses[0]
+        X_b, mask = k.block_mask(X_b, inputs)
         if R == "F" and mask is None:  # rows solve min ||x_i - w H|| on the Gram form: H H^T, X H^T
             return nnls_gram(H @ H.T, np.asarray(X_b @ H.T))
+        HHt = H @ H.T if R == "F" and isinstance(mask, k.Complement) else None
         W = W0
         for _ in range(max_iter):
-            W_new = k.w_update(W, [(1.0, k.term_update_parts(X_b, W, H, mask, R, self.eps))], self.eps)
+            W_new = k.w_update(W, [(1.0, k.term_update_parts(X_b, W, H, mask, R, self.eps, HHt))], self.eps)
             change = np.abs(W_new - W).sum() / max(np.abs(W).sum(), np.finfo(float).tiny)
             W = W_new
             if change < tol:

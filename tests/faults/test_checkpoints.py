@@ -170,8 +170,8 @@ def test_a_damaged_chunk_of_a_sparse_mask_in_an_ssnmf_checkpoint(tmp_path):
     reference = distfact.SSNMF(3, max_iter=8, **kwargs).fit(Xs, y=y, mask=mask)
     run = tmp_path / "run"
     distfact.SSNMF(3, max_iter=4, checkpoint_dir=run, **kwargs).fit(Xs, y=y, mask=mask)
-    os.remove(checkpoint(run, 4) / "local" / "000002" / "M" / "data" / "c" / "0")
-    with pytest.warns(DamagedCheckpointWarning, match=r"block 2's local factor: .*'000002/M/data' has crc32c"):
+    os.remove(checkpoint(run, 4) / "local" / "000002" / "mask_observed" / "data" / "c" / "0")
+    with pytest.warns(DamagedCheckpointWarning, match=r"block 2's local factor: .*'000002/mask_observed/data' has crc32c"):
         resumed = distfact.SSNMF(3, max_iter=8, checkpoint_dir=run, resume=True, **kwargs).fit(Xs, y=y, mask=mask)
     assert np.array_equal(resumed.components_, reference.components_) and np.array_equal(resumed.B_, reference.B_)
 
