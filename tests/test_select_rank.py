@@ -17,6 +17,7 @@ from distfact import NMF, SSNMF, StratifiedNMF, WeightedL1NMF, select_rank
 from distfact.datasets import make_fairer_synthetic
 from distfact.estimators.select import RULES, choose_rank, fold_masks, rank_summary
 from distfact.store.coerce import as_grouped
+from distfact.store.masks import ComplementMask, block_form
 from distfact.store.subset import GroupRows
 
 from conftest import grouped_data
@@ -31,7 +32,9 @@ def test_held_out_entries_do_not_depend_on_the_blocks(sparse):
     """Two block sizes (and the store's row order for scattered groups): the same held-out entries, folds
     disjoint, about ``holdout`` of the candidates each; a sparse X holds out stored entries only."""
     data = XS if sparse else X
-    masks = [fold_masks(as_grouped(data, GROUPS, block_rows=rows), None, 11, 0.15, 4) for rows in (7, 50)]
+    masks = [dense_folds(as_grouped(data, GROUPS, block_rows=rows), None, 11, 0.15, 4) for rows in (7, 50)]
+    # without observed weights, a fold holds its held-out entries only, never an array of X's shape
+    assert all(isinstance(mask, ComplementMask) for mask in fold_masks(as_grouped(data, GROUPS), None, 11, 0.15, 4))
     for a, b in zip(*masks):
         assert np.array_equal(a, b)
     held = np.stack([mask == 0 for mask in masks[0]])
@@ -40,8 +43,24 @@ def test_held_out_entries_do_not_depend_on_the_blocks(sparse):
     assert not held[:, ~candidates].any()
     share = held.sum(axis=(1, 2)) / candidates.sum()
     assert np.all(np.abs(share - 0.15) < 0.05), share
-    other = fold_masks(as_grouped(data, GROUPS, block_rows=7), None, 12, 0.15, 4)  # another seed, other entries
+    other = dense_folds(as_grouped(data, GROUPS, block_rows=7), None, 12, 0.15, 4)  # another seed, other entries
     assert not np.array_equal(other[0], masks[0][0])
+
+
+def dense_folds(data, base, seed, holdout, n_splits) -> list:
+    """``fold_masks`` as weight arrays (a fold of X without a mask is a ComplementMask of its held-out entries),
+    checked to cut into blocks exactly as those arrays do: what a fit and the numpy oracles take."""
+    out = []
+    for mask in fold_masks(data, base, seed, holdout, n_splits):
+        if isinstance(mask, ComplementMask):
+            weights = 1.0 - mask.matrix.toarray()
+            for block in data.blocks:
+                rows = data.row_index()[block.row_start:block.row_stop]
+                (form, P), (same_form, Q) = block_form(mask, rows), block_form(weights, rows)
+                assert form == same_form and (P != Q).nnz == 0 and np.array_equal(P.indices, Q.indices)
+            mask = weights
+        out.append(mask)
+    return out
 
 
 def numpy_errors(X, groups, mask, base, reconstruction):
@@ -75,7 +94,7 @@ def test_errors_equal_a_numpy_recomputation_from_each_model_fitted_alone(case):
                          mask=mask)
     assert len(result.table) == 2 * 3 * 3
     base = (XS != 0).astype(float) if isinstance(mask, str) else mask
-    folds = fold_masks(as_grouped(data, GROUPS), None if base is None else
+    folds = dense_folds(as_grouped(data, GROUPS), None if base is None else
                        (sp.csr_matrix(base) if sp.issparse(base) else base), 9, 0.2, 3)
     for fold, fold_mask in enumerate(folds):
         for rank in (2, 3):
@@ -254,7 +273,7 @@ def test_per_group_errors_equal_a_numpy_recomputation_from_each_groups_model_fit
     assert list(result.table.columns) == list(joint.table.columns)
     assert result.table[["rank", "fold", "group"]].equals(joint.table[["rank", "fold", "group"]])
     base = (XS != 0).astype(float) if isinstance(mask, str) else mask
-    folds = fold_masks(as_grouped(data, GROUPS), None if base is None else
+    folds = dense_folds(as_grouped(data, GROUPS), None if base is None else
                        (sp.csr_matrix(base) if sp.issparse(base) else base), 9, 0.2, 2)
     for fold, fold_mask in enumerate(folds):
         for rank in (1, 3):
@@ -346,7 +365,7 @@ def test_stratified_nmf_is_scored_by_its_reconstruction_with_the_shifts(case, fi
     result = select_rank(StratifiedNMF(1, **params), data, groups=GROUPS, ranks=[1, 3], n_splits=2, holdout=0.2,
                          random_state=9, mask=mask, fit=fit)
     base = (XS != 0).astype(float) if isinstance(mask, str) else mask
-    folds = fold_masks(as_grouped(data, GROUPS), None if base is None else sp.csr_matrix(base) if sp.issparse(base)
+    folds = dense_folds(as_grouped(data, GROUPS), None if base is None else sp.csr_matrix(base) if sp.issparse(base)
                        else base, 9, 0.2, 2)
     parts = [np.arange(len(GROUPS))] if fit == "joint" else [np.flatnonzero(GROUPS == g) for g in sorted(set(GROUPS))]
     checked = 0

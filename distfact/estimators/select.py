@@ -23,6 +23,7 @@ import scipy.sparse as sp
 
 from ..kernels.products import weighted_sq_error_at
 from ..metrics import relative_to
+from ..store.masks import ComplementMask
 from ..store.subset import GroupRows
 from .masks import stored_mask_conflict, stored_weights
 from .sweep import can_sweep, fit_many
@@ -303,12 +304,16 @@ def _base_mask(mask, data):
 
 
 def _rows_of(base, rows):
+    if isinstance(base, ComplementMask):
+        return ComplementMask(base.matrix[rows])
     return None if base is None else base[rows]
 
 
 def fold_masks(data, base, seed: int, holdout: float, n_splits: int) -> list:
     """Each fold's mask, in X's row order: the observed weights (``base``) with 0 at the fold's held-out
-    entries. CSR when ``base`` is; else dense (one array of X's shape per fold)."""
+    entries. CSR when ``base`` is; without ``base`` (every entry observed), the :class:`ComplementMask` of the
+    held-out entries (O(held-out entries), not an array of X's shape: X may be a store larger than memory); else
+    dense (a copy of ``base``)."""
     row_index = data.row_index()
     found = [[] for _ in range(n_splits)]
     for block in data.blocks:
@@ -324,8 +329,10 @@ def fold_masks(data, base, seed: int, holdout: float, n_splits: int) -> list:
             held = sp.csr_matrix((np.ones(len(i)), (i, j)), shape=data.shape)
             mask = (base - base.multiply(held)).tocsr()
             mask.eliminate_zeros()
+        elif base is None:
+            mask = ComplementMask(sp.csr_matrix((np.ones(len(i)), (i, j)), shape=data.shape))
         else:
-            mask = np.ones(data.shape) if base is None else base.copy()
+            mask = base.copy()
             mask[i, j] = 0.0
         masks.append(mask)
     return masks
