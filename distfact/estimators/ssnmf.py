@@ -272,7 +272,8 @@ class SSNMF(FactorEstimator):
         if data.mask_kind is not None:
             if mask is not None:
                 raise ValueError(stored_mask_conflict(data))
-            digest.update(f"M stored:{data.mask_identity()}".encode())
+            # (not "M stored:", the text of checkpoints whose local states held the mask as "M": refused on resume)
+            digest.update(f"mask forms stored:{data.mask_identity()}".encode())
             inputs = _with_stored_mask(data, inputs)
         return inputs, (0 if Y is None else Y.shape[1]), classes, digest.hexdigest()
 
