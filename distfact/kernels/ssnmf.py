@@ -277,7 +277,7 @@ def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, p
         MX = m * x
     if loss == "F":
         return float(np.sum((MX - MWH) ** 2))
-    return float(np.sum(MX * np.log((MX + eps) / (MWH + eps)) - MX + MWH))
+    return float(np.sum(_divergence(MX, MWH, eps)))
 
 
 def _divergence(x, wh, eps: float):
