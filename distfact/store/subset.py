@@ -35,7 +35,8 @@ class GroupRows(GroupedMatrix):
         stats = replace(record, row_start=0, row_stop=record.row_stop - record.row_start)
         meta = Metadata((stats.row_stop, data.shape[1]), data.meta.dtype, data.layout, [stats], blocks,
                         has_feature_names=data.meta.has_feature_names, source=data.meta.source,
-                        signed=data.meta.signed, arrays=data.meta.arrays)
+                        signed=data.meta.signed, arrays=data.meta.arrays, mask=data.meta.mask,
+                        version=data.meta.version)
         meta.check(f"group {data.group_names[group]!r} of {data!r}")
         stored = data.row_index()[first:stats.row_stop + first]
         self.source_rows = np.sort(stored)
