@@ -247,3 +247,16 @@ def test_resume_refuses_other_labels(tmp_path):
     distfact.SSNMF(R, **kwargs).fit(X, y=y)
     with pytest.raises(ValueError, match="configuration"):
         distfact.SSNMF(R, resume=True, **kwargs).fit(X, y=(y + 1) % K)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_float32_blocks_squared_norm_is_accumulated_in_float64(sparse):
+    """||X_b||^2, a constant of the Frobenius terms' losses: a float32 block's summed in float64 (BLAS's float32
+    dot of this dense block is about 2.5e-5 off, relative), equal to a float64 sum of its entries' squares."""
+    from distfact.kernels.ssnmf import sq_norm
+
+    rng = np.random.default_rng(0)
+    X = (sp.random(2000, 3000, density=0.05, format="csr", random_state=0, dtype=np.float32) if sparse
+         else rng.random((2000, 3000), dtype=np.float32))
+    values = (X.data if sparse else X.ravel()).astype(np.float64)
+    assert sq_norm(X) == pytest.approx(float(np.sum(values * values)), rel=1e-12)

@@ -244,7 +244,11 @@ def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
 
 
 def sq_norm(X) -> float:
-    """||X||_F^2 of a dense or CSR block."""
+    """||X||_F^2 of a dense or CSR block; a float32 block's accumulated in float64 (BLAS's float32 dot of a
+    2,000 x 3,000 block was 2.5e-5 off, relative)."""
+    if X.dtype != np.float64:
+        values = X.data if sp.issparse(X) else X.reshape(-1)
+        return float(np.einsum("i,i->", values, values, dtype=np.float64))
     return float(X.multiply(X).sum()) if sp.issparse(X) else float(np.vdot(X, X))
 
 

@@ -1,0 +1,85 @@
+"""Every benchmark of BENCHMARKS.md, one after another, each with its documented command.
+
+    python benchmarks/run_all.py                    # all of them: about two hours on the standard 2-core machine
+    python benchmarks/run_all.py --only small nmf   # some (names as in the table below)
+    python benchmarks/run_all.py --list
+
+Each benchmark writes its own raw results (``benchmarks/results/*.json``); this writes
+``benchmarks/results/run_all.json``: the commit, and per benchmark its command, wall time, exit status and the
+load average before and after (the machine is shared: a figure taken at a load above 2 on 2 cores is not a
+quiet machine's). Benchmarks that compare with an earlier version (``--before DIR``) are run without one here:
+their same-run ratios against the peers still are; the before/after columns need the DIR.
+
+Run it with nothing else on the machine; the order puts issue 19's targets first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# name: (arguments after the script, minutes on a quiet machine)
+BENCHMARKS = {
+    "small": (["--repeats", "3", "--blas-threads", "1"], 5),
+    "nmf": ([], 12),
+    "stratified": ([], 2),
+    "sweep": ([], 10),
+    "startup": ([], 1),
+    "overhead": ([], 2),
+    "select_rank": ([], 5),
+    "fairer": ([], 5),
+    "wl1": ([], 6),
+    "wl1_masks": ([], 2),
+    "ssnmf": ([], 5),
+    "multigroup": ([], 4),
+    "masked": ([], 2),
+    "masked_groups": ([], 2),
+    "ingest_memory": ([], 1),
+    "result_shape": ([], 1),
+    "append": ([], 3),
+    "nightly": ([], 8),
+    "verify": ([], 15),
+    "cluster": ([], 8),
+    "first_fit": ([], 10),
+}
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run these only, in the table's order")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and their minutes, run nothing")
+    args = parser.parse_args(argv)
+    names = [name for name in BENCHMARKS if not args.only or name in args.only]
+    if args.list:
+        for name in names:
+            extra, minutes = BENCHMARKS[name]
+            print(f"{name:15s} ~{minutes:3d} min  bench_{name}.py {' '.join(extra)}")
+        return 0
+    runs, env = [], {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
+                                                                              os.environ.get("PYTHONPATH")]))}
+    for name in names:
+        extra, _ = BENCHMARKS[name]
+        command = [sys.executable, str(HERE / f"bench_{name}.py"), *extra]
+        print(f"== {name}: {' '.join(command[1:])}", flush=True)
+        load_before, start = os.getloadavg(), time.perf_counter()
+        status = subprocess.run(command, cwd=HERE.parent, env=env).returncode
+        runs.append({"name": name, "command": command[1:], "seconds": round(time.perf_counter() - start, 1),
+                     "returncode": status, "load_before": load_before, "load_after": os.getloadavg()})
+        print(f"== {name}: exit {status} after {runs[-1]['seconds']} s", flush=True)
+    (HERE / "results" / "run_all.json").write_text(json.dumps({"commit": commit(), "runs": runs}, indent=1) + "\n")
+    return max((run["returncode"] for run in runs), default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
