@@ -39,6 +39,29 @@ def test_iterates_equal_a_transcription_of_algorithm_1(sparse, eps):
     assert model.n_iter_ == 40 and model.n_passes_ == 41  # one read of X per iteration
 
 
+def test_csr_strata_on_few_columns_equal_the_transcription():
+    """CSR blocks carry each stratum's statistic at its kept columns (``kernels/stratified.py``): strata that store
+    entries in different, overlapping column ranges, a column no stratum stores and a stratum of empty rows, cut into
+    several blocks each, give Algorithm 1's iterates and objective."""
+    rng = np.random.default_rng(53)
+    strata = np.repeat(["a", "b", "c", "d"], [30, 25, 20, 15])
+    X = np.zeros((90, 24))
+    for name, (lo, hi) in zip("abc", [(0, 9), (8, 17), (4, 12)]):
+        rows = strata == name
+        X[rows, lo:hi] = rng.random((rows.sum(), hi - lo)) * (rng.random((rows.sum(), hi - lo)) < 0.6)
+    X[:, 20] = 0.0  # stored by no stratum
+    W0, H0, v0, names = stratified_start(X, strata, 3, seed=2)
+    model = distfact.StratifiedNMF(3, init="custom", max_iter=25, block_rows=8, tol=None)
+    W = model.fit_transform(sp.csr_matrix(X), groups=strata, W=W0, H=H0, v=v0)
+    rows = [strata == n for n in names]
+    W_ref, H_ref, v_ref, F_ref = stratified_nmf([X[r] for r in rows], [W0[r] for r in rows], H0, v0, 25)
+    assert np.abs(model.components_ - H_ref).max() <= 1e-10 * np.abs(H_ref).max()
+    assert np.abs(model.strata_features_ - v_ref).max() <= 1e-10 * np.abs(v_ref).max()
+    for r, w in zip(rows, W_ref):
+        assert np.abs(W[r] - w).max() <= 1e-10 * max(np.abs(w).max(), 1e-300)
+    np.testing.assert_allclose(model.loss_history_[:, 0] ** 2, F_ref, rtol=1e-9)
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("M", [1, 2, 5])
 def test_objective_is_non_increasing_every_iteration(sparse, M):

@@ -15,10 +15,19 @@ Algorithm 1, iteration k (the paper's order: v, then W, then H; eps = 1e-9 added
                 = H * sum_i W(i)^T A(i) / (sum_i [W(i)^T W(i) H + (W(i)^T 1) v(i)^T] + eps)     global
 
 Statistics per stratum from one pass: W(i)^T A(i), W(i)^T W(i), W(i)^T 1, and in pass 0 the constant
-A(i)^T 1. On the engine an iteration is: global step = line 8 of the previous iteration (once W has
+A(i)^T 1 (CSR blocks: see below). On the engine an iteration is: global step = line 8 of the previous iteration (once W has
 moved) then line 5; one pass = line 7 and the statistics of the new W. The loss after iteration k
 therefore evaluates line 8 on the pass's statistics (``stratum_sq_errors``), and the fit ends by
-applying it (``final_global``). Theorem 2: F is non-increasing under lines 5, 7 and 8.
+applying it (``final_global``); the objective leaves it in the global state it came from, where the next global
+step takes it (line 8 runs once per iteration). Theorem 2: F is non-increasing under lines 5, 7 and 8.
+
+CSR blocks (issue 19): a stratum stores entries in a fraction of the n columns, and W(i)^T A(i) is zero elsewhere.
+Pass 0 adds the entries stored per column (``stored``), which give each stratum's *kept columns*; from then on a
+block's statistic is A(i)^T W(i) at its stratum's kept columns (k_i x r, ``AtW_kept``, ``kernels/stratified.py``),
+and line 8 scatters them into the r x n sum in stratum order (the same sums, in the same order, as the r x n
+statistics: the same H, v and W bits). Pass 0's W^T A enters only the objective (line 8 waits for the first W
+update), as <W, A H^T> per block (``WtA_H``). The objective's <W^T A, H> is then a sum over the kept columns: the
+loss history moves by rounding (1e-16 relative) against r x n inner products.
 
 The objective from statistics (never forming the residual):
 
@@ -58,10 +67,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..kernels import masked as km
 from ..kernels import nmf as k
-from ..kernels.products import block_column_sums
+from ..kernels import stratified as ks
+from ..kernels.products import block_column_sums, gram
 from .stopping import relative_decrease_below
 
 
@@ -83,20 +94,29 @@ class StratifiedMU:
         W = rows.uniform(self.n_components) / np.sqrt(self.n_components)
         return W if inputs is None else {**inputs, "W": W}
 
-    def with_derived(self, H, v, colsum=None, w_moved=False, Mt1=None):
+    def with_derived(self, H, v, colsum=None, w_moved=False, Mt1=None, kept=None, like=None):
         """Global state: H and v plus what the blocks need from them. ``w_moved``: W has been
         updated since H was (line 8 is due at the next global step). ``colsum`` (and, masked, ``Mt1``):
-        the constants of pass 0."""
-        state = {"H": H, "HHt": H @ H.T, "v": v, "Hv": v @ H.T, "w_moved": w_moved}
+        the constants of pass 0. ``kept``: (kept, kept_starts), every stratum's kept columns (CSR blocks,
+        unmasked: ``kernels/stratified.py``), known from pass 0's statistics; their blocks gather H^T's rows.
+        ``like``: a state of the same H whose H H^T (and H^T) are taken, not made again."""
+        same = like is not None and like["H"] is H
+        state = {"H": H, "HHt": like["HHt"] if same else H @ H.T, "v": v, "Hv": v @ H.T, "w_moved": w_moved}
         if colsum is not None:
             state["colsum"] = colsum
         if Mt1 is not None:
             state["Mt1"] = Mt1
+        if kept is not None:
+            state["kept"], state["kept_starts"] = kept
+            state["Ht"] = like["Ht"] if same and "Ht" in like else ks.transposed(H)
         return state
 
     @staticmethod
     def block_state(G):
-        """What line 7 needs (v and A^T 1, s x n each, stay on the driver; a masked fit's line 7 needs v)."""
+        """What line 7 needs (v and A^T 1, s x n each, stay on the driver; a masked fit's line 7 needs v; CSR
+        blocks with kept columns need H^T, not H)."""
+        if "kept" in G:
+            return {"Ht": G["Ht"], "HHt": G["HHt"], "Hv": G["Hv"], "kept": G["kept"], "kept_starts": G["kept_starts"]}
         state = {"H": G["H"], "HHt": G["HHt"], "Hv": G["Hv"]}
         if "Mt1" in G:
             state["v"] = G["v"]
@@ -109,15 +129,26 @@ class StratifiedMU:
             terms = km.BlockTerms(A_b, W_b["W"], G["H"], *km.mask_of(W_b))
             colsum, Mt1 = km.column_sums(terms)
             return {**self._masked_stats(terms), "colsum": colsum, "Mt1": Mt1}
-        WtA, WtW = k.frobenius_stats(A_b, W_b)
-        colsum = block_column_sums(A_b)
-        return {"WtA": WtA, "WtW": WtW, "Wt1": W_b.sum(axis=0, dtype=np.float64), "colsum": colsum}
+        stats = {"Wt1": W_b.sum(axis=0, dtype=np.float64), "colsum": block_column_sums(A_b)}
+        if sp.issparse(A_b):
+            # Pass 0's W^T A enters only the objective (line 8 waits for the first W update), as <W^T A, H> =
+            # <W, A H^T>; and the entries stored per column give the stratum's kept columns (summed over its blocks)
+            stats["WtA_H"] = ks.inner_at_start(A_b, W_b, G["H"])
+            stats["WtW"] = gram(W_b)
+            stats["stored"] = np.bincount(A_b.indices, minlength=A_b.shape[1]).astype(np.float64)
+        else:
+            stats["WtA"], stats["WtW"] = k.frobenius_stats(A_b, W_b)
+        return stats
 
     def local_step(self, A_b, W_b, block, G):
         """Line 7 for the block's rows (its stratum's v), then the statistics of the new W."""
         if isinstance(W_b, dict):
             return self._masked_local_step(A_b, W_b, block, G)
         shift = G["Hv"][block.group] + self.eps
+        if "kept" in G:  # a CSR block: its statistic at its stratum's kept columns
+            kept = ks.kept_of(G["kept"], G["kept_starts"], block.group)
+            W_new, AtW = ks.kept_columns_mu_step(A_b, W_b, G["Ht"], G["HHt"], shift, kept)
+            return W_new, {"AtW_kept": AtW, "WtW": gram(W_new), "Wt1": W_new.sum(axis=0, dtype=np.float64)}
         W_new, WtA, WtW = k.frobenius_local(A_b, W_b, G["H"], G["HHt"], "mu", shift=shift)
         return W_new, {"WtA": WtA, "WtW": WtW, "Wt1": W_new.sum(axis=0, dtype=np.float64)}
 
@@ -149,17 +180,17 @@ class StratifiedMU:
     def h_update(self, G, stats):
         """Line 8 from the statistics of the current W and the current v."""
         H, v = G["H"], G["v"]
-        numerator = sum(s["WtA"] for s in stats)
+        if "AtW_kept" in stats[0]:
+            numerator = ks.sum_over_strata([s["AtW_kept"] for s in stats], G["kept"], G["kept_starts"], H.shape[1])
+        else:
+            numerator = sum(s["WtA"] for s in stats)
         if "WtM" in stats[0]:  # masked: sum_i (W^T W) H + WtMWH_adj + (W^T M) diag(v(i))
-            denominator = sum(s["WtW"] for s in stats) @ H + sum(s["WtMWH_adj"] for s in stats) \
-                + sum(s["WtM"] * v[i] for i, s in enumerate(stats))
+            denominator = sum(s["WtW"] for s in stats) @ H + sum(s["WtMWH_adj"] for s in stats)
+            shift = sum(s["WtM"] * v[i] for i, s in enumerate(stats))
         else:
             # sum_i W(i)^T W(i) H + (W(i)^T 1) v(i)^T as two products over all strata (not 2 s products of r x n)
-            denominator = sum(s["WtW"] for s in stats) @ H + np.stack([s["Wt1"] for s in stats], axis=1) @ v
-        denominator += self.eps
-        numerator *= H
-        numerator /= denominator
-        return numerator
+            denominator, shift = sum(s["WtW"] for s in stats) @ H, np.stack([s["Wt1"] for s in stats], axis=1) @ v
+        return ks.mu_ratio_in_place(numerator, H, denominator, shift, self.eps)
 
     def v_update(self, v, H, stats, colsum, sizes):
         """Line 5, ``v_updates`` times (H^T W(i)^T 1 does not change between them). Masked: ``sizes`` is M(i)^T 1
@@ -169,22 +200,37 @@ class StratifiedMU:
         else:
             HtWt1 = np.stack([s["Wt1"] for s in stats]) @ H
             sizes = sizes[:, None]
-        for _ in range(self.v_updates):
-            v = v * colsum / (sizes * v + HtWt1 + self.eps)
-        return v
+        return ks.v_updates(v, colsum, sizes, HtWt1, self.eps, self.v_updates)
 
     def global_step(self, G, stats, data):
         colsum, Mt1 = self.stratum_colsums(G, stats)
-        H = self.h_update(G, stats) if G["w_moved"] else G["H"]
-        v = self.v_update(G["v"], H, stats, colsum, data.group_sizes.astype(np.float64) if Mt1 is None else Mt1)
-        return self.with_derived(H, v, colsum, w_moved=True, Mt1=Mt1)
+        after = self.final_global(G, stats)  # line 8 (the objective's, when it ran on these statistics)
+        v = self.v_update(G["v"], after["H"], stats, colsum,
+                          data.group_sizes.astype(np.float64) if Mt1 is None else Mt1)
+        return self.with_derived(after["H"], v, colsum, w_moved=True, Mt1=Mt1,
+                                 kept=self.stratum_kept_columns(G, stats), like=after)
 
     def final_global(self, G, stats):
-        """The state after the last iteration's line 8. (The objective evaluates it too, and the next
-        global step again: O(s r n) on the driver, against O(nnz r) for the pass.)"""
+        """The state after the last iteration's line 8. The objective evaluates it first and leaves it in ``G`` (as
+        ``G["line8"]``: the new H and what the blocks need of it alone), where the next global step and the end of the
+        fit find it: line 8 is O(s r n) on the driver, against O(nnz r) for the pass (``G`` is the state the pass
+        ran from, and ``stats`` that pass's: line 8 of ``G`` is a function of them)."""
         if not G["w_moved"]:
             return G
-        return self.with_derived(self.h_update(G, stats), G["v"], G.get("colsum"), w_moved=False, Mt1=G.get("Mt1"))
+        line8 = G.get("line8")
+        after = self.with_derived(self.h_update(G, stats) if line8 is None else line8["H"], G["v"], G.get("colsum"),
+                                  w_moved=False, Mt1=G.get("Mt1"), kept=self.stratum_kept_columns(G, stats), like=line8)
+        if line8 is None:
+            G["line8"] = {name: after[name] for name in ("H", "HHt", "Ht") if name in after}
+        return after
+
+    @staticmethod
+    def stratum_kept_columns(G, stats) -> tuple[np.ndarray, np.ndarray] | None:
+        """(kept, kept_starts) of CSR blocks (``kernels/stratified.py``), from pass 0's statistics, then kept in the
+        global state; None for dense blocks and masked fits."""
+        if "kept" in G:
+            return G["kept"], G["kept_starts"]
+        return ks.kept_columns(np.stack([s["stored"] for s in stats])) if "stored" in stats[0] else None
 
     @staticmethod
     def stratum_colsums(G, stats) -> tuple[np.ndarray, np.ndarray | None]:
@@ -199,17 +245,29 @@ class StratifiedMU:
     def stratum_sq_errors(self, G, stats, data) -> np.ndarray:
         """||A(i) - 1 v(i)^T - W(i) H||_F^2 per stratum, after line 8 (eq. 2's terms; clipped at 0)."""
         G = self.final_global(G, stats)
-        H, v = G["H"].astype(np.float64), G["v"].astype(np.float64)
-        (colsum, Mt1), HHt = self.stratum_colsums(G, stats), H @ H.T
+        colsum, Mt1 = self.stratum_colsums(G, stats)
+        kept = "AtW_kept" in stats[0]
+        if kept:  # the state's own (float64 like every factor of a fit)
+            H, v, HHt = G["H"], G["v"], G["HHt"]
+        else:
+            H, v = G["H"].astype(np.float64), G["v"].astype(np.float64)
+            HHt = H @ H.T
         if Mt1 is not None:
             return np.maximum(np.array([
                 float(s["Mxx"]) + Mt1[i] @ (v[i] * v[i]) + np.vdot(s["WtW"], HHt)
                 + np.einsum("kj,jkl,lj->", H, s["WtMW_cols"], H) - 2.0 * (v[i] @ colsum[i])
                 - 2.0 * np.vdot(s["WtA"], H) + 2.0 * np.vdot(s["WtM"], H * v[i]) for i, s in enumerate(stats)]), 0.0)
+        if kept:  # <W^T A, H> at the kept columns; (W^T 1)^T H v from the state's H v (s x r)
+            WtA_H = [ks.kept_inner(s["AtW_kept"], G["Ht"], ks.kept_of(G["kept"], G["kept_starts"], i))
+                     for i, s in enumerate(stats)]
+            Wt1_Hv = [s["Wt1"] @ G["Hv"][i] for i, s in enumerate(stats)]
+        else:
+            WtA_H = [s["WtA_H"] if "WtA_H" in s else np.vdot(s["WtA"], H) for s in stats]
+            Wt1_Hv = [s["Wt1"] @ (H @ v[i]) for i, s in enumerate(stats)]
         sizes = data.group_sizes.astype(np.float64)
         errs = np.array([
             data.group_sq_norms[i] + sizes[i] * (v[i] @ v[i]) + np.vdot(s["WtW"], HHt)
-            - 2.0 * (v[i] @ colsum[i]) - 2.0 * np.vdot(s["WtA"], H) + 2.0 * (s["Wt1"] @ (H @ v[i]))
+            - 2.0 * (v[i] @ colsum[i]) - 2.0 * WtA_H[i] + 2.0 * Wt1_Hv[i]
             for i, s in enumerate(stats)])
         return np.maximum(errs, 0.0)
 
