@@ -3,6 +3,7 @@
     python benchmarks/bench_nmf.py            # the full set (about 10 minutes on 2 cores)
     python benchmarks/bench_nmf.py --quick    # small sizes, to check the script
     python benchmarks/bench_nmf.py --cases dense --output /tmp/dense.json   # one case
+    python benchmarks/bench_nmf.py --cases sparse --mu-only --output /tmp/sparse.json   # sparse MU alone
 
 Cases (the targets of issues 2 and 19):
   dense   20000 x 2000 float64, rank 20
@@ -217,6 +218,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the script")
     parser.add_argument("--output", help="default: results/nmf.json (--quick: results/nmf-quick.json)")
     parser.add_argument("--cases", default="small,dense,sparse", help="comma-separated subset (default: all)")
+    parser.add_argument("--mu-only", action="store_true", help="dense and sparse: the MU comparison only (no HALS vs cd)")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
     if args.quick:
@@ -224,7 +226,7 @@ def main():
     else:
         dense_shape, sparse_shape, iters, cd_iter, small_iter, repeats = ((20000, 2000), (100000, 20000), (10, 30),
                                                                           200, 2000, 3)
-    results = {"machine": machine(), "quick": args.quick}
+    results = {"machine": machine(), "quick": args.quick, "load_average_at_start": os.getloadavg()}
     print(json.dumps(results["machine"], indent=1))
 
     if "small" in cases:
@@ -233,17 +235,21 @@ def main():
 
     if "dense" in cases:
         X = dense_case(*dense_shape, 20)
-        results["dense"] = {"shape": list(X.shape), "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats, float32=True),
-                            "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
+        results["dense"] = {"shape": list(X.shape), "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats, float32=True)}
+        if not args.mu_only:
+            results["dense"]["hals_vs_cd"] = hals_vs_cd(X, 20, cd_iter)
         print("dense", json.dumps(results["dense"]))
         del X
 
     if "sparse" in cases:
         X = sparse_case(*sparse_shape, 0.005)
         results["sparse"] = {"shape": list(X.shape), "nnz": int(X.nnz), "density": X.nnz / np.prod(X.shape),
-                             "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats), "hals_vs_cd": hals_vs_cd(X, 20, cd_iter)}
+                             "rank": 20, "mu": mu_ratio(X, 20, *iters, repeats)}
+        if not args.mu_only:
+            results["sparse"]["hals_vs_cd"] = hals_vs_cd(X, 20, cd_iter)
         print("sparse", json.dumps(results["sparse"]))
 
+    results["load_average_at_end"] = os.getloadavg()
     write_results(results, args.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                        "nmf-quick.json" if args.quick else "nmf.json"))
 

@@ -77,6 +77,28 @@ def test_sparse_and_dense_give_the_same_result(solver, loss):
     np.testing.assert_allclose(sparse.loss_history_, dense.loss_history_, rtol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("rank", [1, 3, 4, 5, 20, 33])
+def test_csr_local_step_equals_scipy_products(rank, dtype):
+    """The fused CSR sweep against scipy's products at ranks with and without a SIMD tail: the MU step and
+    W^T X, and a HALS step against the dense path's sweep given scipy's X H^T."""
+    from distfact.kernels import nmf as k
+
+    rng = np.random.default_rng(rank)
+    X = sp.random(150, 70, density=0.1, random_state=rank, format="csr", dtype=dtype)
+    W, H = rng.random((150, rank)).astype(dtype) + 0.1, rng.random((rank, 70)).astype(dtype) + 0.1
+    HHt = H @ H.T
+    tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    W_mu, WtX, WtW = k.frobenius_local(X, W, H, HHt, "mu")
+    expected = W * (X @ H.T) / np.maximum(W @ HHt, np.finfo(dtype).eps)
+    assert relative_diff(W_mu, expected) < tolerance
+    assert relative_diff(WtX, (X.T @ W_mu).T) < tolerance
+    assert relative_diff(WtW, W_mu.T @ W_mu) < tolerance
+    W_hals, WtX, _ = k.frobenius_local(X, W, H, HHt, "hals")
+    assert relative_diff(W_hals, k.w_update(W, np.asarray(X @ H.T), HHt, "hals")) < tolerance
+    assert relative_diff(WtX, (X.T @ W_hals).T) < tolerance
+
+
 @pytest.mark.parametrize("solver,loss", CASES)
 @pytest.mark.parametrize("sparse", [False, True])
 def test_losses_and_group_errors_equal_direct_recomputation(solver, loss, sparse):
