@@ -18,7 +18,7 @@ longer run (its factors do not move, its statistics are the last ones it had) an
 the blocks. The loop ends when every model has stopped. Every step of model i runs the method's own code on
 the same inputs, aligned alike, as when it is fitted alone, so each model's result is bitwise that of its fit
 alone (tests/test_sweep.py). With ``shared_products`` (``fit_many``'s default) the local steps of the running
-models go, where their method offers it (NMF's dense unmasked Frobenius MU and HALS: ``local_steps``), through one
+models go, where their method offers it (e.g. NMF's Frobenius MU and HALS on large dense blocks: ``local_steps``), through one
 call that forms one product per tile of X for all of them; those models' results are then equal to their fits
 alone to rounding, not bitwise. The engine only groups the calls; the products are the method's.
 

@@ -5,8 +5,8 @@ Each model is its estimator's own fit (``FactorEstimator``'s hooks: ``_check_par
 ``_phases``, ``_set_results``, ``_outputs``), run against its view of one shared executor; the models' phases
 run side by side, each phase's loops as one :class:`~distfact.engine.many.ManyModels` loop, so that every pass
 reads X once for all of them. Each fitted model is bitwise the model its estimator's ``fit`` gives alone, except
-where ``shared_products`` (the default) lets a method form one product of a block for all the models (NMF's dense
-unmasked Frobenius MU and HALS): those models equal their fits alone to rounding.
+where ``shared_products`` (the default) lets a method form one product of a block for all the models (NMF's
+Frobenius MU and HALS on large dense blocks): those models equal their fits alone to rounding.
 """
 
 from __future__ import annotations
@@ -64,11 +64,12 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, masks=None, c
         True (default): where the models' method offers it, their local steps on a block run as one, with one
         product of each tile of X for all the models together (X [H_1; ...; H_k]^T and [W_1 ... W_k]^T X, each
         model's update of W on its columns in between), which costs about as much as the products at the summed
-        rank rather than k separate products. Offered by NMF with the Frobenius loss (MU or HALS) on dense,
-        unmasked float64 blocks; those models' factors, histories and metrics then equal their fits alone to
+        rank rather than k separate products. Offered by NMF with the Frobenius loss (MU or HALS) on unmasked
+        float64 dense blocks of more than one tile of the local step (1 MiB; a smaller block's products are
+        small, and shared were no faster); those models' factors, histories and metrics then equal their fits alone to
         rounding (about 1e-12 relative after tens of iterations; not bitwise: the products' sums are grouped
         otherwise), and their iterations and passes are the same unless a stopping rule is met within rounding
-        of its threshold. Every other model (other estimators, KL, masks, sparse or float32 blocks), and a model
+        of its threshold. Every other model (other estimators, KL, masks, sparse, float32 or small blocks), and a model
         while it runs alone, is bitwise its fit alone. False: every model bitwise its fit alone, each with its own
         products.
     **fit_inputs

@@ -149,13 +149,14 @@ class NMFMethod:
         """Several models' ``local_step`` on one block with one product per tile of X_b for all of them
         (``engine/many.py``: the running models of a sweep; ``kernels/nmf.py: frobenius_local_many``), or None
         where it does not apply: it takes NMF's own method (not a subclass's) with the Frobenius loss, one
-        solver (MU or HALS) for all, float64 (float32's statistics need each model's residual), a dense
-        block and unmasked local states. Each model's results equal its ``local_step``'s to rounding."""
+        solver (MU or HALS) for all, float64 (float32's statistics need each model's residual), unmasked local
+        states and a dense block of several tiles (``kernels/nmf.py: shares_products``). Each model's results
+        equal its ``local_step``'s to rounding."""
         solvers = {method.solver for method in methods}
-        if (len(solvers) > 1 or not isinstance(X_b, np.ndarray) or X_b.dtype != np.float64
-                or any(type(method) is not NMFMethod or method.kl or method.dtype != "float64" for method in methods)
-                or any(not isinstance(W_b, np.ndarray) or W_b.dtype != X_b.dtype for W_b in locals_)
-                or any(G["H"].dtype != X_b.dtype for G in Gs)):
+        if (len(solvers) > 1 or any(type(method) is not NMFMethod or method.kl or method.dtype != "float64"
+                                    for method in methods)
+                or any(not isinstance(W_b, np.ndarray) for W_b in locals_)
+                or not k.shares_products(X_b, locals_, [G["H"] for G in Gs])):
             return None
         steps = k.frobenius_local_many(X_b, locals_, [G["H"] for G in Gs], [G["HHt"] for G in Gs], solvers.pop())
         return [(W_new, {"WtX": WtX, "WtW": WtW}) for W_new, WtX, WtW in steps]
