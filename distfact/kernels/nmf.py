@@ -368,9 +368,9 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
 
 def frobenius_local_many(X, Ws, Hs, HHts, solver: str):
     """``frobenius_local`` (no shift, no residual) of several models on one dense block of more than one tile
-    (``shares_products``), with one product per
-    tile for all of them: X_t [H_1; ...; H_k]^T and [W_1 ... W_k]_t^T X_t (``_dense_frobenius_local`` on the
-    models' factors side by side), each model's update of W_t on its columns in between. X_b is read from
+    (``shares_products``), with one product per tile for all of them: X_t [H_1; ...; H_k]^T and
+    [W_1 ... W_k]_t^T X_t (``_dense_frobenius_local`` on the models' factors side by side), each model's update
+    of W_t on its columns in between. X_b is read from
     memory once, and the products are as wide as the models' ranks together. Each model's results equal its
     ``frobenius_local``'s to rounding (the products' sums are grouped otherwise), not bitwise. Returns, per
     model, (W_b, W_b^T X_b, W_b^T W_b), each array its own (C-contiguous, aligned)."""
