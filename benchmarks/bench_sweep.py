@@ -1,6 +1,7 @@
 """Rank sweeps in shared passes (issue 19's target: a sweep of 10 ranks takes at most 3x the largest rank's fit alone).
 
-    python benchmarks/bench_sweep.py [--quick]    # about 4 minutes (--quick: the small case only, seconds)
+    python benchmarks/bench_sweep.py [--quick] [--cases memory,store,small]
+    # about 4 minutes on a quiet machine (--quick: the small case only, seconds; --cases: these, in this order)
 
 NMF MU, a fixed number of iterations (tol=0, so that every model runs them all), ranks 2, 4, ..., 20 (10 ranks):
 ``distfact.fit_many`` (one sweep), the largest rank alone, and the 10 ranks fitted one by one, in one run,
@@ -8,7 +9,7 @@ interleaved, medians of the repeats. Cases:
 
   store   20,000 x 2,000 float64 dense store on disk (320 MB of X, blocks of 2,500 rows, read by every pass),
           10 iterations: where reading X matters
-  memory  the same X in memory (the sweep's arithmetic is every model's: only the passes are shared), 10 iterations
+  memory  the same X in memory (the sweep shares its products: one per tile for all the ranks), 10 iterations
   small   400 x 100 in memory, 4 groups, 300 iterations: the engine's per-pass cost
 
 Results: benchmarks/results/sweep.json.
@@ -62,20 +63,24 @@ def case(X, groups, max_iter: int, repeats: int, separate_repeats: int) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the small case only")
+    parser.add_argument("--cases", default="small,memory,store", help="the cases to run, in this order")
     args = parser.parse_args()
     from distfact import from_arrays, open as open_store
 
-    rng = np.random.default_rng(0)
     results = {"machine": machine(), "cases": {}}
-    X = rng.random((400, 100))
-    groups = np.repeat([f"g{i}" for i in range(4)], 100)
-    print("small: 400 x 100, 300 iterations")
-    results["cases"]["small"] = case(X, groups, 300, repeats=5, separate_repeats=3)
-    if not args.quick:
-        X = rng.random((20_000, 2_000))
-        groups = np.repeat(["a", "b", "c", "d"], 5_000)
-        print("memory: 20,000 x 2,000 in memory, 10 iterations")
-        results["cases"]["memory"] = case(X, groups, 10, repeats=3, separate_repeats=1)
+    for name in ["small"] if args.quick else args.cases.split(","):
+        rng = np.random.default_rng(0)  # each case's X whatever ran before it
+        if name == "small":
+            print("small: 400 x 100, 300 iterations")
+            results["cases"]["small"] = case(rng.random((400, 100)), np.repeat([f"g{i}" for i in range(4)], 100),
+                                             300, repeats=5, separate_repeats=3)
+            continue
+        rng.random((400, 100))  # the small case's draw: the large X as when the cases ran in the default order
+        X, groups = rng.random((20_000, 2_000)), np.repeat(["a", "b", "c", "d"], 5_000)
+        if name == "memory":
+            print("memory: 20,000 x 2,000 in memory, 10 iterations")
+            results["cases"]["memory"] = case(X, groups, 10, repeats=3, separate_repeats=1)
+            continue
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
             path = os.path.join(tmp, "x.zarr")
             from_arrays(X, groups, path=path, block_rows=2_500)

@@ -4,7 +4,9 @@ over X (issue 19).
 Each model is its estimator's own fit (``FactorEstimator``'s hooks: ``_check_params``, ``_prepare``,
 ``_phases``, ``_set_results``, ``_outputs``), run against its view of one shared executor; the models' phases
 run side by side, each phase's loops as one :class:`~distfact.engine.many.ManyModels` loop, so that every pass
-reads X once for all of them. Each fitted model is bitwise the model its estimator's ``fit`` gives alone.
+reads X once for all of them. Each fitted model is bitwise the model its estimator's ``fit`` gives alone, except
+where ``shared_products`` (the default) lets a method form one product of a block for all the models (NMF's
+Frobenius MU and HALS on large dense blocks): those models equal their fits alone to rounding.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ SHARED_PARAMETERS = ("block_rows", "n_threads", "local_memory_budget", "column_b
 
 
 def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, masks=None, client=None, W_out=None,
-             return_W=False, **fit_inputs):
+             return_W=False, shared_products=True, **fit_inputs):
     """Fit several models in the same passes over X: a rank sweep, or the same rank from several seeds.
 
     Every pass reads each block of X once for all the models (a sweep of k models reads X once per iteration,
     not k times); each model stops by its own rule (or its ``max_iter``) and is then frozen while the others go
-    on. Every fitted model is bitwise the one ``estimator``'s ``fit`` gives alone with the same parameters:
-    ``fit_many(NMF(tol=0), X, ranks=[2, 5])[1]`` equals ``NMF(5, tol=0).fit(X)`` to the last bit.
+    on. Every fitted model is the one ``estimator``'s ``fit`` gives alone with the same parameters: bitwise with
+    ``shared_products=False`` (``fit_many(NMF(tol=0), X, ranks=[2, 5], shared_products=False)[1]`` equals
+    ``NMF(5, tol=0).fit(X)`` to the last bit), and by default bitwise too except where a method shares its
+    products between the models (see ``shared_products``).
 
     Parameters
     ----------
@@ -56,6 +60,18 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, masks=None, c
         One new or empty directory per model, where its W is written block by block (as by ``fit(W_out=...)``).
     return_W : bool
         Also return each model's W (n_samples x rank, X's row order, gathered as ``fit_transform`` gathers it).
+    shared_products : bool
+        True (default): where the models' method offers it, their local steps on a block run as one, with one
+        product of each tile of X for all the models together (X [H_1; ...; H_k]^T and [W_1 ... W_k]^T X, each
+        model's update of W on its columns in between), which costs about as much as the products at the summed
+        rank rather than k separate products. Offered by NMF with the Frobenius loss (MU or HALS) on unmasked
+        float64 dense blocks of more than one tile of the local step (1 MiB; a smaller block's products are
+        small, and shared were no faster); those models' factors, histories and metrics then equal their fits alone to
+        rounding (about 1e-12 relative after tens of iterations; not bitwise: the products' sums are grouped
+        otherwise), and their iterations and passes are the same unless a stopping rule is met within rounding
+        of its threshold. Every other model (other estimators, KL, masks, sparse, float32 or small blocks), and a model
+        while it runs alone, is bitwise its fit alone. False: every model bitwise its fit alone, each with its own
+        products.
     **fit_inputs
         The estimator's own ``fit`` arguments (SSNMF's ``Y``, ``y``, ``mask``), the same for every model.
 
@@ -96,7 +112,7 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, masks=None, c
     shared_inputs = fit_arguments(models[0], fit_inputs if masks is None else {**fit_inputs, "mask": None})
     inputs = [shared_inputs] * len(models) if masks is None else \
         [{**shared_inputs, "mask": mask} for mask in model_masks]
-    sweep = Sweep(models)
+    sweep = Sweep(models, shared_products)
     with masks_shared():  # a mask given to several models (a fold's) is cut into blocks once for all of them
         Ws = sweep.fit(X, groups, client, [None] * len(models) if W_out is None else list(W_out), inputs, return_W)
     for model in models:
@@ -123,7 +139,7 @@ def fit_arguments(model, given: dict) -> dict:
 class Sweep:
     """Models of one estimator class fitted in the same passes (see :func:`fit_many`)."""
 
-    def __init__(self, models: list):
+    def __init__(self, models: list, shared_products: bool = True):
         if not models:
             raise ValueError("no models to fit")
         kind = type(models[0])
@@ -147,6 +163,7 @@ class Sweep:
                 raise ValueError(f"the models of one sweep share X's blocks and local storage: {name} must be the "
                                  f"same for all, got {sorted(values)}")
         self.models = models
+        self.shared_products = shared_products
         self.local_memory_budget = getattr(models[0], "local_memory_budget", None)
         self.n_threads = getattr(models[0], "n_threads", None)
 
@@ -215,7 +232,7 @@ class Sweep:
         else:
             starts = [phase.start for phase in phases]
         many = ManyModels([phase.method for phase in phases], [phase.max_iter for phase in phases],
-                          [fit.deadline for fit in fits])
+                          [fit.deadline for fit in fits], self.shared_products)
         state = run_loop(many, fits[0].data, shared.executor, max_iter=max(phase.max_iter for phase in phases),
                          start=lambda: many.begin(shared, starts), callback=self._callback(many, phases, shared))
         for i, view in enumerate(shared.views):

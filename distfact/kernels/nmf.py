@@ -114,12 +114,19 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
 
 @numba.njit(nogil=True, cache=True)
 def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, product, XHt, WH,
-                          mask_indptr, mask_indices, mask_p, X_masked, corrections, WtPx_T, WtPwh_T, block_sums):
+                          mask_indptr, mask_indices, mask_p, X_masked, corrections, WtPx_T, WtPwh_T, block_sums,
+                          segments):
     """Rows lo:hi of the dense local step, ``tile`` rows at a time while they are in cache: X_t H^T,
     W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
     and W_t^T X_t added into WtX (r x n) in tile order. Scratch: ``product`` (r x n), ``XHt`` (tile x r),
     ``WH`` (tile x n, or no rows). With ``WH``, returns ||X - W_new H||^2 over the rows accumulated in
     float64 (else 0).
+
+    Several models at once (``frobenius_local_many``): W's columns (and H's rows) are the models' side by
+    side, model s at columns ``segments[s]:segments[s + 1]``, HHt their H H^T's block-diagonal matrix; each
+    product of a tile is then one product for every model. MU's update is column by column (the zero
+    blocks of HHt add exact zeros to the denominators); HALS sweeps each model's columns with its own block.
+    One model: ``segments`` (0, r).
 
     With a mask in the complement form (``mask_indptr``: X's rows + 1 entries, else none; update 0 or 1): P's
     entries (``mask_indices``, weights ``mask_p``) are applied tile by tile (``_zeroed_tile``, ``_mask_corrections``, ``_mask_scatter``): the tile is
@@ -153,7 +160,9 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
         else:
             w[:] = W[start:stop]
             if update == 2:
-                hals_sweep(w, xh, HHt)
+                for s in range(segments.shape[0] - 1):
+                    a, b = segments[s], segments[s + 1]
+                    hals_sweep(w[:, a:b], xh[:, a:b], HHt[a:b, a:b])
         if start == lo:
             np.dot(w.T, X_t, WtX)
         else:
@@ -259,16 +268,24 @@ def _tile_rows(X) -> int:
     return max(1, TILE_BYTES // (X.shape[1] * X.dtype.itemsize))
 
 
+def shares_products(X, Ws, Hs) -> bool:
+    """Whether ``frobenius_local_many`` takes these models' local steps on the dense block X: each of them goes
+    through the tiled step alone (``_tiled``). On a block of one tile the models' products are small and numpy's
+    (multi-threaded BLAS on the whole block): shared, they were measured no faster (400 x 100, 10 models)."""
+    return isinstance(X, np.ndarray) and all(_tiled(X, W, H) for W, H in zip(Ws, Hs))
+
+
 def _tiled(X, *factors) -> bool:
     """Whether a dense block goes through ``_dense_frobenius_local``: more than one tile, and one precision (mixed
     precisions take numpy's products in the wider type; one tile is numpy's products on the whole block)."""
     return X.shape[0] > _tile_rows(X) and np.result_type(X, *factors) == X.dtype
 
 
-def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, block_sums=False):
+def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, block_sums=False, segments=None):
     """The dense local step in cache-sized row tiles (``_dense_frobenius_rows``), its chunks on BLAS's threads.
     ``solver`` None: W is not updated (HHt is not used, nor H without a mask), only W^T X is summed. Returns (W_new, W_new^T X,
-    W_new^T W_new, the residual or 0).
+    W_new^T W_new, the residual or 0). ``segments``: several models' factors side by side (see
+    ``_dense_frobenius_rows``; no mask, no residual, and W_new^T W_new is then not formed: None).
 
     ``mask``: (indptr, indices, p) of a complement-form mask P (p in X's dtype; ``solver`` "mu" or None): the
     weighted MU step over X with 0 at P's entries of weight 0 (``kernels/masked.py``), which then also returns
@@ -288,6 +305,8 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
     W_new = empty_aligned((m, r), dtype)
     indptr, indices, p = (np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, dtype)) if mask is None else mask
     masked_rows = min(tile, m) if mask is not None else 0
+    many = segments is not None
+    segments = np.array((0, r), np.int64) if segments is None else np.asarray(segments, np.int64)
 
     def rows(lo):
         hi = min(lo + chunk, m)
@@ -298,7 +317,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
         sums = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile, W_new, WtX,
                                      product, empty_aligned((min(tile, hi - lo), r), dtype), WH, indptr, indices, p,
                                      empty_aligned((masked_rows, n), dtype), np.empty((masked_rows, 2 * r), dtype),
-                                     WtP[0], WtP[1], block_sums)
+                                     WtP[0], WtP[1], block_sums, segments)
         return WtX, WtP, np.array(sums)
 
     starts = list(range(0, m, chunk))
@@ -309,7 +328,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
         WtX += WtX_part
         WtP += WtP_part
         sums += sums_part
-    out = (W_new, WtX, gram(W_new), sums[0])
+    out = (W_new, WtX, None if many else gram(W_new), sums[0])
     if mask is None:
         return out
     return (*out, np.ascontiguousarray(WtP[0].T), np.ascontiguousarray(WtP[1].T), sums[1], sums[2], sums[3:])
@@ -345,6 +364,30 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
     if not residual:
         return W_new, WtX, WtW
     return W_new, WtX, WtW, residual_sq_norm(X, W_new, H) if sq_err is None else sq_err
+
+
+def frobenius_local_many(X, Ws, Hs, HHts, solver: str):
+    """``frobenius_local`` (no shift, no residual) of several models on one dense block of more than one tile
+    (``shares_products``), with one product per tile for all of them: X_t [H_1; ...; H_k]^T and
+    [W_1 ... W_k]_t^T X_t (``_dense_frobenius_local`` on the models' factors side by side), each model's update
+    of W_t on its columns in between. X_b is read from
+    memory once, and the products are as wide as the models' ranks together. Each model's results equal its
+    ``frobenius_local``'s to rounding (the products' sums are grouped otherwise), not bitwise. Returns, per
+    model, (W_b, W_b^T X_b, W_b^T W_b), each array its own (C-contiguous, aligned)."""
+    segments = np.concatenate(([0], np.cumsum([W.shape[1] for W in Ws])))
+    HHt = np.zeros((segments[-1], segments[-1]), X.dtype)
+    for a, b, HHt_i in zip(segments[:-1], segments[1:], HHts):
+        HHt[a:b, a:b] = HHt_i
+    W_new, WtX = _dense_frobenius_local(X, np.hstack(Ws), np.vstack(Hs), HHt, solver, None, False,
+                                        segments=segments)[:2]
+    out = []
+    for a, b in zip(segments[:-1], segments[1:]):
+        W_i = empty_aligned((X.shape[0], b - a), X.dtype)
+        W_i[...] = W_new[:, a:b]
+        WtX_i = empty_aligned((b - a, X.shape[1]), X.dtype)
+        WtX_i[...] = WtX[a:b]
+        out.append((W_i, WtX_i, gram(W_i)))
+    return out
 
 
 def w_update(W, XHt, HHt, solver, shift=None):
