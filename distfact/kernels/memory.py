@@ -13,7 +13,9 @@ allocation, each of them at a 64-byte boundary in it. The engine keeps those all
 and copies the next iteration's arrays into them once nothing refers to the earlier ones; one check over an
 allocation (:func:`aligned_holding`) covers all its arrays. Arrays made here are known without a look at their
 address (numpy builds ``__array_interface__`` in Python), and a small array found in a container that was not made
-here is copied without that look.
+here is copied without that look. A container of the layout the same kept allocations saw last (a fit's global
+state, a pass's outputs: the same every iteration) is copied by that layout, without the generic walk
+(:class:`_Layout`).
 """
 
 from __future__ import annotations
