@@ -67,12 +67,19 @@ def relative_error(sq_errors, sq_norms) -> np.ndarray:
     return np.sqrt(relative_to(np.maximum(sq_errors, 0.0), sq_norms))
 
 
+_FLOAT64 = np.dtype(np.float64)
+
+
 def frobenius_sq_errors(sq_norms, grams, H, HHt=None) -> np.ndarray:
     """‖X_l - W_l H‖_F^2 per group, without reading X, from its statistics ``grams`` = [(W_l^T X_l, W_l^T W_l)]
     and ‖X_l‖_F^2: ‖X_l‖^2 - 2 <W_l^T X_l, H> + <W_l^T W_l, H H^T>, in float64, clipped at 0 against round-off.
     ``HHt``: H H^T when the caller has it."""
-    H = np.asarray(H, dtype=np.float64)  # no copy of float64 factors
-    HHt = H @ H.T if HHt is None else np.asarray(HHt, dtype=np.float64)
+    if H.dtype is not _FLOAT64:  # float64 factors as they are (asked every iteration: no call for them, issue 19)
+        H = np.asarray(H, dtype=np.float64)
+    if HHt is None:
+        HHt = H @ H.T
+    elif HHt.dtype is not _FLOAT64:
+        HHt = np.asarray(HHt, dtype=np.float64)
     # group by group in Python floats: the same float64 operations as on arrays of the groups, without the arrays
     # (small fits compute this every iteration, issue 19); max(nan, 0.0) is nan, as np.maximum's
     return np.array([max(float(np.vdot(WtW, HHt) - 2.0 * np.vdot(WtX, H)) + float(sq_norm), 0.0)

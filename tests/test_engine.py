@@ -13,7 +13,7 @@ from conftest import grouped_data
 from distfact.engine import tree_reduce
 from distfact.engine.executor.distributed import DistributedExecutor, block_work, contiguous_placement
 from distfact.engine.reduce import merge, tree_reduce_arrivals
-from distfact.kernels.memory import ReusedBuffers, aligned
+from distfact.kernels.memory import ReusedBuffers, aligned, aligned_holding, empty_aligned
 
 
 def test_tree_reduce_pairs_in_a_fixed_order():
@@ -109,6 +109,67 @@ def test_reused_aligned_copies_never_overwrite_an_array_still_held():
         addresses.add(out[0].ctypes.data)
         del out
     assert len(addresses) == 1
+
+
+def _walked(value):
+    """What ``aligned_holding`` gives for ``value`` by the generic walk (fresh buffers: no layout learnt)."""
+    return aligned_holding(value, ReusedBuffers())
+
+
+def test_a_container_of_the_last_layout_is_aligned_as_the_walk_aligns_it():
+    """``aligned_holding`` repeats the layout of the last container it aligned with the same buffers (issue 19): the
+    same leaves copied (the same values, at 64-byte boundaries), the same ones kept as they are (the very objects),
+    the same holding list; a container whose leaves the walk would treat otherwise (an array made aligned, another
+    shape, a key more, a nested container) goes the generic way and gives what the walk gives."""
+    rng = np.random.default_rng(1)
+    reused = ReusedBuffers()
+    made = empty_aligned((3, 4), np.float64)
+    made[...] = 1.0
+    big = empty_aligned((200, 100), np.float64)  # 160 kB, aligned: kept as it is
+    big[...] = 2.0
+
+    def fresh(shape=(5, 7)):
+        return {"H": rng.random(shape), "c": rng.random(3), "scale": 0.5, "big": big}
+
+    def pass_like(W=None):
+        return [rng.random((9, 2)) if W is None else W, {"WtX": rng.random((2, 7)), "WtW": rng.random((2, 2))}]
+
+    def models(frozen):  # a sweep's global state: one dict per model, a stopped model's made here (not copied)
+        return {"0": fresh(), "1": {"H": made, "scale": 0.5} if frozen else fresh()}
+
+    variants = [fresh(), fresh(), {**fresh(), "H": made}, fresh((4, 7)), {**fresh(), "more": 1.0},
+                {**fresh(), "c": [rng.random(2)]}, fresh(), pass_like(), pass_like(), pass_like(made), pass_like(),
+                tuple(pass_like()), tuple(pass_like()), models(False), models(True), models(True), models(False)]
+    held = []
+    for value in variants:
+        expected, expected_holding = _walked(value)
+        out, holding = aligned_holding(value, reused)
+        held.append(out)  # kept alive: later copies must go elsewhere
+        assert type(out) is type(value) and len(out) == len(value)
+        pairs = list(zip(out.values(), expected.values(), value.values())) if isinstance(value, dict) else \
+            list(zip(out, expected, value))
+        for new, walked, old in pairs:
+            for a, b, c in (zip(new.values(), walked.values(), old.values()) if isinstance(old, dict) else
+                            [(new, walked, old)]):
+                if isinstance(c, np.ndarray) and b is not c:  # copied by the walk: copied here too
+                    assert a is not c and a.ctypes.data % 64 == 0 and a.flags.c_contiguous
+                    assert a.dtype == c.dtype and np.array_equal(a, c)
+                elif isinstance(c, list):  # nested deeper: rebuilt around its copies by the walk
+                    assert type(a) is list and all(np.array_equal(x, y) and x is not y for x, y in zip(a, c))
+                elif isinstance(c, dict) and b is c:  # nothing in it copied: the very dict
+                    assert a is c
+                else:
+                    assert a is c
+        assert len(holding) == len(expected_holding)
+        for a, b in zip(holding, expected_holding):
+            assert type(a) is type(b) and (a is b or np.array_equal(a, b))
+    # every array handed out still holds its own values
+    for out, value in zip(held, variants):
+        leaves = (lambda v: [x for item in (v.values() if isinstance(v, dict) else v)
+                             for x in (item.values() if isinstance(item, dict) else [item])])
+        for a, b in zip(leaves(out), leaves(value)):
+            if isinstance(b, np.ndarray):
+                assert np.array_equal(a, b)
 
 
 @pytest.mark.cluster

@@ -13,7 +13,9 @@ allocation, each of them at a 64-byte boundary in it. The engine keeps those all
 and copies the next iteration's arrays into them once nothing refers to the earlier ones; one check over an
 allocation (:func:`aligned_holding`) covers all its arrays. Arrays made here are known without a look at their
 address (numpy builds ``__array_interface__`` in Python), and a small array found in a container that was not made
-here is copied without that look.
+here is copied without that look. A container of the layout the same kept allocations saw last (a fit's global
+state, a pass's outputs: the same every iteration) is copied by that layout, without the generic walk
+(:class:`_Layout`).
 """
 
 from __future__ import annotations
@@ -107,13 +109,21 @@ def aligned_holding(value, reused: "ReusedBuffers"):
     """:func:`aligned` ``(value, reused)``, and a list of what together holds every value in the result: each kept
     allocation it was copied into, whole (one flat array whose padding is zero; its arrays one by one when their
     dtypes differ), every array copied alone or not copied, and every other item that is not a container (numbers,
-    sparse matrices). So one test over a few items (a finite check) covers a whole pass's small arrays."""
+    sparse matrices). So one test over a few items (a finite check) covers a whole pass's small arrays.
+
+    A container of the layout ``reused`` saw last (:class:`_Layout`: a fit's global state, a pass's outputs, every
+    iteration) is aligned by that layout, without the generic walk (issue 19)."""
+    layout = reused.layout
+    if layout is not None:
+        done = layout.align(value, reused)
+        if done is not None:
+            return done
     pending: list[np.ndarray] = []
     holding: list = []
     _collect_to_copy(value, pending, holding)
-    if not pending:
-        return value, holding
-    return _with_copies(value, _copies(pending, reused, holding)), holding
+    result = value if not pending else _with_copies(value, _copies(pending, reused, holding))
+    reused.layout = _Layout.learn(value, result)
+    return result, holding
 
 
 def _collect_to_copy(container, pending: list, rest: list | None = None) -> None:
@@ -220,10 +230,15 @@ class ReusedBuffers:
 
     def __init__(self):
         self._kept: dict[tuple, list[_SharedCopies]] = {}
+        #: how :func:`aligned_holding` aligned the last container given with these buffers (None: not one it can
+        #: repeat)
+        self.layout: _Layout | None = None
 
-    def free_copies(self, arrays: list) -> _SharedCopies:
-        """An allocation for ``arrays`` (by shape and dtype) that nothing uses, kept or new."""
-        layout = tuple([(array.shape, array.dtype) for array in arrays])
+    def free_copies(self, arrays: list, layout: tuple | None = None) -> _SharedCopies:
+        """An allocation for ``arrays`` (by shape and dtype: ``layout``, when the caller has it) that nothing uses,
+        kept or new."""
+        if layout is None:
+            layout = tuple([(array.shape, array.dtype) for array in arrays])
         kept = self._kept.get(layout)
         if kept is None:
             kept = self._kept[layout] = []
@@ -236,6 +251,120 @@ class ReusedBuffers:
         if len(kept) < self.PER_LAYOUT and copies.nbytes <= self.MAX_BYTES:
             kept.append(copies)
         return copies
+
+
+class _Layout:
+    """How :func:`aligned_holding` aligned a container (a dict, list or tuple whose items are leaves or flat dicts of
+    leaves; a leaf is anything but a container): which leaves it copied (small arrays this module did not make, all
+    into one shared allocation) and which it kept as they were. A container of the same layout, whose leaves the
+    walk would treat alike, then takes the same copies into the same kept allocations, without the walk (issue 19:
+    small fits align their global state and a pass's outputs, of one layout, every iteration)."""
+
+    __slots__ = ("kind", "keys", "slots", "shapes")
+
+    def __init__(self, kind, keys, slots, shapes):
+        #: the container's type, its keys (a dict) or length, per item (key, None: a leaf copied or not, or the
+        #: inner dict's keys, and which of its leaves were copied), and the copied arrays' (shape, dtype) in order
+        self.kind, self.keys, self.slots, self.shapes = kind, keys, slots, shapes
+
+    @classmethod
+    def learn(cls, value, result) -> "_Layout | None":
+        """The layout of ``value``, as aligned into ``result``; None when it is not one :meth:`align` repeats (deeper
+        containers, an array copied into an allocation of its own or twice, nothing copied)."""
+        kind = type(value)
+        if kind not in CONTAINERS or len(value) != len(result):
+            return None
+        keys = tuple(value) if kind is dict else len(value)
+        slots, copied = [], []
+        for key in (keys if kind is dict else range(keys)):
+            item, made = value[key], result[key]
+            if type(item) is dict:
+                inner = tuple(item)
+                if type(made) is not dict or tuple(made) != inner:
+                    return None
+                leaves = [(leaf, made[name]) for name, leaf in item.items()]
+                slots.append((key, inner, tuple(new is not leaf for leaf, new in leaves)))
+            elif isinstance(item, CONTAINERS):
+                return None
+            else:
+                leaves = [(item, made)]
+                slots.append((key, None, made is not item))
+            for leaf, new in leaves:
+                if new is not leaf:
+                    if not isinstance(leaf, np.ndarray) or leaf.nbytes >= SHARED_BELOW_BYTES or leaf.dtype.hasobject:
+                        return None
+                    copied.append(leaf)
+        if not copied or len({id(leaf) for leaf in copied}) != len(copied):
+            return None
+        return cls(kind, keys, tuple(slots), tuple([(leaf.shape, leaf.dtype) for leaf in copied]))
+
+    def align(self, value, reused: "ReusedBuffers"):
+        """:func:`aligned_holding` ``(value, reused)`` when ``value`` has this layout and the walk would copy the
+        same leaves (the same test: a small array this module did not make, any other array kept when it is made
+        here or large and aligned); None otherwise. (A leaf found twice is copied twice: equal copies.)"""
+        kind = type(value)
+        if kind is not self.kind:
+            return None
+        if kind is dict:
+            if tuple(value) != self.keys:
+                return None
+            result = dict(value)
+        else:
+            if len(value) != self.keys:
+                return None
+            result = list(value)
+        made = _made
+        sources, places, holding = [], [], []
+        for key, inner, copy in self.slots:
+            item = value[key]
+            if inner is None:  # a leaf
+                target, leaves = result, ((key, item, copy),)
+            else:  # a flat dict: its leaves
+                if type(item) is not dict or tuple(item) != inner:
+                    return None
+                target = None
+                if True in copy:  # rebuilt where something is copied, else kept as it is
+                    target = result[key] = dict(item)
+                leaves = zip(inner, item.values(), copy)
+            for name, leaf, copy_it in leaves:
+                if copy_it:
+                    if _not_copied_by_walk(leaf, made):
+                        return None
+                    sources.append(leaf)
+                    places.append((target, name))
+                elif _kept_as_is(leaf, made):
+                    holding.append(leaf)
+                else:
+                    return None
+        # the same shapes and dtypes as the copies learnt: small arrays, none of object dtype, as the walk copies
+        if tuple([(leaf.shape, leaf.dtype) for leaf in sources]) != self.shapes:
+            return None
+        copies = reused.free_copies(sources, self.shapes)
+        for leaf, (target, name), copy in zip(sources, places, copies.views):
+            copy[...] = leaf
+            target[name] = copy
+        holding.extend(copies.views if copies.whole is None else (copies.whole,))
+        return (result if kind is dict or kind is list else kind(result)), holding
+
+
+def _not_copied_by_walk(leaf, made: dict) -> bool:
+    """Whether ``leaf``, to be copied as a small array, is not one :func:`_collect_to_copy` copies: not an array, or
+    one this module made."""
+    if not isinstance(leaf, np.ndarray):
+        return True
+    ref = made.get(id(leaf))
+    return ref is not None and ref() is leaf
+
+
+def _kept_as_is(leaf, made: dict) -> bool:
+    """Whether :func:`_collect_to_copy` keeps ``leaf`` as it is: an array this module made, or a large aligned one, or
+    anything but an array or a container."""
+    if isinstance(leaf, np.ndarray):
+        ref = made.get(id(leaf))
+        return (ref is not None and ref() is leaf) or (
+            leaf.nbytes >= SHARED_BELOW_BYTES
+            and leaf.flags.c_contiguous and leaf.__array_interface__["data"][0] % ALIGNMENT == 0)
+    return not isinstance(leaf, CONTAINERS)
 
 
 def _with_copies(container, copies: dict):

@@ -52,6 +52,7 @@ H step's SOCP is written on W_l^T W_l, and with a mask every column of H has its
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -68,10 +69,11 @@ C_UPDATES = ("decaying", "fixed", "largest")
 def group_errors(sq_norms, WtX, WtW, H, HHt, WtMWH_adj=None) -> np.ndarray:
     """||X_l - W_l H||_F from statistics (clipped at 0 against round-off); with ``WtMWH_adj`` (a masked fit's),
     sqrt(sum m (x - wh)^2) over the observed entries."""
-    sq = sq_norms - 2.0 * np.vdot(WtX, H) + np.vdot(WtW, HHt)
+    # in Python floats: the same float64 operations as on numpy's scalars, with less dispatch (issue 19)
+    sq = float(sq_norms) - 2.0 * float(np.vdot(WtX, H)) + float(np.vdot(WtW, HHt))
     if WtMWH_adj is not None:
-        sq += np.vdot(WtMWH_adj, H)
-    return np.sqrt(max(float(sq), 0.0))
+        sq += float(np.vdot(WtMWH_adj, H))
+    return math.sqrt(max(sq, 0.0))
 
 
 def masked_mu_step(X_b, W, H, HHt, form, P, update: bool, base=None, X_sums=None):
@@ -123,22 +125,37 @@ class ObservedConstants:
 class LastErrors:
     """The errors of the last (global state, statistics) pair a method computed them for: the driver asks the
     objective for them and then the next global step, from the same two objects, so that they are computed
-    once per iteration (issue 19). Kept beside the methods, by method (weakly), not in them: a method's
-    ``__dict__`` is its parameters (a checkpoint's configuration, a saved model). Equal methods share an entry,
-    which is only ever used for the very same objects; one tuple, replaced whole, so concurrent fits cannot
-    mix their entries."""
+    once per iteration (issue 19). Kept beside the methods, by method object (found by its ``id``, a weak reference
+    saying it is the same object: hashing a frozen dataclass hashes its fields on every call), not in them: a
+    method's ``__dict__`` is its parameters (a checkpoint's configuration, a saved model). An entry is only ever
+    used for the very same objects; one tuple, replaced whole, so concurrent fits cannot mix their entries, and
+    dropped with its method."""
 
     def __init__(self):
-        self._entries = weakref.WeakKeyDictionary()
+        self._entries: dict[int, tuple] = {}
 
     def get(self, method, G, stats, compute):
         """``compute()``, or what it gave last time for ``method`` and these very objects ``G`` and ``stats``."""
-        entry = self._entries.get(method)
-        if entry is not None and entry[0] is G and entry[1] is stats:
-            return entry[2]
+        key = id(method)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is method:
+            if entry[1] is G and entry[2] is stats:
+                return entry[3]
+            ref = entry[0]
+        else:
+            ref = weakref.ref(method, self._dropper(key))
         errors = compute()
-        self._entries[method] = (G, stats, errors)
+        self._entries[key] = (ref, G, stats, errors)
         return errors
+
+    def _dropper(self, key: int):
+        """What removes the entry of the method at ``key`` once it is gone (and not a later method's, made at the same
+        address)."""
+        def drop(ref):
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] is ref:
+                del self._entries[key]
+        return drop
 
 
 LAST_ERRORS = LastErrors()
@@ -146,6 +163,28 @@ LAST_ERRORS = LastErrors()
 
 # Errors below this share of ||X_l|| are measured against it by the stopping rules (``relative_change_below``).
 ERROR_FLOOR = 0.01
+
+
+def weighted_sum(weights, stats: list[dict], name: str):
+    """``sum(w * s[name] for w, s in zip(weights, stats))``: the same operations (0 + the first group's term, then
+    each next group's, in order), without a generator (issue 19)."""
+    total = 0
+    for w, s in zip(weights, stats):
+        total = total + w * s[name]
+    return total
+
+
+def all_changes_below(previous, current, tol: float, floor: float = ERROR_FLOOR) -> bool:
+    """``relative_change_below(previous, current, tol, floor).all()`` for vectors, entry by entry in Python floats:
+    the same float64 operations (|c - p| < tol * max(c, floor), a NaN comparing False either way), without numpy's
+    dispatch on arrays of a few entries (the schemes ask it every iteration, issue 19)."""
+    previous, current = np.asarray(previous).tolist(), np.asarray(current).tolist()
+    if tol <= 0:
+        return not current  # no entry changed by less than tol: all of none
+    for p, c in zip(previous, current):
+        if not abs(c - p) < tol * (c if c > floor or c != c else floor):
+            return False
+    return True
 
 
 def relative_change_below(previous, current, tol: float, floor: float = ERROR_FLOOR) -> np.ndarray:
@@ -289,8 +328,8 @@ class GroupErrorEstimate(ObservedConstants):
     def converged(self, objectives, group_objectives):
         """Every run has stopped: a stopped run's error no longer moves, so it meets the rule at every
         later iteration, and the rule on the last two iterations says it for all runs."""
-        return len(group_objectives) >= 2 and bool(
-            relative_change_below(group_objectives[-2], group_objectives[-1], self.tol, self.floor).all())
+        return len(group_objectives) >= 2 and all_changes_below(group_objectives[-2], group_objectives[-1], self.tol,
+                                                                self.floor)
 
 
 @dataclass(frozen=True)
@@ -320,15 +359,16 @@ class _FairerScheme(ObservedConstants):
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         return {"WtX": WtX, "WtW": WtW}
 
-    def _measured(self, G, stats, data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(||X_l - W_l H||_F, ||X_l||^2, ||X_l||, E_l), per group, computed once for the same ``G`` and ``stats``
-        (the objective's, then the next global step's: small fits take them every iteration, issue 19); masked: over
-        the observed entries."""
+    def _measured(self, G, stats, data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(||X_l - W_l H||_F, ||X_l||^2, ||X_l||, E_l, the relative losses (Definition 4.1)), per group, computed
+        once for the same ``G`` and ``stats`` (the objective's, then the next global step's: small fits take them
+        every iteration, issue 19); masked: over the observed entries."""
         def measure():
             sq_norms = self.sq_norms(data)
             errors = np.array([group_errors(sq, s["WtX"], s["WtW"], G["H"], G["HHt"], s.get("WtMWH_adj"))
                                for s, sq in zip(stats, sq_norms)])
-            return errors, sq_norms, np.sqrt(sq_norms), np.asarray(self.E)
+            norms, E = np.sqrt(sq_norms), np.asarray(self.E)
+            return errors, sq_norms, norms, E, (errors - E) / norms
         return LAST_ERRORS.get(self, G, stats, measure)
 
     def errors(self, G, stats, data) -> np.ndarray:
@@ -337,9 +377,8 @@ class _FairerScheme(ObservedConstants):
         return self._measured(G, stats, data)[0]
 
     def losses(self, G, stats, data) -> np.ndarray:
-        """Relative reconstruction loss per group (Definition 4.1)."""
-        errors, _, norms, E = self._measured(G, stats, data)
-        return (errors - E) / norms
+        """Relative reconstruction loss per group (Definition 4.1; the same array for the same ``G`` and ``stats``)."""
+        return self._measured(G, stats, data)[4]
 
     def relative_losses(self, relative_errors, data) -> np.ndarray:
         """Definition 4.1 from the relative errors e_l / ||X_l|| (the per-group objective vectors, groups on the
@@ -348,13 +387,13 @@ class _FairerScheme(ObservedConstants):
 
     def objective(self, G, stats, data):
         """f = max_l relative loss (eq. 7); the per-group vector is the relative errors e_l / ||X_l|| (for eq. 10)."""
-        errors, _, norms, E = self._measured(G, stats, data)
-        return float(((errors - E) / norms).max()), errors / norms
+        errors, _, norms, _, losses = self._measured(G, stats, data)
+        return float(losses.max()), errors / norms
 
     def converged(self, objectives, group_objectives):
         """Eq. (10): relative change of every group's error below tol (errors floored at ``floor`` ||X_l||)."""
-        return len(group_objectives) >= 2 and bool(
-            relative_change_below(group_objectives[-2], group_objectives[-1], self.tol, self.floor).all())
+        return len(group_objectives) >= 2 and all_changes_below(group_objectives[-2], group_objectives[-1], self.tol,
+                                                                self.floor)
 
 
 @dataclass(frozen=True)
@@ -393,12 +432,12 @@ class FairerMU(_FairerScheme):
 
     def global_step(self, G, stats, data):
         """Lines 7-10 from the statistics of W^(k-1), H^(k-1)."""
-        c = self.next_c(G["c"], int(np.argmax(self.losses(G, stats, data))))
-        weights = (c ** 2 / self._measured(G, stats, data)[1]).astype(self.dtype)
-        WtX = sum(w * s["WtX"] for w, s in zip(weights, stats))
-        WtW = sum(w * s["WtW"] for w, s in zip(weights, stats))
+        _, sq_norms, _, _, losses = self._measured(G, stats, data)
+        c = self.next_c(G["c"], int(losses.argmax()))
+        weights = (c ** 2 / sq_norms).astype(self.dtype, copy=False)
+        WtX, WtW = weighted_sum(weights, stats, "WtX"), weighted_sum(weights, stats, "WtW")
         if "WtMWH_adj" in stats[0]:
-            H = km.mu_h_update(G["H"], WtX, WtW, sum(w * s["WtMWH_adj"] for w, s in zip(weights, stats)))
+            H = km.mu_h_update(G["H"], WtX, WtW, weighted_sum(weights, stats, "WtMWH_adj"))
         else:
             H = k.mu_h_update(G["H"], WtX, WtW)
         return {"H": H, "HHt": H @ H.T, "scale": G["scale"], "c": c}

@@ -54,6 +54,7 @@ class GroupedMatrix:
         self.feature_names = feature_names
         self._column_data = column_data  # in memory: the CSC column blocks, in order
         self._masks = masks  # in memory, with a mask: each block's {form: P}, in order
+        self._per_group = None  # (meta.groups, {name: read-only array per group}): see _group_array
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -167,12 +168,26 @@ class GroupedMatrix:
 
     @property
     def group_sq_norms(self) -> np.ndarray:
-        """||X_l||_F^2 per group."""
-        return np.array([g.sq_norm for g in self.meta.groups])
+        """||X_l||_F^2 per group (read-only)."""
+        return self._group_array("sq_norm")
 
     @property
     def group_totals(self) -> np.ndarray:
-        return np.array([g.total for g in self.meta.groups])
+        """The sum of X_l's entries per group (read-only)."""
+        return self._group_array("total")
+
+    def _group_array(self, name: str) -> np.ndarray:
+        """The groups' field ``name`` as an array, made once for the groups of the metadata (small fits ask for the
+        groups' constants every iteration, issue 19); read-only, since every caller shares it."""
+        groups, cached = self.meta.groups, getattr(self, "_per_group", None)  # (absent from one pickled before it)
+        if cached is None or cached[0] is not groups:
+            cached = self._per_group = (groups, {})
+        arrays = cached[1]
+        array = arrays.get(name)
+        if array is None:
+            array = arrays[name] = np.array([getattr(g, name) for g in groups])
+            array.flags.writeable = False
+        return array
 
     @property
     def group_nnz(self) -> np.ndarray:
