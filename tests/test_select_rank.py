@@ -259,13 +259,13 @@ def test_group_rows_fit_bitwise_as_the_groups_rows_ingested_alone(tmp_path, on_d
         np.testing.assert_array_equal(fits[0].objective_history_, fits[1].objective_history_)
 
 
-@pytest.mark.parametrize("store", ["own mask", "appended"])
+@pytest.mark.parametrize("store", ["own mask", "own mask, in memory", "appended"])
 def test_group_rows_of_a_masked_or_appended_store_fit_as_the_groups_rows_alone(tmp_path, store):
     """A store with its own mask, or one grown by an append (blocks of version 1), gives GroupRows its mask kind
     and version (before, its metadata check refused both: "has a mask, but the store has none", "version 1,
     but the store is at version 0"), and a fit equals the group's rows ingested alone, bitwise."""
     path = str(tmp_path / "x.zarr")
-    if store == "own mask":
+    if store.startswith("own mask"):
         data = X.copy()
         data[np.random.default_rng(2).random(X.shape) < 0.1] = np.nan
         distfact.from_arrays(data, GROUPS, path=path, block_rows=11, missing="nan")
@@ -274,7 +274,8 @@ def test_group_rows_of_a_masked_or_appended_store_fit_as_the_groups_rows_alone(t
         distfact.from_arrays(X[:first], GROUPS[:first], path=path, block_rows=11,
                              group_names=sorted(set(GROUPS)))
         append_arrays(path, X[first:], GROUPS[first:], block_rows=11)
-    whole = distfact.open(path)
+    whole = (distfact.from_arrays(data, GROUPS, block_rows=11, missing="nan") if store.endswith("in memory")
+             else distfact.open(path))
     assert whole.meta.mask is not None or whole.meta.version == 1
     for group, name in enumerate(whole.group_names):
         part = GroupRows(whole, group)
@@ -282,7 +283,7 @@ def test_group_rows_of_a_masked_or_appended_store_fit_as_the_groups_rows_alone(t
         alone = distfact.from_arrays(data[rows], GROUPS[rows], block_rows=11, missing="nan")
         fits = [NMF(3, max_iter=12, tol=0, random_state=5).fit(matrix) for matrix in (part, alone)]
         assert part.shape == alone.shape
-        if store == "own mask":  # same blocks: the same fit to the bit
+        if store.startswith("own mask"):  # same blocks: the same fit to the bit
             assert np.array_equal(fits[0].components_, fits[1].components_)
         else:  # the append cut the group's rows into other blocks: the same fit to rounding
             np.testing.assert_allclose(fits[0].components_, fits[1].components_, rtol=1e-9, atol=1e-12)

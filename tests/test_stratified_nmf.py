@@ -189,8 +189,15 @@ def test_bitwise_equal_on_a_local_cluster(local_cluster_client):
     np.testing.assert_array_equal(W_there, W_here)
 
 
-def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("sparse", [False, True])
+def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path, sparse):
+    """Dense, and CSR strata on different column ranges, whose per-stratum statistics at their kept columns have
+    lengths of their own (a checkpoint of those was refused as damaged: "not 3 alike per-group dicts")."""
     X, strata = grouped_data(m=120, n=20, n_groups=3, seed=56)
+    if sparse:
+        for g, name in enumerate(np.unique(strata)):
+            X[strata == name, :4 * g + 2] = 0.0  # 18, 14 and 10 columns stored
+        X = sp.csr_matrix(X)
     full = distfact.StratifiedNMF(4, max_iter=30, random_state=2).fit(X, groups=strata)
     distfact.StratifiedNMF(4, max_iter=12, random_state=2, checkpoint_dir=tmp_path, checkpoint_every=4).fit(X, groups=strata)
     resumed = distfact.StratifiedNMF(4, max_iter=30, random_state=2, checkpoint_dir=tmp_path, checkpoint_every=4,
@@ -209,3 +216,17 @@ def test_inverse_transform_adds_each_rows_stratum_shift():
     np.testing.assert_allclose(model.inverse_transform(W, strata), expected, rtol=1e-12)
     with pytest.raises(ValueError, match="were not seen in fit"):
         model.inverse_transform(W[:2], ["1", "nine"])
+
+
+def test_a_csr_block_with_a_column_outside_its_kept_columns_is_refused():
+    """The kept-column step gathers H^T's rows by renumbered column indices, unchecked inside the sweep: a block
+    storing a column its stratum's pass 0 did not see is refused before the sweep (no out-of-bounds read)."""
+    from distfact.kernels.stratified import kept_columns_mu_step
+
+    rng = np.random.default_rng(3)
+    A = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]))
+    W, H = rng.random((2, 2)), rng.random((2, 3))
+    W_new, AtW = kept_columns_mu_step(A, W, np.ascontiguousarray(H.T), H @ H.T, np.zeros(2), np.array([0, 1, 2]))
+    np.testing.assert_allclose(AtW, A.T @ W_new, rtol=1e-12)
+    with pytest.raises(ValueError, match="outside its stratum's kept columns"):
+        kept_columns_mu_step(A, W, np.ascontiguousarray(H.T), H @ H.T, np.zeros(2), np.array([0, 2]))

@@ -253,10 +253,13 @@ def aligned_checked(global_state: dict, reused: ReusedBuffers, iteration: int) -
 def check_restored(saved: dict, method, data, global_args: dict) -> None:
     """ValueError unless a checkpoint's state has the structure this fit's own would have: the entries of
     ``method.initial_global`` (for this data and ``global_args``) of the same kinds, shapes and dtypes (the
-    global state may hold more: what the global steps add), statistics for every group alike, a loss
-    history of ``iteration + 1`` entries."""
-    def kind(value):
+    global state may hold more: what the global steps add), statistics for every group alike (the same names,
+    arrays of the same dtype and number of dimensions: a group's statistic may have its own length, as a
+    stratum's at its kept columns in Stratified-NMF), a loss history of ``iteration + 1`` entries."""
+    def kind(value, shape=True):
         if isinstance(value, np.ndarray):
+            if not shape:
+                return f"an array of {value.ndim} dimensions and dtype {value.dtype}"
             return f"an array of shape {value.shape} and dtype {value.dtype}"
         if isinstance(value, (bool, np.bool_)):
             return "a bool"
@@ -274,7 +277,8 @@ def check_restored(saved: dict, method, data, global_args: dict) -> None:
             raise ValueError(f"global state {key!r} is {kind(restored[key])}, this fit's is {kind(expected[key])}")
     stats, iteration = saved["stats"], saved["iteration"]
     if (not isinstance(stats, list) or len(stats) != data.n_groups or not all(isinstance(s, dict) for s in stats)
-            or any({k: kind(v) for k, v in s.items()} != {k: kind(v) for k, v in stats[0].items()} for s in stats)):
+            or any({k: kind(v, False) for k, v in s.items()} != {k: kind(v, False) for k, v in stats[0].items()}
+                   for s in stats)):
         raise ValueError(f"the statistics are not {data.n_groups} alike per-group dicts")
     for name in ("objectives", "group_objectives"):
         history = saved[name]

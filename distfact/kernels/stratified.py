@@ -36,12 +36,16 @@ def kept_columns_mu_step(A, W, Ht, HHt, shift, kept):
     The fused CSR sweep of ``kernels/nmf.py`` on the block with its column indices renumbered into ``kept`` and H^T's
     rows gathered likewise: the same products in the same order as on the whole width, so W_new and the kept rows
     of (W^T A)^T are the same bits; the other columns' statistic, all zeros, is never made."""
-    positions = np.empty(Ht.shape[0], dtype=A.indices.dtype)
+    positions = np.full(Ht.shape[0], -1, dtype=A.indices.dtype)
     positions[kept] = np.arange(kept.size, dtype=positions.dtype)
+    columns = positions[A.indices]
+    if columns.size and columns.min() < 0:  # the sweep does not check its indices: refuse before it runs
+        raise ValueError("a CSR block stores a column outside its stratum's kept columns (the data changed after "
+                         "pass 0)")
     W = np.ascontiguousarray(W)
     WHHt = W @ HHt
     WHHt += shift
-    W_new, AtW = _csr_frobenius_local(A.indptr, positions[A.indices], A.data, W, Ht[kept], np.ascontiguousarray(HHt),
+    W_new, AtW = _csr_frobenius_local(A.indptr, columns, A.data, W, Ht[kept], np.ascontiguousarray(HHt),
                                       WHHt, True, floor_eps(W.dtype))
     return aligned(W_new), aligned(AtW)  # here, in the block's thread (the pass would copy them in the driver's)
 

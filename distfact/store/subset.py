@@ -44,6 +44,7 @@ class GroupRows(GroupedMatrix):
         sums = None if data.group_column_sums is None else data.group_column_sums[group:group + 1].copy()
         super().__init__(meta, None if sums is None else sums[0], path=data.path,
                          blocks=None if not data.in_memory else [data._blocks[b.index] for b in mine],
+                         masks=None if data._masks is None else [data._masks[b.index] for b in mine],
                          block_rows=[self._positions[b.row_start:b.row_stop] for b in blocks],
                          feature_names=data.feature_names, verify=data.verify, group_column_sums=sums)
 
