@@ -31,13 +31,11 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from .mask_forms import COMPLEMENT, FORMS, OBSERVED
 from .nmf import _dense_frobenius_local, kl_ratio, kl_stats, residual_sq_norm
 from .nmf import frobenius_stats as unmasked_stats
 from .products import block_column_sums, block_times_ht, floor_eps, sparse_wt_times_block, wh_at_nonzeros
 
-OBSERVED = "mask_observed"
-COMPLEMENT = "mask_complement"
-FORMS = (OBSERVED, COMPLEMENT)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -14,7 +14,6 @@ import zarr
 from zarr.storage import LocalStore
 
 from ..kernels.memory import aligned
-from ..kernels.running_sums import SQ_NORM, TOTAL, add_rows
 from .chunks import ChecksummingStore
 from .format import Block, BlockMask, GroupStats, Metadata
 from .grouped import GroupedMatrix
@@ -114,6 +113,8 @@ class StoreWriter:
         if group_name not in self._group_sums:
             self._group_sums[group_name] = GroupSums.zeros(self.n_cols)
         sums = self._group_sums[group_name]
+        from ..kernels.running_sums import add_rows  # numba's: what writing needs, not opening a store (``info``)
+
         add_rows(block, sums.column_sums, sums.running)
         key = f"{self.first_key + len(self._staged):06d}"
         entry = {"key": key, "group": group_name, "rows": block.shape[0], "stats": stats, "arrays": ()}
@@ -244,6 +245,8 @@ class StoreWriter:
     def group_records(self, group_order: list[str], blocks: list[Block]) -> list[GroupStats]:
         """Each group's record: its rows and non-zeros from its ``blocks`` (the store's, in order), its squared
         norm and sum the running sums of its rows (the same wherever its rows are cut into blocks)."""
+        from ..kernels.running_sums import SQ_NORM, TOTAL
+
         records = []
         for g, name in enumerate(group_order):
             mine = [b for b in blocks if b.group == g]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..kernels.masked import COMPLEMENT, OBSERVED, observed_block, values_at
+from ..kernels.mask_forms import COMPLEMENT, OBSERVED
 
 #: how the metadata names the forms (the kernels' names are the keys of a block's local state)
 FORM_NAMES = {COMPLEMENT: "complement", OBSERVED: "observed"}
@@ -105,6 +105,8 @@ def zero_missing(X, weights):
         X.sort_indices()
         pattern = sp.csr_matrix((X.data, X.indices, X.indptr), shape=X.shape)
         if sp.issparse(weights):
+            from ..kernels.masked import values_at  # numba's, compiled when a mask is applied, not to open a store
+
             kept = values_at(pattern, weights) != 0
         else:
             kept = weights[np.repeat(np.arange(X.shape[0]), np.diff(X.indptr)), X.indices] != 0
@@ -163,6 +165,8 @@ def block_observed_total(X_b, form: str, P: sp.csr_matrix) -> float:
 def block_observed_sums(X_b, form: str, P: sp.csr_matrix) -> tuple[float, float]:
     """(sum of X_b, sum m x^2) over the block's observed entries (X_b read as 0 at the missing ones), in float64:
     the first is :func:`block_observed_total`, the second the block's squared norm over them, weighted."""
+    from ..kernels.masked import observed_block  # numba's, as above
+
     X_b, x = observed_block(X_b, form, P)
     values = x if form == OBSERVED else (X_b.data if sp.issparse(X_b) else X_b)  # observed: P's entries only
     x = x.astype(np.float64)

@@ -15,6 +15,7 @@ from zarr.storage import LocalStore
 from ..kernels.memory import empty_aligned
 from .chunks import ChecksummingStore, ChunkDamage, array_codecs, chunk_key, dtype_name
 from .format import ArrayRecord, Block, ColumnBlock
+from .masks import FORMS_BY_NAME
 
 
 def one_line(exc: BaseException) -> str:
@@ -120,8 +121,6 @@ class MaskReader:
     verify: bool = True
 
     def __call__(self, block: Block) -> dict:
-        from .masks import FORMS_BY_NAME  # here: the kernels' numba, which opening a store does not need
-
         node, what = block_place(block)
         mask = block.mask
         arrays = read_arrays(self.path, f"{node}/mask", f"{what}, mask", mask.arrays,
