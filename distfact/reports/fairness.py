@@ -35,8 +35,8 @@ def fairness_table(X, groups=None, ranks=range(1, 11), *, random_state=0, client
     X and groups as for the estimators (arrays with labels, a GroupedMatrix or a store path). ``params`` are
     FairerNMF's (its defaults, the paper's, otherwise); standard NMF takes its own defaults but for ``tol``
     and ``max_iter``, which, when given, both methods share. Each method's ranks are fitted in the same passes
-    over X (``distfact.fit_many``: each model as fitted alone); ``progress(done, message)`` hears of each
-    sweep's end (``done``: the sweeps done, of two).
+    over X (``distfact.fit_many``: each model its fit alone, to rounding where NMF's products are shared);
+    ``progress(done, message)`` hears of each sweep's end (``done``: the sweeps done, of two).
     """
     data = as_grouped(X, groups)
     norms = np.sqrt(data.group_sq_norms)
