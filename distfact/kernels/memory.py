@@ -55,10 +55,12 @@ def _remember(array: np.ndarray) -> np.ndarray:
 
 def is_aligned(array: np.ndarray) -> bool:
     """C-contiguous, starting at a 64-byte boundary."""
-    ref = _made.get(id(array))
-    if ref is not None and ref() is array:
-        return True
-    return array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0  # address(), inlined
+    return _made_here(array, _made) or _at_aligned_address(array)
+
+
+def _at_aligned_address(array: np.ndarray) -> bool:
+    """C-contiguous at a 64-byte boundary, from its address (``address()`` inlined)."""
+    return array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGNMENT == 0
 
 
 def empty_aligned(shape, dtype) -> np.ndarray:
@@ -130,15 +132,11 @@ def _collect_to_copy(container, pending: list, rest: list | None = None) -> None
     """The arrays in ``container`` that :func:`aligned` copies into ``pending``; with ``rest``, every other item that
     is not a container into it. Copied: an array this module did not make that is small (its address is not looked
     at: numpy builds ``__array_interface__`` in Python, 1-2 µs, more than copying a small array into the container's
-    shared allocation) or not aligned. (Small fits walk a pass's and a global state's containers every iteration,
-    issue 19: the test is written out here, not called per array.)"""
+    shared allocation) or not aligned (:func:`_array_kept_as_is`, the test :class:`_Layout` repeats)."""
     made = _made
     for item in container.values() if isinstance(container, dict) else container:
         if isinstance(item, np.ndarray):
-            ref = made.get(id(item))
-            if (ref is None or ref() is not item) and (
-                    item.nbytes < SHARED_BELOW_BYTES
-                    or not (item.flags.c_contiguous and item.__array_interface__["data"][0] % ALIGNMENT == 0)):
+            if not _array_kept_as_is(item, made):
                 pending.append(item)
             elif rest is not None:
                 rest.append(item)
@@ -347,23 +345,29 @@ class _Layout:
         return (result if kind is dict or kind is list else kind(result)), holding
 
 
+def _made_here(array: np.ndarray, made: dict) -> bool:
+    """Whether this module made ``array`` (its record in ``made``, :data:`_made`, is still that array)."""
+    ref = made.get(id(array))
+    return ref is not None and ref() is array
+
+
+def _array_kept_as_is(array: np.ndarray, made: dict) -> bool:
+    """Whether :func:`aligned` keeps ``array`` as it is: made here, or large and aligned (its address is looked at
+    only then)."""
+    return _made_here(array, made) or (array.nbytes >= SHARED_BELOW_BYTES and _at_aligned_address(array))
+
+
 def _not_copied_by_walk(leaf, made: dict) -> bool:
     """Whether ``leaf``, to be copied as a small array, is not one :func:`_collect_to_copy` copies: not an array, or
     one this module made."""
-    if not isinstance(leaf, np.ndarray):
-        return True
-    ref = made.get(id(leaf))
-    return ref is not None and ref() is leaf
+    return not isinstance(leaf, np.ndarray) or _made_here(leaf, made)
 
 
 def _kept_as_is(leaf, made: dict) -> bool:
-    """Whether :func:`_collect_to_copy` keeps ``leaf`` as it is: an array this module made, or a large aligned one, or
-    anything but an array or a container."""
+    """Whether :func:`_collect_to_copy` keeps ``leaf`` as it is: an array :func:`_array_kept_as_is`, or anything
+    but an array or a container."""
     if isinstance(leaf, np.ndarray):
-        ref = made.get(id(leaf))
-        return (ref is not None and ref() is leaf) or (
-            leaf.nbytes >= SHARED_BELOW_BYTES
-            and leaf.flags.c_contiguous and leaf.__array_interface__["data"][0] % ALIGNMENT == 0)
+        return _array_kept_as_is(leaf, made)
     return not isinstance(leaf, CONTAINERS)
 
 
