@@ -13,7 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .blas_threads import map_on_blas_threads
-from .memory import aligned, empty_aligned
+from .memory import aligned, aligned_copy, empty_aligned
 from .products import block_times_ht, floor_eps, gram, sparse_wt_times_block, wh_at_nonzeros, wt_times_block
 
 #: Bytes of X per tile of the dense local step: a tile stays in the core's cache while both products
@@ -353,8 +353,7 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
                 WHHt += shift
         W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.data, W, np.ascontiguousarray(H.T),
                                             np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype))
-        WtX = empty_aligned(WtX_T.shape[::-1], WtX_T.dtype)  # aligned already: the pass need not copy it again
-        WtX[...] = WtX_T.T
+        WtX = aligned_copy(WtX_T.T)  # aligned already: the pass need not copy it again
         WtW = gram(W_new)
     elif not _tiled(X, W, H, HHt):
         W_new = w_update(W, X @ H.T, HHt, solver, shift)

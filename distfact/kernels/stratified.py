@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .memory import aligned, empty_aligned
+from .memory import aligned, aligned_copy, empty_aligned
 from .nmf import _csr_frobenius_local
 from .products import floor_eps
 
@@ -71,14 +71,7 @@ def sum_over_strata(AtW_kept: list, kept: np.ndarray, kept_starts: np.ndarray, n
     out_T = np.zeros((n, AtW_kept[0].shape[1]), dtype=AtW_kept[0].dtype)
     for i, AtW in enumerate(AtW_kept):
         _add_kept_rows(out_T, AtW, kept_of(kept, kept_starts, i))
-    return transposed(out_T)
-
-
-def transposed(A: np.ndarray) -> np.ndarray:
-    """A^T, C-contiguous and aligned (``kernels/memory.py``: the engine need not copy it again)."""
-    out = empty_aligned(A.shape[::-1], A.dtype)
-    out[...] = A.T
-    return out
+    return aligned_copy(out_T.T)  # aligned: the engine need not copy it again
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)

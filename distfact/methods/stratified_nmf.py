@@ -72,6 +72,7 @@ import scipy.sparse as sp
 from ..kernels import masked as km
 from ..kernels import nmf as k
 from ..kernels import stratified as ks
+from ..kernels.memory import aligned_copy
 from ..kernels.products import block_column_sums, gram
 from .stopping import relative_decrease_below
 
@@ -108,7 +109,7 @@ class StratifiedMU:
             state["Mt1"] = Mt1
         if kept is not None:
             state["kept"], state["kept_starts"] = kept
-            state["Ht"] = like["Ht"] if same and "Ht" in like else ks.transposed(H)
+            state["Ht"] = like["Ht"] if same and "Ht" in like else aligned_copy(H.T)
         return state
 
     @staticmethod
