@@ -15,7 +15,9 @@ GEMM; target <= 1.3), and distfact on the same X in float32 (target: >= 1.7x fas
   small   400 x 100, rank 5, 2000 MU iterations: distfact fit vs a direct numpy loop of the same
           updates (target ratio <= 2).
 Per-iteration times are (T(n2) - T(n1)) / (n2 - n1) for fits of n1 and n2 iterations with tol=0, so
-initialisation and input conversion cancel out. Results go to benchmarks/results/nmf.json.
+initialisation and input conversion cancel out. Dense MU's floor ratio and float32 speed-up are also given
+from one fit's own clock ("steady": the median time between consecutive iterations, from its callback), which
+does not carry two whole fits' noise. Results go to benchmarks/results/nmf.json.
 """
 
 from __future__ import annotations
@@ -103,6 +105,15 @@ def per_iteration(make_fit, n1, n2):
     return (t2 - t1) / (n2 - n1)
 
 
+def steady_iteration(make_model, X, n_iter):
+    """Median seconds between consecutive iterations of one fit (from its callback's clock), the first two
+    iterations left out: an iteration's own cost, without the start or the end of the fit. Steadier than the
+    difference of two fits' times (``per_iteration``), which carries both fits' noise."""
+    stamps = []
+    make_model(n_iter, lambda info: stamps.append(time.perf_counter())).fit(X)
+    return float(np.median(np.diff(stamps[2:])))
+
+
 def gemm_floor(X, r, repeats=5):
     """The floor of an MU iteration on dense X: its two GEMM-shaped products X H^T and W^T X (2 m n r multiply-adds
     each). Measured two ways with numpy's BLAS on all its threads, best of ``repeats``: the two products themselves,
@@ -127,16 +138,21 @@ def mu_ratio(X, r, n1, n2, repeats, float32=False):
         return per_iteration(lambda k: distfact.NMF(r, solver="mu", init="random", max_iter=k, tol=0,
                                                     random_state=0).fit(data), n1, n2)
 
+    def model(k, callback):
+        return distfact.NMF(r, solver="mu", init="random", max_iter=k, tol=0, random_state=0, callback=callback)
+
     X32 = X.astype(np.float32) if float32 else None
-    sk, mine, floors, singles = [], [], [], []
+    sk, mine, floors, singles, steady64, steady32 = [], [], [], [], [], []
     for _ in range(repeats):
         sk.append(per_iteration(lambda k: SkNMF(r, solver="mu", init="random", max_iter=k, tol=0,
                                                 random_state=0).fit(X), n1, n2))
         mine.append(ours(X))
         if not sp.issparse(X):
             floors.append(gemm_floor(X, r))
+            steady64.append(steady_iteration(model, X, n2))
         if float32:
             singles.append(ours(X32))
+            steady32.append(steady_iteration(model, X32, n2))
     ratios = np.array(mine) / np.array(sk)
     out = {"sklearn_mu_s_per_iter": float(np.median(sk)), "distfact_mu_s_per_iter": float(np.median(mine)),
            "ratio": float(np.median(ratios)), "ratios": ratios.round(3).tolist(), "target": 0.5}
@@ -147,10 +163,18 @@ def mu_ratio(X, r, n1, n2, repeats, float32=False):
                              "peak_gflops": float(np.median([f["peak_gflops"] for f in floors])),
                              "distfact_to_floor": float(np.median(to_floor)), "ratios": to_floor.round(3).tolist(),
                              "target": 1.3}
+        steady_to_floor = np.array(steady64) / np.array([f["floor_s"] for f in floors])
+        out["gemm_floor"]["steady"] = {"distfact_s_per_iter": float(np.median(steady64)),
+                                       "distfact_to_floor": float(np.median(steady_to_floor)),
+                                       "ratios": steady_to_floor.round(3).tolist()}
     if float32:
         speedup = np.array(mine) / np.array(singles)
+        steady = np.array(steady64) / np.array(steady32)
         out["float32"] = {"distfact_mu_s_per_iter": float(np.median(singles)), "speedup": float(np.median(speedup)),
-                          "speedups": speedup.round(3).tolist(), "target": 1.7}
+                          "speedups": speedup.round(3).tolist(), "target": 1.7,
+                          "steady": {"float64_s_per_iter": float(np.median(steady64)),
+                                     "float32_s_per_iter": float(np.median(steady32)),
+                                     "speedup": float(np.median(steady)), "speedups": steady.round(3).tolist()}}
     return out
 
 

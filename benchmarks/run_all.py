@@ -4,10 +4,11 @@
     python benchmarks/run_all.py --only small nmf   # some (names as in the table below)
     python benchmarks/run_all.py --list
 
-Each benchmark writes its own raw results (``benchmarks/results/*.json``); this writes
-``benchmarks/results/run_all.json``: the commit, and per benchmark its command, wall time, exit status and the
-load average before and after (the machine is shared: a figure taken at a load above 2 on 2 cores is not a
-quiet machine's). Benchmarks that compare with an earlier version (``--before DIR``) are run without one here:
+Each benchmark writes its own raw results (``benchmarks/results/*.json``); this keeps
+``benchmarks/results/run_all.json``: per benchmark, its latest run's commit, date, command, wall time, exit
+status and the load average before and after (the machine is shared: a figure taken at a load above 2 on 2 cores
+is not a quiet machine's). A run with ``--only`` replaces the records of the benchmarks it ran and keeps the
+others', so the file says which commit each figure was last measured on. Benchmarks that compare with an earlier version (``--before DIR``) are run without one here:
 their same-run ratios against the peers still are; the before/after columns need the DIR.
 
 Run it with nothing else on the machine; the order puts issue 19's targets first.
@@ -55,6 +56,18 @@ def commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def earlier_runs(path: Path) -> dict:
+    """The records ``path`` holds, by benchmark name (none if it does not exist); a file that is not such a record
+    is refused, naming it, rather than replaced."""
+    if not path.exists():
+        return {}
+    try:
+        runs = json.loads(path.read_text())["runs"]
+        return {run["name"]: run for run in runs if run["name"] in BENCHMARKS and "commit" in run}
+    except (ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"{path}: not a record of run_all.py ({error!r}); move it aside to start a new one")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run these only, in the table's order")
@@ -66,7 +79,8 @@ def main(argv=None) -> int:
             extra, minutes = BENCHMARKS[name]
             print(f"{name:15s} ~{minutes:3d} min  bench_{name}.py {' '.join(extra)}")
         return 0
-    runs, env = [], {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
+    record = HERE / "results" / "run_all.json"
+    runs, here, env = earlier_runs(record), commit(), {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
                                                                               os.environ.get("PYTHONPATH")]))}
     for name in names:
         extra, _ = BENCHMARKS[name]
@@ -74,11 +88,15 @@ def main(argv=None) -> int:
         print(f"== {name}: {' '.join(command[1:])}", flush=True)
         load_before, start = os.getloadavg(), time.perf_counter()
         status = subprocess.run(command, cwd=HERE.parent, env=env).returncode
-        runs.append({"name": name, "command": command[1:], "seconds": round(time.perf_counter() - start, 1),
-                     "returncode": status, "load_before": load_before, "load_after": os.getloadavg()})
-        print(f"== {name}: exit {status} after {runs[-1]['seconds']} s", flush=True)
-    (HERE / "results" / "run_all.json").write_text(json.dumps({"commit": commit(), "runs": runs}, indent=1) + "\n")
-    return max((run["returncode"] for run in runs), default=0)
+        runs[name] = {"name": name, "commit": here, "date": time.strftime("%Y-%m-%d %H:%M"),
+                      "command": [str(Path(command[1]).relative_to(HERE.parent)), *command[2:]],
+                      "seconds": round(time.perf_counter() - start, 1), "returncode": status,
+                      "load_before": load_before, "load_after": os.getloadavg()}
+        print(f"== {name}: exit {status} after {runs[name]['seconds']} s", flush=True)
+        aside = record.with_suffix(".json.partial")  # written aside and renamed: a kill leaves the old record
+        aside.write_text(json.dumps({"runs": [runs[n] for n in BENCHMARKS if n in runs]}, indent=1) + "\n")
+        aside.replace(record)
+    return max((runs[name]["returncode"] for name in names), default=0)
 
 
 if __name__ == "__main__":
