@@ -10,7 +10,10 @@ interleaved, medians of the repeats. Cases:
   store   20,000 x 2,000 float64 dense store on disk (320 MB of X, blocks of 2,500 rows, read by every pass),
           10 iterations: where reading X matters
   memory  the same X in memory (the sweep shares its products: one per tile for all the ranks), 10 iterations
-  small   400 x 100 in memory, 4 groups, 300 iterations: the engine's per-pass cost
+  small   400 x 100 in memory, 4 groups, 300 iterations: the engine's per-pass cost; also the sweep's arithmetic
+          alone (``numpy_floor``: a direct numpy loop of the ten models' MU updates stacked side by side, one
+          product of each kind per group's block for all ten, on one BLAS thread, no objective), about the least
+          any engine could spend on the sweep
 
 Results: benchmarks/results/sweep.json.
 """
@@ -41,14 +44,49 @@ def median_seconds(runs: dict, repeats: int) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def case(X, groups, max_iter: int, repeats: int, separate_repeats: int) -> dict:
+def numpy_floor(X, groups, max_iter: int) -> None:
+    """The sweep's arithmetic without the engine: Lee & Seung's MU for the models of ``RANKS`` stacked side by side
+    (X_b [H_1; ...; H_k]^T and W_b^T X_b one product each per group's block, each model's W_s H_s H_s^T, W_s^T W_s
+    and W_s^T W_s H_s its own), on one BLAS thread, no objective."""
+    from threadpoolctl import threadpool_limits
+
+    blocks = [np.ascontiguousarray(X[groups == g]) for g in np.unique(groups)]
+    bounds = np.cumsum([0] + RANKS)
+    segments = list(zip(bounds[:-1], bounds[1:]))
+    rng = np.random.default_rng(0)
+    H = rng.random((bounds[-1], X.shape[1]))
+    Ws = [rng.random((len(X_b), bounds[-1])) for X_b in blocks]
+    eps = np.finfo(np.float64).eps
+    with threadpool_limits(1):
+        for _ in range(max_iter):
+            HHt = [H[a:b] @ H[a:b].T for a, b in segments]
+            WtX, WtW = np.zeros_like(H), [np.zeros((b - a, b - a)) for a, b in segments]
+            for i, X_b in enumerate(blocks):
+                W = Ws[i]
+                WHHt = np.empty_like(W)
+                for (a, b), G in zip(segments, HHt):
+                    WHHt[:, a:b] = W[:, a:b] @ G
+                Ws[i] = W = W * (X_b @ H.T) / np.maximum(WHHt, eps)
+                WtX += W.T @ X_b
+                for (a, b), total in zip(segments, WtW):
+                    total += W[:, a:b].T @ W[:, a:b]
+            WtWH = np.empty_like(H)
+            for (a, b), G in zip(segments, WtW):
+                WtWH[a:b] = G @ H[a:b]
+            H = H * WtX / np.maximum(WtWH, eps)
+
+
+def case(X, groups, max_iter: int, repeats: int, separate_repeats: int, floor: bool = False) -> dict:
     from distfact import NMF, fit_many
 
     template = NMF(max(RANKS), max_iter=max_iter, tol=0.0, random_state=0)
     swept = fit_many(template, X, groups=groups, ranks=RANKS)  # warm-up (numba, page cache), and the pass count
-    out = median_seconds({"sweep": lambda: fit_many(template, X, groups=groups, ranks=RANKS),
-                          "largest_alone": lambda: NMF(max(RANKS), max_iter=max_iter, tol=0.0,
-                                                       random_state=0).fit(X, groups=groups)}, repeats)
+    runs = {"sweep": lambda: fit_many(template, X, groups=groups, ranks=RANKS),
+            "largest_alone": lambda: NMF(max(RANKS), max_iter=max_iter, tol=0.0,
+                                         random_state=0).fit(X, groups=groups)}
+    if floor:
+        runs["numpy_floor"] = lambda: numpy_floor(X, groups, max_iter)
+    out = median_seconds(runs, repeats)
     out.update(median_seconds({"separate": lambda: [NMF(r, max_iter=max_iter, tol=0.0, random_state=0).fit(
         X, groups=groups) for r in RANKS]}, separate_repeats))
     out = {f"{name}_seconds": round(value, 4) for name, value in out.items()}
@@ -56,6 +94,8 @@ def case(X, groups, max_iter: int, repeats: int, separate_repeats: int) -> dict:
                separate_passes=sum(m.n_passes_ for m in swept),
                sweep_over_largest=round(out["sweep_seconds"] / out["largest_alone_seconds"], 3),
                sweep_over_separate=round(out["sweep_seconds"] / out["separate_seconds"], 3))
+    if floor:
+        out["numpy_floor_over_largest"] = round(out["numpy_floor_seconds"] / out["largest_alone_seconds"], 3)
     print({key: value for key, value in out.items() if key != "ranks"})
     return out
 
@@ -73,7 +113,7 @@ def main():
         if name == "small":
             print("small: 400 x 100, 300 iterations")
             results["cases"]["small"] = case(rng.random((400, 100)), np.repeat([f"g{i}" for i in range(4)], 100),
-                                             300, repeats=5, separate_repeats=3)
+                                             300, repeats=5, separate_repeats=3, floor=True)
             continue
         rng.random((400, 100))  # the small case's draw: the large X as when the cases ran in the default order
         X, groups = rng.random((20_000, 2_000)), np.repeat(["a", "b", "c", "d"], 5_000)
