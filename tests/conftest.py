@@ -52,6 +52,20 @@ def startup_seconds() -> float:
     return time.perf_counter() - started
 
 
+def cli_in_process(capsys, *args) -> tuple[int, str, str]:
+    """``distfact ARGS`` in this process (main() as the console script runs it, in the current directory): its exit
+    status, stdout and stderr. Tests run a real process where the process itself (its exit status as a process,
+    a kill, a lock held by another process, start-up) is the subject."""
+    from distfact.cli import main
+
+    try:
+        code = main([str(arg) for arg in args])
+    except SystemExit as exit:  # argparse's usage errors and --help: the status the console script exits with
+        code = exit.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
