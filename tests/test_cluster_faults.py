@@ -219,7 +219,7 @@ def test_workers_without_distfact_or_at_another_version_are_named_within_seconds
         started = time.perf_counter()
         out = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2",
                               "--scheduler", str(directory / "scheduler.json"), "--no-progress"],
-                             capture_output=True, text=True, timeout=120)
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, out.stderr
         assert time.perf_counter() - started < 30
         assert "worker-1 (tcp://127.0.0.1:" in out.stderr and "No module named 'distfact'" in out.stderr
@@ -296,5 +296,5 @@ def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_c
         Client(f"tcp://{host}:{port}", timeout="5s")
     # the CLI without --tls-dir: told that the scheduler speaks TLS
     out = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2", "--scheduler",
-                          scheduler, "--no-progress"], capture_output=True, text=True, timeout=120)
+                          scheduler, "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "speaks TLS" in out.stderr

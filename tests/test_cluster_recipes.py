@@ -34,14 +34,14 @@ def test_an_unreachable_scheduler_is_an_error_within_seconds(tmp_path):
     start_up = startup_seconds()
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(tmp_path / "x.zarr"), "--rank", "2",
-                          "--scheduler", "tcp://127.0.0.1:9", "--no-progress"], capture_output=True, text=True,
-                         timeout=120)
+                          "--scheduler", "tcp://127.0.0.1:9", "--no-progress"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 2 and "cannot reach a Dask scheduler at 'tcp://127.0.0.1:9'" in out.stderr
     # the 10 s connect timeout, plus the interpreter's start as long as it takes now (twice: a loaded machine varies)
     assert time.perf_counter() - started < CONNECT_TIMEOUT + 5 + 2 * start_up
     missing = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(tmp_path / "x.zarr"), "--rank", "2",
-                              "--scheduler", str(tmp_path / "nowhere.json")], capture_output=True, text=True,
-                             timeout=120)
+                              "--scheduler", str(tmp_path / "nowhere.json")], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
     assert missing.returncode == 2 and "scheduler file" in missing.stderr and "does not exist" in missing.stderr
 
 

@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 
 import distfact
-from distfact.cli import main as cli_main
 from distfact.pipeline import SpecError, load_spec, run_pipeline
 from distfact.outputs import locked, sibling
 from distfact.pipeline.nightly import (is_run, match_components, previous_run, published_runs, read_start,
                                       retain)
+
+from conftest import cli_in_process
 
 RANK, FEATURES, FIRST_ROWS, NEW_ROWS = 4, 30, 400, 40
 H_TRUE = np.random.default_rng(7).random((RANK, FEATURES)) ** 4  # sparse-ish, distinct components
@@ -100,14 +101,6 @@ def night(tmp_path, number: int, text: str, degrade=None):
     (tmp_path / "spec.toml").write_text(text)
     return run_pipeline(tmp_path / "spec.toml", date=f"2026-01-{number + 1:02d}", root=str(tmp_path / "runs"),
                         stream=io.StringIO())
-
-
-def cli_in_process(capsys, *args) -> tuple[int, str, str]:
-    """``distfact ARGS`` in this process (main() as the console script runs it, in the current directory): its exit
-    status, stdout and stderr. :func:`cli` runs a real process where the process's own exit status is the subject."""
-    code = cli_main([str(arg) for arg in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def cli(*args, cwd):

@@ -1,5 +1,9 @@
-"""Pipelines (distfact run): end to end as a user runs them (real processes), reruns, resume after a SIGKILL,
-spec errors, a failing stage, publishing to an fsspec URL, the report in headless Chromium, scheduling files."""
+"""Pipelines (distfact run): end to end as a user runs them (a real process), reruns, resume after a SIGKILL,
+spec errors, a failing stage, publishing to an fsspec URL, the report in headless Chromium, scheduling files.
+
+A real ``distfact`` process runs a pipeline's first run, the run killed mid-fit, and the run that holds the lock
+a second one is refused; the other commands run in this process (main() as the console script runs it), which
+skips a process's start-up (importing the library, loading numba's cache) and nothing the commands do."""
 
 import configparser
 import glob
@@ -16,6 +20,8 @@ import numpy as np
 import pytest
 
 from distfact.pipeline import SpecError, load_spec, run_pipeline
+
+from conftest import cli_in_process
 
 # a complete checkpoint: its staging directory iter-NNNNNN.partial-<hex>/ holds COMMITTED before the rename
 COMMITTED_CHECKPOINT = "iter-" + "[0-9]" * 6 + "/COMMITTED"
@@ -61,7 +67,7 @@ def snapshot(directory):
             for p in glob.glob(os.path.join(directory, "**"), recursive=True) if os.path.isfile(p)}
 
 
-def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
+def test_end_to_end_then_a_rerun_does_nothing(tmp_path, monkeypatch, capsys):
     spec = write_spec(tmp_path)
     out = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -103,20 +109,23 @@ def test_end_to_end_then_a_rerun_does_nothing(tmp_path):
         facts = json.loads((run_dir / "fit" / name / "fit.json").read_text())
         assert facts["sweep_passes"] == 21 and facts["n_passes"] == 21
 
+    monkeypatch.chdir(tmp_path)
     before = snapshot(run_dir)
-    again = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
-    assert again.returncode == 0 and "up to date" in again.stdout and "nothing to do" in again.stdout
+    code, out, _ = cli_in_process(capsys, "run", spec, "--output", tmp_path / "runs", "--date", DATE)
+    assert code == 0 and "up to date" in out and "nothing to do" in out
     assert snapshot(run_dir) == before  # not a file touched
 
     spec.write_text(SMALL.replace('title = "small"', 'title = "small, retitled"'))
-    changed = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
-    assert changed.returncode == 0 and "ran report, publish" in changed.stdout
+    code, out, _ = cli_in_process(capsys, "run", spec, "--output", tmp_path / "runs", "--date", DATE)
+    assert code == 0 and "ran report, publish" in out
     assert "small, retitled" in (run_dir / "report" / "report.html").read_text()
 
-    forced = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, "--force", cwd=tmp_path)
-    assert forced.returncode == 0 and "ran ingest, fit, evaluate, report, publish" in forced.stdout
+    code, out, _ = cli_in_process(capsys, "run", spec, "--output", tmp_path / "runs", "--date", DATE, "--force")
+    assert code == 0 and "ran ingest, fit, evaluate, report, publish" in out
 
 
+# 150 iterations with a checkpoint every 5: a fit of a few seconds, long enough after its first checkpoint for a
+# kill 0.3 s later to land mid-fit (checked), and for a second run to find the first still running
 RESUMABLE = """
 name = "resumable"
 [input]
@@ -125,17 +134,18 @@ block_rows = 300
 [[fit]]
 method = "nmf"
 rank = 8
-max_iter = 300
+max_iter = 150
 tol = 0.0
 [output]
 checkpoint_every = 5
 """
 
 
-def test_a_killed_fit_resumes_to_the_same_factors(tmp_path):
+def test_a_killed_fit_resumes_to_the_same_factors(tmp_path, monkeypatch, capsys):
     spec = write_spec(tmp_path, RESUMABLE)
-    reference = run("run", spec, "--output", tmp_path / "whole", "--date", DATE, cwd=tmp_path)
-    assert reference.returncode == 0, reference.stderr
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_in_process(capsys, "run", spec, "--output", tmp_path / "whole", "--date", DATE)
+    assert code == 0, err
     process = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
                                 str(tmp_path / "cut"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -148,12 +158,12 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path):
     process.wait()
     run_dir = tmp_path / "cut" / "resumable" / DATE
     assert list(partial.glob(COMMITTED_CHECKPOINT)) and not (run_dir / "fit").exists(), "the kill must land mid-fit"
-    resumed = run("run", spec, "--output", tmp_path / "cut", "--date", DATE, "--resume", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "skip" in resumed.stderr and '"stage": "ingest", "event": "skip"' in resumed.stderr
+    code, _, err = cli_in_process(capsys, "run", spec, "--output", tmp_path / "cut", "--date", DATE, "--resume")
+    assert code == 0, err
+    assert "skip" in err and '"stage": "ingest", "event": "skip"' in err
     whole = tmp_path / "whole" / "resumable" / DATE / "fit" / "nmf-r8"
     assert np.array_equal(np.load(run_dir / "fit" / "nmf-r8" / "components.npy"), np.load(whole / "components.npy"))
-    assert json.loads((run_dir / "fit" / "nmf-r8" / "fit.json").read_text())["n_iter"] == 300
+    assert json.loads((run_dir / "fit" / "nmf-r8" / "fit.json").read_text())["n_iter"] == 150
 
 
 def test_resume_redoes_fits_whose_spec_changed(tmp_path):
@@ -175,7 +185,7 @@ def test_resume_redoes_fits_whose_spec_changed(tmp_path):
     assert not os.path.exists(os.path.join(run_dir, "fit", "nmf-r3", "checkpoints"))  # dropped once DONE
 
 
-def test_a_second_run_of_the_same_date_is_refused_while_one_runs(tmp_path):
+def test_a_second_run_of_the_same_date_is_refused_while_one_runs(tmp_path, monkeypatch, capsys):
     spec = write_spec(tmp_path, RESUMABLE)
     first = subprocess.Popen([sys.executable, "-m", "distfact.cli", "run", str(spec), "--output",
                               str(tmp_path / "runs"), "--date", DATE], cwd=tmp_path, stdout=subprocess.DEVNULL,
@@ -184,10 +194,11 @@ def test_a_second_run_of_the_same_date_is_refused_while_one_runs(tmp_path):
     deadline = time.time() + 120
     while not partial.exists() and time.time() < deadline:
         time.sleep(0.05)
-    second = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_in_process(capsys, "run", spec, "--output", tmp_path / "runs", "--date", DATE)
     first.kill()
     first.wait()
-    assert second.returncode == 1 and "is in progress" in second.stderr, second.stderr
+    assert code == 1 and "is in progress" in err, err
     assert partial.exists()  # the second run touched nothing of the first's
 
 
@@ -223,28 +234,30 @@ def test_groups_named_like_missing_values_stay_in_the_report(tmp_path):
                                                                            "str among", "'halss'"]),
     (("max_iter = 20", "max_iter = -1"), 10, ["[fit] #1 key 'max_iter'", "in the range [0, inf)"]),
 ])
-def test_spec_errors_name_the_key_and_line_before_any_work(tmp_path, change, line, words):
+def test_spec_errors_name_the_key_and_line_before_any_work(tmp_path, monkeypatch, capsys, change, line, words):
     spec = write_spec(tmp_path, SMALL.replace(*change))
-    out = run("run", spec, "--output", tmp_path / "runs", cwd=tmp_path)
-    assert out.returncode == 2
-    assert f"spec.toml:{line}:" in out.stderr, out.stderr
-    assert all(word in out.stderr for word in words), out.stderr
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_in_process(capsys, "run", spec, "--output", tmp_path / "runs")
+    assert code == 2
+    assert f"spec.toml:{line}:" in err, err
+    assert all(word in err for word in words), err
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
-def test_a_failing_stage_publishes_nothing_and_its_committed_stages_are_reused(tmp_path):
+def test_a_failing_stage_publishes_nothing_and_its_committed_stages_are_reused(tmp_path, monkeypatch, capsys):
     spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3, 100]"))  # 100 > 64 features
-    out = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
-    assert out.returncode == 1
-    assert "stage 'fit' failed" in out.stderr and "n_components=100" in out.stderr
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_in_process(capsys, "run", spec, "--output", tmp_path / "runs", "--date", DATE)
+    assert code == 1
+    assert "stage 'fit' failed" in err and "n_components=100" in err
     run_dir, build = tmp_path / "runs" / "small" / DATE, tmp_path / "runs" / "small" / f".{DATE}.partial"
     assert not run_dir.exists() and not (tmp_path / "runs" / "small" / "LATEST").exists()  # nothing published
     assert (build / "ingest" / "COMMITTED").exists()  # built aside, kept for the next run
     assert not (build / "fit").exists() and not (build / "fit.partial").exists()
     assert '"event": "fail"' in (build / "log.jsonl").read_text()
     spec.write_text(SMALL)
-    fixed = run("run", spec, "--output", tmp_path / "runs", "--date", DATE, cwd=tmp_path)
-    assert fixed.returncode == 0 and "ran fit, evaluate, report, publish" in fixed.stdout, fixed.stderr
+    code, out, err = cli_in_process(capsys, "run", spec, "--output", tmp_path / "runs", "--date", DATE)
+    assert code == 0 and "ran fit, evaluate, report, publish" in out, err
     assert not build.exists() and (run_dir / "report" / "report.html").exists()
     assert '"event": "fail"' in (run_dir / "log.jsonl").read_text()  # the date's whole history
 

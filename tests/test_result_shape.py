@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 import distfact
 from distfact.metrics import METRICS
-from tests.conftest import grouped_data
+from conftest import grouped_data
 
 RUN_FACTS = ("objective_history_", "group_metrics_", "group_names_", "n_iter_", "n_passes_", "converged_",
              "n_features_in_")

@@ -4,8 +4,6 @@ tables, the known rank of synthetic data found, bad input, and ``distfact select
 
 import inspect
 import itertools
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -21,7 +19,7 @@ from distfact.store.masks import ComplementMask, block_form
 from distfact.store.append import append_arrays
 from distfact.store.subset import GroupRows
 
-from conftest import grouped_data
+from conftest import cli_in_process, grouped_data
 
 X, GROUPS = grouped_data(m=90, n=16, n_groups=3)
 XS, _ = grouped_data(m=90, n=16, n_groups=3, density=0.4)
@@ -216,25 +214,25 @@ def test_mask_nan_holds_out_observed_entries_only():
     pd.testing.assert_frame_equal(result.table, reference.table)
 
 
-def test_the_command_line_end_to_end(tmp_path):
+def test_the_command_line_end_to_end(tmp_path, capsys):
+    """``distfact select-rank`` (main() as the console script runs it, in this process: the commands' start-up is
+    tested in test_cli and test_imports): its table equals the library's."""
     X_known, groups = low_rank(0, m=120, n=30, rank=3)
     distfact.from_arrays(X_known, groups, path=str(tmp_path / "x.zarr"), block_rows=25)
-    out = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method",
-                          "ssnmf", "--labels", "none", "--model", "FF", "--max-iter", "100", "--tol", "0", "--ranks",
-                          "1:5", "--rule", "one_se", "--seed", "3", "--output", tmp_path / "table.csv"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    code, out, err = cli_in_process(capsys, "select-rank", tmp_path / "x.zarr", "--method", "ssnmf", "--labels",
+                                    "none", "--model", "FF", "--max-iter", "100", "--tol", "0", "--ranks", "1:5",
+                                    "--rule", "one_se", "--seed", "3", "--output", tmp_path / "table.csv")
+    assert code == 0, err
     table = pd.read_csv(tmp_path / "table.csv")
     assert list(table.columns) == ["rank", "fold", "group", "train_error", "heldout_error"]
     assert len(table) == 5 * 5 * 3
     expected = select_rank(SSNMF(1, model="FF", max_iter=100, tol=0, random_state=3),
                            distfact.open(str(tmp_path / "x.zarr")), ranks=range(1, 6), rule="one_se", random_state=3)
     np.testing.assert_allclose(table["heldout_error"], expected.table["heldout_error"], rtol=1e-12)
-    assert f"chosen rank (one_se): {expected.rank_}" in out.stdout and expected.choices["min"] == 3
-    refused = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method",
-                              "wl1-nmf", "--ranks", "1:3"], capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2
-    assert "cannot take wl1-nmf: select_rank cannot use WeightedL1NMF" in refused.stderr
+    assert f"chosen rank (one_se): {expected.rank_}" in out and expected.choices["min"] == 3
+    code, _, err = cli_in_process(capsys, "select-rank", tmp_path / "x.zarr", "--method", "wl1-nmf", "--ranks", "1:3")
+    assert code == 2
+    assert "cannot take wl1-nmf: select_rank cannot use WeightedL1NMF" in err
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
