@@ -65,6 +65,24 @@ def test_block_work_counts_entries_or_nonzeros():
     assert [block_work(c, sparse) for c in sparse.column_blocks] == [c.nnz + c.n_cols for c in sparse.column_blocks]
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_arrays_in_memory_are_cut_into_a_block_per_thread(n_threads):
+    """A pass's blocks run side by side on the threads: as many blocks as threads, or one for a small X. (A byte
+    target rounded down to whole rows used to make three blocks of a CSR X on two threads, the third alone.)"""
+    from distfact.store.coerce import as_grouped
+
+    rng = np.random.default_rng(0)
+    sparse = sp.random(100_001, 2_000, density=0.01, format="csr", random_state=0)  # 2.4 MB stored
+    dense = rng.random((20_001, 100))  # 16 MB
+    for X in (sparse, dense):
+        data = as_grouped(X, n_threads=n_threads)
+        assert data.n_blocks == n_threads
+        sizes = [block.n_rows for block in data.blocks]
+        assert sum(sizes) == X.shape[0] and max(sizes) - min(sizes) <= 1
+    assert as_grouped(rng.random((400, 100)), n_threads=n_threads).n_blocks == 1  # 320 KB
+    assert as_grouped(dense, n_threads=n_threads, block_rows=5_000).n_blocks == 5  # the caller's choice
+
+
 def test_dense_blocks_are_aligned_once_where_they_are_read_or_staged(tmp_path):
     """A pass must not copy X_b to align it (it did: 50 MB per block per pass)."""
     X, groups = grouped_data(m=300, n=37)

