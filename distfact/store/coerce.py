@@ -11,17 +11,19 @@ from .grouped import GroupedMatrix
 from .ingest import from_arrays
 from .validate import SUPPORTED_DTYPES
 
-# Arrays already in memory are cut into as many blocks as there are threads, of nearly equal rows: the blocks of a
-# pass run side by side and end together; each block costs an r x n statistics array per pass, and there is no I/O
-# to overlap. A small X is cut into blocks of about this many bytes instead (X under it: one block).
+# Arrays already in memory are cut into about as many blocks as there are threads, of nearly equal rows: the blocks
+# of a pass run side by side and end together; each block costs an r x n statistics array per pass, and there is no
+# I/O to overlap. A small X is cut into blocks of about this many bytes instead (X under it: one block).
 MIN_IN_MEMORY_BLOCK_BYTES = 2**20
 
 
 def in_memory_block_rows(X, n_threads: int | None) -> int:
     """Rows per block of an array kept in memory: ceil(m / k) for k blocks, k the number of threads or, if fewer,
-    X's bytes (nnz x (value + index) for sparse X) over ``MIN_IN_MEMORY_BLOCK_BYTES``, rounded up. Rows, not a byte
-    target: a byte target rounded down to whole rows made one block too many (three on two threads, the third
-    running alone: a quarter more time a pass)."""
+    X's bytes (nnz x (value + index) for sparse X) over ``MIN_IN_MEMORY_BLOCK_BYTES``, rounded up. One group: k
+    blocks (fewer where m <= k (k - 1)); the groups are cut apart (``store/ingest.py: split_rows``), so X of several
+    makes up to k - 1 more. Rows, not a byte target: a byte target rounded down to whole rows made one block too
+    many (a CSR X of one group in three blocks on two threads, the third running alone: a quarter more time a
+    pass)."""
     m = X.shape[0]
     itemsize = np.dtype(getattr(X, "dtype", np.float64)).itemsize  # a DataFrame has dtypes, not a dtype
     nbytes = X.nnz * (itemsize + 4) if sp.issparse(X) else int(np.prod(X.shape)) * itemsize
