@@ -26,6 +26,7 @@ import sys, time, numpy as np
 sys.path.insert(0, {bench!r})
 from bench_nmf import sparse_case
 from distfact.kernels import nmf as k
+assert k.__file__.startswith({tree!r}), k.__file__
 X = sparse_case({rows}, 20000, 0.005)
 rng = np.random.default_rng(0)
 W, H = rng.random((X.shape[0], 20)), rng.random((20, X.shape[1]))
@@ -42,7 +43,9 @@ print(min(times), float(np.median(times)), X.nnz)
 
 def run(tree: str, rows: int, calls: int):
     env = {**os.environ, "PYTHONPATH": tree, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD.format(bench=HERE, rows=rows, calls=calls)], env=env,
+    # run in the tree: ``python -c`` puts the current directory first on sys.path, whose distfact (the other tree's,
+    # when started from a checkout) would come before PYTHONPATH's
+    out = subprocess.run([sys.executable, "-c", CHILD.format(bench=HERE, tree=tree, rows=rows, calls=calls)], env=env, cwd=tree,
                          capture_output=True, text=True, check=True).stdout.split()
     return float(out[0]), float(out[1]), int(out[2])
 
