@@ -9,6 +9,10 @@ an index past the array's end costs nothing but a wasted load.
 Measured on the sparse MU benchmark's matrix (100,000 x 20,000 at 0.5%, r = 20, one thread): the fused CSR step of
 ``kernels/nmf.py`` 0.30 -> 0.26 s with this alone; with its entries taken two at a time, a distance of 8 entries
 0.233 s, of 4 0.240 s.
+
+numba's on-disk cache of a kernel that calls ``prefetch_row`` is keyed on the kernel's own source file: after
+changing this file (``PREFETCH_DISTANCE`` is compiled into the kernels as a constant), remove the cached kernels
+(``distfact/kernels/__pycache__/*.nb[ic]``) of a source tree; an installed package is compiled anew when built.
 """
 
 from __future__ import annotations
