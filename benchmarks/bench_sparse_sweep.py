@@ -45,8 +45,9 @@ def run(tree: str, rows: int, calls: int):
     env = {**os.environ, "PYTHONPATH": tree, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     # run in the tree: ``python -c`` puts the current directory first on sys.path, whose distfact (the other tree's,
     # when started from a checkout) would come before PYTHONPATH's
-    out = subprocess.run([sys.executable, "-c", CHILD.format(bench=HERE, tree=tree, rows=rows, calls=calls)], env=env, cwd=tree,
-                         capture_output=True, text=True, check=True).stdout.split()
+    child = CHILD.format(bench=HERE, tree=tree, rows=rows, calls=calls)
+    out = subprocess.run([sys.executable, "-c", child], env=env, cwd=tree, capture_output=True, text=True,
+                         check=True).stdout.split()
     return float(out[0]), float(out[1]), int(out[2])
 
 

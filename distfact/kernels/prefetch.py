@@ -34,6 +34,7 @@ def prefetch_row(typingctx, array, row):
     if not (isinstance(array, types.Array) and array.ndim == 2 and array.layout == "C"
             and isinstance(row, types.Integer)):
         return None
+
     def codegen(context, builder, signature, args):
         array_type, row_type = signature.args
         view = context.make_array(array_type)(context, builder, args[0])
