@@ -124,6 +124,52 @@ def test_csr_local_step_on_rows_of_every_length(solver):
     assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shifted", [False, True])
+def test_mu_updates_are_numpys_operations_bit_for_bit(dtype, shifted):
+    """The MU updates' compiled sweep (issue 19) does numpy's operations in numpy's order and dtype: the same bits as
+    W * XHt / np.maximum(W HH^T + shift, eps), a NaN kept, denominators below eps floored; mixed precisions take
+    numpy's operations themselves."""
+    from distfact.kernels import nmf as k
+
+    rng = np.random.default_rng(11)
+    W, XHt, HHt = (rng.random(shape).astype(dtype) for shape in ((37, 6), (37, 6), (6, 6)))
+    W[3] = 0.0  # denominators of 0: floored
+    XHt[5, 2] = np.nan
+    shift = rng.random(6).astype(dtype) if shifted else None
+    eps = np.finfo(dtype).eps
+    expected = W * XHt / np.maximum(W @ HHt + (0 if shift is None else shift), eps)
+    got = k.mu_w_update(W, XHt, HHt, shift)
+    assert got.dtype == dtype and np.array_equal(got, expected, equal_nan=True)
+    assert np.isnan(got[5, 2]) and np.isfinite(np.delete(got, 5, axis=0)).all()
+    HHt[1, 4] = np.nan  # a NaN denominator (column 4 of every row) is kept, not floored to eps
+    assert np.isnan(k.mu_w_update(W, XHt, HHt, shift)[:, 4]).all()
+    wide = k.mu_w_update(W, XHt.astype(np.float64), HHt, shift)  # mixed: numpy's promotion
+    assert np.array_equal(wide, W * XHt.astype(np.float64) / np.maximum(W @ HHt + (0 if shift is None else shift), eps),
+                          equal_nan=True)
+    H, WtX = W.T.copy(), XHt.T.copy()  # H's update: the same sweep over r x n, no shift
+    assert np.array_equal(k.mu_h_update(H, WtX, HHt), H * WtX / np.maximum(HHt @ H, eps), equal_nan=True)
+
+
+def test_dense_x_times_ht_does_not_depend_on_where_ht_starts():
+    """``block_times_ht`` copies H^T unaligned (issue 19: BLAS's NN product, without the cost of an aligned copy):
+    the product's bits must not depend on the copy's offset from a 64-byte boundary (X aligned, as blocks are)."""
+    from distfact.kernels.memory import aligned_copy
+    from distfact.kernels.products import block_times_ht
+
+    rng = np.random.default_rng(12)
+    for m, n, r, dtype in [(400, 100, 5, np.float64), (297, 12, 5, np.float64), (1500, 333, 17, np.float64),
+                           (400, 100, 5, np.float32), (2001, 250, 20, np.float32)]:
+        X, H = aligned_copy(rng.random((m, n)).astype(dtype)), rng.random((r, n)).astype(dtype)
+        expected = block_times_ht(X, H)
+        for offset in range(0, 64, np.dtype(dtype).itemsize):
+            buffer = np.empty(H.nbytes + 128, np.uint8)
+            start = (-buffer.ctypes.data) % 64 + offset
+            Ht = buffer[start:start + H.nbytes].view(dtype).reshape(n, r)
+            Ht[...] = H.T
+            assert np.array_equal(X @ Ht, expected), (m, n, r, dtype, offset)
+
+
 @pytest.mark.parametrize("solver,loss", CASES)
 @pytest.mark.parametrize("sparse", [False, True])
 def test_losses_and_group_errors_equal_direct_recomputation(solver, loss, sparse):

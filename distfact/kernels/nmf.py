@@ -31,16 +31,39 @@ PARALLEL_WORK = 1 << 22
 # --------------------------------------------------------------------- Frobenius
 def mu_h_update(H, WtX, WtW):
     """Lee-Seung H update: H <- H * (W^T X) / (W^T W H)."""
-    return H * WtX / np.maximum(WtW @ H, floor_eps(H.dtype))
+    return _mu_update(H, WtX, WtW @ H)
 
 
 def mu_w_update(W, XHt, HHt, shift=None):
     """Lee-Seung W update: W <- W * (X H^T) / (W H H^T + shift); ``shift`` (an r-vector added to
     every row of the denominator) carries Stratified-NMF's (1 v^T) H^T + eps term."""
-    WHHt = W @ HHt
+    return _mu_update(W, XHt, W @ HHt, shift)
+
+
+def _mu_update(F, numerator, denominator, shift=None):
+    """F * numerator / max(denominator + shift, eps), the multiplicative update of a factor F (``denominator``, a new
+    array, is overwritten). One compiled sweep, not four array operations, when the arrays share a dtype (a small fit
+    makes two updates an iteration, issue 19): numpy's operations in its order, the same bits."""
+    if F.dtype == numerator.dtype == denominator.dtype and (shift is None or shift.dtype == F.dtype):
+        return _mu_sweep(F, numerator, denominator, shift, denominator.dtype.type(floor_eps(F.dtype)))
     if shift is not None:
-        WHHt += shift
-    return W * XHt / np.maximum(WHHt, floor_eps(W.dtype))
+        denominator += shift
+    return F * numerator / np.maximum(denominator, floor_eps(F.dtype))
+
+
+@numba.njit(nogil=True, cache=True)
+def _mu_sweep(F, numerator, denominator, shift, eps):
+    """``denominator`` <- F * numerator / max(denominator + shift, eps), in place, entry by entry in the arrays' dtype
+    (``eps`` of it too; ``shift``, added to every row, may be None), a NaN kept as ``np.maximum`` keeps it."""
+    for i in range(F.shape[0]):
+        for q in range(F.shape[1]):
+            d = denominator[i, q]
+            if shift is not None:
+                d += shift[q]
+            if d < eps:
+                d = eps
+            denominator[i, q] = F[i, q] * numerator[i, q] / d
+    return denominator
 
 
 @numba.njit(nogil=True, cache=True)
@@ -375,7 +398,7 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
         WtX = aligned_copy(WtX_T.T)  # aligned already: the pass need not copy it again
         WtW = gram(W_new)
     elif not _tiled(X, W, H, HHt):
-        W_new = w_update(W, X @ H.T, HHt, solver, shift)
+        W_new = w_update(W, block_times_ht(X, H), HHt, solver, shift)
         WtX, WtW = W_new.T @ X, gram(W_new)
     else:
         W_new, WtX, WtW, sq_err = _dense_frobenius_local(X, W, H, HHt, solver, shift, residual)
