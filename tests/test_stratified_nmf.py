@@ -62,6 +62,51 @@ def test_csr_strata_on_few_columns_equal_the_transcription():
     np.testing.assert_allclose(model.loss_history_[:, 0] ** 2, F_ref, rtol=1e-9)
 
 
+def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
+    """Line 8's sum over the strata's kept columns and ratio, line 5 and the objective's inner products run in column
+    ranges (strata) on the cores from ``DRIVER_PARALLEL_ENTRIES`` on (issue 19): every entry's operations are the
+    ones of a single sweep. At a size above the threshold, against numpy's sum of the strata's r x n statistics and
+    the single sweeps; and a whole CSR fit with every sweep cut into pieces, against the same fit in one piece."""
+    from distfact.kernels import stratified as ks
+
+    rng = np.random.default_rng(54)
+    s, n, r = 5, 30_000, 8
+    stored = rng.random((s, n)) < 0.4
+    kept, starts = ks.kept_columns(stored.astype(np.float64))
+    assert kept.size * r >= ks.DRIVER_PARALLEL_ENTRIES
+    AtW = [rng.random((starts[i + 1] - starts[i], r)) for i in range(s)]
+    dense = np.zeros((s, r, n))
+    for i in range(s):
+        dense[i][:, ks.kept_of(kept, starts, i)] = AtW[i].T
+    assert np.array_equal(ks.sum_over_strata(AtW, kept, starts, n), sum(dense[i] for i in range(s)))
+    Ht = rng.random((n, r))
+    assert ks.kept_inners(AtW, Ht, kept, starts) == [ks.kept_inner(AtW[i], Ht, ks.kept_of(kept, starts, i))
+                                                     for i in range(s)]
+    v, colsum, HtWt1 = rng.random((s, n)), rng.random((s, n)), rng.random((s, n))
+    sizes = rng.integers(1, 50, (s, 1)).astype(np.float64)
+    expected = v
+    for _ in range(2):
+        expected = expected * colsum / (sizes * expected + HtWt1 + 1e-9)
+    assert np.array_equal(ks.v_updates(v, colsum, sizes, HtWt1, 1e-9, 2), expected)
+    numerator, H, denominator, shift = (rng.random((r, n)) for _ in range(4))
+    expected = numerator * H / (denominator + shift + 1e-9)
+    assert np.array_equal(ks.mu_ratio_in_place(numerator, H, denominator, shift, 1e-9), expected)
+
+    X, strata = grouped_data(m=120, n=40, n_groups=4, density=0.3, seed=55)
+    W0, H0, v0, _ = stratified_start(X, strata, 3, seed=3)
+
+    def fit():
+        return distfact.StratifiedNMF(3, init="custom", max_iter=15, block_rows=11, tol=None).fit(
+            sp.csr_matrix(X), groups=strata, W=W0, H=H0, v=v0)
+
+    whole = fit()
+    monkeypatch.setattr(ks, "DRIVER_PARALLEL_ENTRIES", 0)
+    pieces = fit()
+    assert np.array_equal(pieces.components_, whole.components_)
+    assert np.array_equal(pieces.strata_features_, whole.strata_features_)
+    assert np.array_equal(pieces.loss_history_, whole.loss_history_)
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("M", [1, 2, 5])
 def test_objective_is_non_increasing_every_iteration(sparse, M):

@@ -41,26 +41,44 @@ def map_on_blas_threads(fn, items: list) -> list:
     n_threads = min(blas_threads(), len(items))
     if n_threads <= 1:
         return [fn(item) for item in items]
+    limiter = _controller().limit(limits=1)
+    try:
+        return _on_threads(fn, items, n_threads)
+    finally:
+        limiter.restore_original_limits()
+
+
+def map_on_cores(fn, items: list) -> list:
+    """``[fn(item) for item in items]``, in order, computed on as many threads as the machine has cores, whatever
+    BLAS's limit: for the driver's work between passes (nothing else of the fit runs then; an in-process executor
+    keeps BLAS on one thread for the whole fit, so :func:`map_on_blas_threads` would run it in one thread), in pieces
+    that call no BLAS (compiled ``nogil`` kernels) and are fixed by the caller, so that the results do not depend on
+    the number of cores. The first exception, in item order, is raised once every piece has ended."""
+    n_threads = min(os.cpu_count() or 1, len(items))
+    if n_threads <= 1:
+        return [fn(item) for item in items]
+    return _on_threads(fn, items, n_threads)
+
+
+def _on_threads(fn, items: list, n_threads: int) -> list:
+    """``[fn(item) for item in items]`` on ``n_threads`` threads of the shared pool, each taking the next piece when
+    free; the first exception, in item order, raised once every piece has ended."""
     global _pool
     with _state:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="distfact-tiles")
-    limiter = _controller().limit(limits=1)
-    try:
-        pending = iter(range(len(items)))  # shared by the threads: each takes the next piece when free
-        results: list = [None] * len(items)
-        errors: list = [None] * len(items)
+    pending = iter(range(len(items)))  # shared by the threads: each takes the next piece when free
+    results: list = [None] * len(items)
+    errors: list = [None] * len(items)
 
-        def work():
-            for index in pending:
-                try:
-                    results[index] = fn(items[index])
-                except BaseException as error:  # noqa: BLE001  (re-raised below, in item order)
-                    errors[index] = error
+    def work():
+        for index in pending:
+            try:
+                results[index] = fn(items[index])
+            except BaseException as error:  # noqa: BLE001  (re-raised below, in item order)
+                errors[index] = error
 
-        concurrent.futures.wait([_pool.submit(work) for _ in range(n_threads)])
-    finally:
-        limiter.restore_original_limits()
+    concurrent.futures.wait([_pool.submit(work) for _ in range(n_threads)])
     for error in errors:
         if error is not None:
             raise error

@@ -12,9 +12,27 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .memory import aligned, aligned_copy, empty_aligned
+from .blas_threads import map_on_cores
+from .memory import aligned, empty_aligned
 from .nmf import _csr_frobenius_local
 from .products import floor_eps
+
+#: The driver's sweeps over r x n and s x n arrays (line 8's sum and ratio, line 5, the objective's inner products)
+#: run in this many pieces on the cores (``map_on_cores``) from this many entries on (issue 19: half of a sparse
+#: fit's iteration was driver work on one core). Every entry's operations are the same whatever the pieces: the
+#: same bits on any number of cores.
+DRIVER_PIECES = 8
+DRIVER_PARALLEL_ENTRIES = 1 << 17
+
+
+def _on_column_ranges(sweep, n: int, entries: int) -> None:
+    """``sweep(lo, hi)`` over columns 0..n: in one call below ``DRIVER_PARALLEL_ENTRIES`` entries (small fits make it
+    every iteration), else in ``DRIVER_PIECES`` ranges on the cores."""
+    if entries < DRIVER_PARALLEL_ENTRIES:
+        sweep(0, n)
+        return
+    bounds = np.linspace(0, n, min(DRIVER_PIECES, n) + 1).astype(np.int64).tolist()
+    map_on_cores(lambda span: sweep(*span), list(zip(bounds[:-1], bounds[1:])))
 
 
 def kept_columns(stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -56,9 +74,9 @@ def inner_at_start(A, W, H) -> float:
 
 
 @numba.njit(nogil=True, cache=True)
-def _add_kept_rows(out_T, AtW, kept):
-    """out_T[kept[t]] += AtW[t] (each entry one addition: the sum's order is the caller's)."""
-    for t in range(kept.shape[0]):
+def _add_kept_rows(out_T, AtW, kept, lo, hi):
+    """out_T[kept[t]] += AtW[t] for t in lo..hi (each entry one addition: the sum's order is the caller's)."""
+    for t in range(lo, hi):
         row = out_T[kept[t]]
         for q in range(AtW.shape[1]):
             row[q] += AtW[t, q]
@@ -67,11 +85,20 @@ def _add_kept_rows(out_T, AtW, kept):
 def sum_over_strata(AtW_kept: list, kept: np.ndarray, kept_starts: np.ndarray, n: int) -> np.ndarray:
     """sum_i W(i)^T A(i) (r x n) from each stratum's A(i)^T W(i) at its kept columns, added stratum by stratum in
     order: every entry the same sum, in the same order, as adding the strata's r x n statistics (zeros elsewhere).
-    Summed as n x r (each kept column's r entries side by side), then transposed."""
-    out_T = np.zeros((n, AtW_kept[0].shape[1]), dtype=AtW_kept[0].dtype)
-    for i, AtW in enumerate(AtW_kept):
-        _add_kept_rows(out_T, AtW, kept_of(kept, kept_starts, i))
-    return aligned_copy(out_T.T)  # aligned: the engine need not copy it again
+    Summed as n x r (each kept column's r entries side by side), then transposed; by ranges of columns on the cores
+    (each range's entries take every stratum in order, whichever core adds them)."""
+    r, dtype = AtW_kept[0].shape[1], AtW_kept[0].dtype
+    out_T, out = np.zeros((n, r), dtype=dtype), empty_aligned((r, n), dtype)  # aligned: the engine need not copy it
+    strata = [kept_of(kept, kept_starts, i) for i in range(len(AtW_kept))]
+
+    def add(lo, hi):
+        for AtW, columns in zip(AtW_kept, strata):
+            first, last = np.searchsorted(columns, (lo, hi))  # the stratum's kept columns in lo..hi (sorted)
+            _add_kept_rows(out_T, AtW, columns, first, last)
+        out[:, lo:hi] = out_T[lo:hi].T
+
+    _on_column_ranges(add, n, kept.size * r)
+    return out
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
@@ -85,10 +112,20 @@ def kept_inner(AtW, Ht, kept):
     return total
 
 
+def kept_inners(AtW_kept: list, Ht: np.ndarray, kept: np.ndarray, kept_starts: np.ndarray) -> list[float]:
+    """Every stratum's ``kept_inner`` (<W(i)^T A(i), H>), strata on the cores."""
+    def inner(i):
+        return kept_inner(AtW_kept[i], Ht, kept_of(kept, kept_starts, i))
+
+    if kept.size * Ht.shape[1] < DRIVER_PARALLEL_ENTRIES:
+        return [inner(i) for i in range(len(AtW_kept))]
+    return map_on_cores(inner, list(range(len(AtW_kept))))
+
+
 @numba.njit(nogil=True, cache=True)
-def _v_updates(v, colsum, sizes, HtWt1, eps, n_updates, out):
+def _v_updates(v, colsum, sizes, HtWt1, eps, n_updates, out, lo, hi):
     for i in range(v.shape[0]):
-        for j in range(v.shape[1]):
+        for j in range(lo, hi):
             size = sizes[i, j if sizes.shape[1] > 1 else 0]
             value = v[i, j]
             for _ in range(n_updates):
@@ -98,20 +135,23 @@ def _v_updates(v, colsum, sizes, HtWt1, eps, n_updates, out):
 
 def v_updates(v, colsum, sizes, HtWt1, eps: float, n_updates: int) -> np.ndarray:
     """Line 5 ``n_updates`` times, entry by entry: v <- v * colsum / (sizes * v + HtWt1 + eps) (``sizes``: s x 1 or
-    s x n), the operations numpy's expression makes, in its order (the same bits), in one sweep of memory."""
+    s x n), the operations numpy's expression makes, in its order (the same bits), in one sweep of memory, by
+    ranges of columns on the cores."""
     out = empty_aligned(v.shape, np.result_type(v, colsum, sizes, HtWt1))
-    _v_updates(v, colsum, sizes, HtWt1, eps, n_updates, out)
+    _on_column_ranges(lambda lo, hi: _v_updates(v, colsum, sizes, HtWt1, eps, n_updates, out, lo, hi), v.shape[1],
+                      v.size)
     return out
 
 
 @numba.njit(nogil=True, cache=True)
-def _mu_ratio(numerator, H, denominator, shift, eps):
+def _mu_ratio(numerator, H, denominator, shift, eps, lo, hi):
     for q in range(H.shape[0]):
-        for j in range(H.shape[1]):
+        for j in range(lo, hi):
             numerator[q, j] = numerator[q, j] * H[q, j] / (denominator[q, j] + shift[q, j] + eps)
 
 
 def mu_ratio_in_place(numerator, H, denominator, shift, eps: float) -> np.ndarray:
-    """numerator <- numerator * H / (denominator + shift + eps) (line 8), entry by entry in numpy's order."""
-    _mu_ratio(numerator, H, denominator, shift, eps)
+    """numerator <- numerator * H / (denominator + shift + eps) (line 8), entry by entry in numpy's order, by ranges
+    of columns on the cores."""
+    _on_column_ranges(lambda lo, hi: _mu_ratio(numerator, H, denominator, shift, eps, lo, hi), H.shape[1], H.size)
     return numerator

@@ -259,8 +259,7 @@ class StratifiedMU:
                 + np.einsum("kj,jkl,lj->", H, s["WtMW_cols"], H) - 2.0 * (v[i] @ colsum[i])
                 - 2.0 * np.vdot(s["WtA"], H) + 2.0 * np.vdot(s["WtM"], H * v[i]) for i, s in enumerate(stats)]), 0.0)
         if kept:  # <W^T A, H> at the kept columns; (W^T 1)^T H v from the state's H v (s x r)
-            WtA_H = [ks.kept_inner(s["AtW_kept"], G["Ht"], ks.kept_of(G["kept"], G["kept_starts"], i))
-                     for i, s in enumerate(stats)]
+            WtA_H = ks.kept_inners([s["AtW_kept"] for s in stats], G["Ht"], G["kept"], G["kept_starts"])
             Wt1_Hv = [s["Wt1"] @ G["Hv"][i] for i, s in enumerate(stats)]
         else:
             WtA_H = [s["WtA_H"] if "WtA_H" in s else np.vdot(s["WtA"], H) for s in stats]
