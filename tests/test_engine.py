@@ -68,24 +68,28 @@ def test_block_work_counts_entries_or_nonzeros():
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_arrays_in_memory_are_cut_into_a_block_per_thread(n_threads):
     """A pass's blocks run side by side on the threads: X of one group in as many blocks as threads, or one for a
-    small X. (A byte target rounded down to whole rows used to make three blocks of a CSR X on two threads, the third
-    alone.) Groups are cut apart: each in blocks of at most ceil(m / threads) rows."""
+    small X (1 MiB a block for sparse X; 16 MiB for dense X, whose blocks in memory run in turn in-process). (A byte
+    target rounded down to whole rows used to make three blocks of a CSR X on two threads, the third alone.) Groups
+    are cut apart: each in blocks of at most ceil(m / threads) rows."""
     from distfact.store.coerce import as_grouped
 
     rng = np.random.default_rng(0)
     sparse = sp.random(100_001, 2_000, density=0.01, format="csr", random_state=0)  # 24 MB stored
-    dense = rng.random((20_001, 100))  # 16 MB
+    dense = rng.random((60_001, 100))  # 48 MB
     for X in (sparse, dense):
         data = as_grouped(X, n_threads=n_threads)
         assert data.n_blocks == n_threads
         sizes = [block.n_rows for block in data.blocks]
         assert sum(sizes) == X.shape[0] and max(sizes) - min(sizes) <= 1
     assert as_grouped(rng.random((400, 100)), n_threads=n_threads).n_blocks == 1  # 320 KB
-    assert as_grouped(dense, n_threads=n_threads, block_rows=5_000).n_blocks == 5  # the caller's choice
-    groups = np.repeat(["a", "b"], [12_001, 8_000])
+    assert as_grouped(rng.random((20_001, 100)), n_threads=n_threads).n_blocks == 1  # 16 MB dense: one block
+    small_sparse = sp.random(20_000, 2_000, density=0.005, format="csr", random_state=1)  # 2.4 MB stored
+    assert as_grouped(small_sparse, n_threads=n_threads).n_blocks == min(n_threads, 3)
+    assert as_grouped(dense, n_threads=n_threads, block_rows=20_000).n_blocks == 4  # the caller's choice
+    groups = np.repeat(["a", "b"], [36_001, 24_000])
     per_group = [block.n_rows for block in as_grouped(dense, groups, n_threads=n_threads).blocks]
     assert max(per_group) <= -(-dense.shape[0] // n_threads) and sum(per_group) == dense.shape[0]
-    assert len(per_group) == sum(-(-size // -(-dense.shape[0] // n_threads)) for size in (12_001, 8_000))
+    assert len(per_group) == sum(-(-size // -(-dense.shape[0] // n_threads)) for size in (36_001, 24_000))
 
 
 def test_dense_blocks_are_aligned_once_where_they_are_read_or_staged(tmp_path):

@@ -15,19 +15,27 @@ from .validate import SUPPORTED_DTYPES
 # of a pass run side by side and end together; each block costs an r x n statistics array per pass, and there is no
 # I/O to overlap. A small X is cut into blocks of about this many bytes instead (X under it: one block).
 MIN_IN_MEMORY_BLOCK_BYTES = 2**20
+# A dense X, only from this many bytes a block on: an in-process executor runs dense blocks in memory in turn, each
+# product on every core (``InProcessExecutor._serial``, a large block's tiles on BLAS's threads), so that cutting it
+# only adds per-block work (issue 19: SSNMF on 500 x 300, 1.2 MB in two blocks, took a third more time than in one).
+# Its blocks are for a cluster's workers, where data this small runs no faster than in-process.
+MIN_IN_MEMORY_DENSE_BLOCK_BYTES = 2**24
 
 
 def in_memory_block_rows(X, n_threads: int | None) -> int:
     """Rows per block of an array kept in memory: ceil(m / k) for k blocks, k the number of threads or, if fewer,
-    X's bytes (nnz x (value + index) for sparse X) over ``MIN_IN_MEMORY_BLOCK_BYTES``, rounded up. One group: k
-    blocks (fewer where m <= k (k - 1)); the groups are cut apart (``store/ingest.py: split_rows``), so X of several
-    makes up to k - 1 more. Rows, not a byte target: a byte target rounded down to whole rows made one block too
-    many (a CSR X of one group in three blocks on two threads, the third running alone: a quarter more time a
-    pass)."""
+    X's bytes over ``MIN_IN_MEMORY_BLOCK_BYTES`` (sparse X: nnz x (value + index)) or
+    ``MIN_IN_MEMORY_DENSE_BLOCK_BYTES`` (dense X), rounded up. One group: k blocks (fewer where m <= k (k - 1)); the
+    groups are cut apart (``store/ingest.py: split_rows``), so X of several makes up to k - 1 more. Rows, not a byte
+    target: a byte target rounded down to whole rows made one block too many (a CSR X of one group in three blocks
+    on two threads, the third running alone: a quarter more time a pass)."""
     m = X.shape[0]
     itemsize = np.dtype(getattr(X, "dtype", np.float64)).itemsize  # a DataFrame has dtypes, not a dtype
-    nbytes = X.nnz * (itemsize + 4) if sp.issparse(X) else int(np.prod(X.shape)) * itemsize
-    n_blocks = max(1, min(n_threads or os.cpu_count() or 1, -(-nbytes // MIN_IN_MEMORY_BLOCK_BYTES), m))
+    if sp.issparse(X):
+        nbytes, per_block = X.nnz * (itemsize + 4), MIN_IN_MEMORY_BLOCK_BYTES
+    else:
+        nbytes, per_block = int(np.prod(X.shape)) * itemsize, MIN_IN_MEMORY_DENSE_BLOCK_BYTES
+    n_blocks = max(1, min(n_threads or os.cpu_count() or 1, -(-nbytes // per_block), m))
     return -(-m // n_blocks)
 
 
