@@ -6,6 +6,9 @@ with single-threaded BLAS, uses the cores instead. The pieces are fixed by the c
 number of threads, so that results do not depend on where or how a block runs. Where BLAS is already
 held at one thread (blocks running in parallel threads, or on the workers of a cluster) the pieces run
 one after the other in the calling thread.
+
+The driver's own sweeps between passes (no BLAS in them) run on the cores whatever BLAS's limit
+(:func:`map_on_cores`), in pieces fixed by the caller likewise.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def block_times_ht(X, H: np.ndarray) -> np.ndarray:
     """X_b H^T (rows x r). A dense X_b takes H^T C-contiguous: OpenBLAS's "NN" product of a thin right factor is up to
     3x faster than its "NT" one on a transposed view (400 x 100 by rank 5: 17 against 47 us, issue 19; from a few
     thousand rows on, the two are alike), for a copy of H (r x n). The copy is not aligned (an aligned one costs 6 us
-    here): the product's bits do not depend on where its right factor starts (tests/test_products.py)."""
+    here): the product's bits do not depend on where its right factor starts (tests/test_nmf.py)."""
     if sp.issparse(X):
         return np.asarray(X @ H.T)
     return X @ np.ascontiguousarray(H.T)
