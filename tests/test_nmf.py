@@ -144,9 +144,24 @@ def test_mu_updates_are_numpys_operations_bit_for_bit(dtype, shifted):
     assert np.isnan(got[5, 2]) and np.isfinite(np.delete(got, 5, axis=0)).all()
     HHt[1, 4] = np.nan  # a NaN denominator (column 4 of every row) is kept, not floored to eps
     assert np.isnan(k.mu_w_update(W, XHt, HHt, shift)[:, 4]).all()
-    wide = k.mu_w_update(W, XHt.astype(np.float64), HHt, shift)  # mixed: numpy's promotion
-    assert np.array_equal(wide, W * XHt.astype(np.float64) / np.maximum(W @ HHt + (0 if shift is None else shift), eps),
+    # mixed precisions and shapes the sweep is not written for take numpy's expression itself
+    W32, HHt32, XHt64 = W.astype(np.float32), HHt.astype(np.float32), XHt.astype(np.float64)
+    shift64 = None if shift is None else shift.astype(np.float64)
+
+    def denominator():  # the shift added in place: the denominator keeps the product's dtype
+        den = W32 @ HHt32
+        if shift64 is not None:
+            den += shift64
+        return den
+
+    eps32 = np.finfo(np.float32).eps
+    assert np.array_equal(k.mu_w_update(W32, XHt64, HHt32, shift64), W32 * XHt64 / np.maximum(denominator(), eps32),
                           equal_nan=True)
+    if shift is not None:  # a float64 shift with float32 factors
+        assert np.array_equal(k.mu_w_update(W32, XHt.astype(np.float32), HHt32, shift64),
+                              W32 * XHt.astype(np.float32) / np.maximum(denominator(), eps32), equal_nan=True)
+    h, wtx = W[0].copy(), XHt[0].copy()  # a 1-D H: numpy's expression, as before
+    assert np.array_equal(k.mu_h_update(h, wtx, HHt), h * wtx / np.maximum(HHt @ h, eps), equal_nan=True)
     H, WtX = W.T.copy(), XHt.T.copy()  # H's update: the same sweep over r x n, no shift
     assert np.array_equal(k.mu_h_update(H, WtX, HHt), H * WtX / np.maximum(HHt @ H, eps), equal_nan=True)
 

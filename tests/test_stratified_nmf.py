@@ -1,5 +1,7 @@
 """Stratified-NMF (Chapman, Yaniv and Needell, 2023): Algorithm 1 on the engine."""
 
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -91,6 +93,16 @@ def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
     numerator, H, denominator, shift = (rng.random((r, n)) for _ in range(4))
     expected = numerator * H / (denominator + shift + 1e-9)
     assert np.array_equal(ks.mu_ratio_in_place(numerator, H, denominator, shift, 1e-9), expected)
+
+    # a map called from one of its own pieces runs inline (waiting on the pool from its threads could hang)
+    from distfact.kernels.blas_threads import map_on_cores
+
+    nested = []
+    worker = threading.Thread(daemon=True, target=lambda: nested.append(
+        map_on_cores(lambda i: sum(map_on_cores(lambda j: i * j, [1, 2, 3])), [1, 2, 3, 4])))
+    worker.start()
+    worker.join(60)
+    assert nested == [[6, 12, 18, 24]]
 
     X, strata = grouped_data(m=120, n=40, n_groups=4, density=0.3, seed=55)
     W0, H0, v0, _ = stratified_start(X, strata, 3, seed=3)

@@ -45,7 +45,8 @@ class NMF(FactorEstimator):
     max_iter : int
     random_state : int or None
     block_rows : int or None
-        Rows per block when X is an in-memory array (default: about one block per thread).
+        Rows per block when X is an in-memory array (default: about one block per thread; a dense X under
+        16 MiB a thread in fewer, one under 16 MiB in one: ``store/coerce.py: in_memory_block_rows``).
     checkpoint_dir : path or None
         Write checkpoints to ``checkpoint_dir/checkpoints/iter-NNNNNN`` every ``checkpoint_every`` iterations.
     checkpoint_every : int

@@ -20,6 +20,14 @@ import threading
 _state = threading.Lock()
 _blas = None  # threadpoolctl's controller of the loaded BLAS libraries, made at first use
 _pool = None
+_in_piece = threading.local()  # set in the pool's threads while they run a piece: a call from there runs inline
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one, else ``os.cpu_count()``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def _controller():
@@ -52,12 +60,14 @@ def map_on_blas_threads(fn, items: list) -> list:
 
 
 def map_on_cores(fn, items: list) -> list:
-    """``[fn(item) for item in items]``, in order, computed on as many threads as the machine has cores, whatever
-    BLAS's limit: for the driver's work between passes (nothing else of the fit runs then; an in-process executor
-    keeps BLAS on one thread for the whole fit, so :func:`map_on_blas_threads` would run it in one thread), in pieces
-    that call no BLAS (compiled ``nogil`` kernels) and are fixed by the caller, so that the results do not depend on
-    the number of cores. The first exception, in item order, is raised once every piece has ended."""
-    n_threads = min(os.cpu_count() or 1, len(items))
+    """``[fn(item) for item in items]``, in order, computed on as many threads as the process has cores
+    (:func:`usable_cores`, as BLAS's own default), whatever BLAS's limit: for the driver's work between passes
+    (nothing else of the fit runs then; an in-process executor whose blocks run in parallel threads keeps BLAS on one
+    thread for the whole fit, so :func:`map_on_blas_threads` would run it in one thread), in pieces that call no BLAS
+    (compiled ``nogil`` kernels) and are fixed by the caller, so that the results do not depend on the number of
+    cores. An estimator's ``n_threads`` sets its executor's block threads, not these (nor a dense block's tiles on
+    BLAS's threads). The first exception, in item order, is raised once every piece has ended."""
+    n_threads = min(usable_cores(), len(items))
     if n_threads <= 1:
         return [fn(item) for item in items]
     return _on_threads(fn, items, n_threads)
@@ -65,7 +75,10 @@ def map_on_cores(fn, items: list) -> list:
 
 def _on_threads(fn, items: list, n_threads: int) -> list:
     """``[fn(item) for item in items]`` on ``n_threads`` threads of the shared pool, each taking the next piece when
-    free; the first exception, in item order, raised once every piece has ended."""
+    free; the first exception, in item order, raised once every piece has ended. Called from a piece (a nested map),
+    the pieces run inline: waiting on the pool from its own threads could wait for ever."""
+    if getattr(_in_piece, "active", False):
+        return [fn(item) for item in items]
     global _pool
     with _state:
         if _pool is None:
@@ -75,11 +88,15 @@ def _on_threads(fn, items: list, n_threads: int) -> list:
     errors: list = [None] * len(items)
 
     def work():
-        for index in pending:
-            try:
-                results[index] = fn(items[index])
-            except BaseException as error:  # noqa: BLE001  (re-raised below, in item order)
-                errors[index] = error
+        _in_piece.active = True
+        try:
+            for index in pending:
+                try:
+                    results[index] = fn(items[index])
+                except BaseException as error:  # noqa: BLE001  (re-raised below, in item order)
+                    errors[index] = error
+        finally:
+            _in_piece.active = False
 
     concurrent.futures.wait([_pool.submit(work) for _ in range(n_threads)])
     for error in errors:

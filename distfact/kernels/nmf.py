@@ -42,9 +42,11 @@ def mu_w_update(W, XHt, HHt, shift=None):
 
 def _mu_update(F, numerator, denominator, shift=None):
     """F * numerator / max(denominator + shift, eps), the multiplicative update of a factor F (``denominator``, a new
-    array, is overwritten). One compiled sweep, not four array operations, when the arrays share a dtype (a small fit
-    makes two updates an iteration, issue 19): numpy's operations in its order, the same bits."""
-    if F.dtype == numerator.dtype == denominator.dtype and (shift is None or shift.dtype == F.dtype):
+    array, is overwritten). One compiled sweep, not four array operations, when the arrays share a dtype and a 2-D
+    shape (``shift``: None or an r-vector) (a small fit makes two updates an iteration, issue 19): numpy's operations
+    in its order, the same bits (a NaN's sign aside); otherwise numpy's expression itself."""
+    if (F.ndim == 2 and F.shape == numerator.shape == denominator.shape and F.dtype == numerator.dtype == denominator.dtype
+            and (shift is None or isinstance(shift, np.ndarray) and shift.shape == F.shape[1:] and shift.dtype == F.dtype)):
         return _mu_sweep(F, numerator, denominator, shift, denominator.dtype.type(floor_eps(F.dtype)))
     if shift is not None:
         denominator += shift

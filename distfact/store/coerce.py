@@ -18,7 +18,11 @@ MIN_IN_MEMORY_BLOCK_BYTES = 2**20
 # A dense X, only from this many bytes a block on: an in-process executor runs dense blocks in memory in turn, each
 # product on every core (``InProcessExecutor._serial``, a large block's tiles on BLAS's threads), so that cutting it
 # only adds per-block work (issue 19: SSNMF on 500 x 300, 1.2 MB in two blocks, took a third more time than in one).
-# Its blocks are for a cluster's workers, where data this small runs no faster than in-process.
+# Its blocks matter on a cluster, which gets the same blocks (the same bits as in-process): an array of less than
+# 16 MiB a worker is cut into fewer blocks than the cluster has workers (a block's pass is then a few ms of
+# arithmetic, near a cluster's per-pass overhead); for many workers, ingest it into a store (or pass ``block_rows``).
+# A dense block of more than one tile (1 MiB) also makes ``fit_many``'s models share its products (equal to their
+# fits alone to rounding, not bitwise: ``shared_products``).
 MIN_IN_MEMORY_DENSE_BLOCK_BYTES = 2**24
 
 
