@@ -366,9 +366,15 @@ def test_retention_removes_only_its_own_leftovers(three_runs, tmp_path):
     shutil.copytree(runs / "2026-01-01", runs / ".2026-01-01.removing-89abcdef")  # a run being removed, killed
     os.remove(runs / "2026-01-01" / "distfact-output.json")  # (now no run, so not retention's to remove)
     (runs / ".2025-12-31.removing-fedcba98").mkdir()  # a removal killed after its manifest, its last file, went
-    assert retain(str(runs), 1, lambda *args, **fields: None) == ["2026-01-02"]
-    assert sorted(os.listdir(runs)) == sorted(["2026-01-01", "2026-01-03", "LATEST", "store.zarr",
-                                               *(d.name for d in mine)])
+    (runs / ".2025-12-30.lock").write_text("4242")  # a run lock left by a process killed holding it, its run gone
+    (runs / ".2025-12-29.lock").write_text("")  # likewise, killed before it wrote its pid
+    (runs / ".2024-01-02.lock").write_text("mine")  # a user's file named as a run lock: not a lock's content
+    (runs / ".2026-01-03.lock").write_text("4243")  # a lock of a date whose run is there: the next run of it takes it
+    with locked(str(runs / ".2025-12-28.lock"), "a backfill of 2025-12-28"):  # held: a run of that date beginning
+        assert retain(str(runs), 1, lambda *args, **fields: None) == ["2026-01-02"]
+        assert (runs / ".2025-12-28.lock").exists()
+    assert sorted(os.listdir(runs)) == sorted(["2026-01-01", "2026-01-03", "LATEST", "store.zarr", ".2024-01-02.lock",
+                                               ".2026-01-03.lock", *(d.name for d in mine)])
     assert all((directory / "notes.txt").read_text() == "mine" for directory in mine)
 
 

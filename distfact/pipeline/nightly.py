@@ -13,6 +13,7 @@ row ``i`` of tonight is row ``i`` of last night for every ``i`` last night had.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,8 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 START_FILE, START_FACTS = "start.npz", "start.json"
 #: a run directory renamed aside by retention before it is removed (:func:`_aside`): not a date, so no longer a run
 REMOVING = re.compile(r"\.\d{4}-\d{2}-\d{2}\.removing-[0-9a-f]{8}")
+#: a date's run lock (``outputs.sibling(run, "lock")``), which ``outputs.locked`` fills with its holder's pid
+RUN_LOCK = re.compile(r"\.(\d{4}-\d{2}-\d{2})\.lock")
 WARM_STARTS = ("none", "previous")
 
 
@@ -254,7 +257,9 @@ def retain(runs_dir: str, keep: int, log, made: str | None = None) -> list[str]:
     kept until a later retention), nor a date whose run lock (``.<date>.lock``) another process holds (a rerun or
     backfill of it in progress: skipped, and logged). Each is renamed aside first (:func:`_aside`: no longer a
     run), then removed, its manifest last; the leftovers of a retention killed midway (names :func:`_aside`
-    gives, still holding a pipeline run's manifest, or empty) are removed first. Returns the dates removed."""
+    gives, still holding a pipeline run's manifest, or empty) are removed first, and last the run locks of dates
+    that have no run, which no process holds (a retention or run killed while holding one; a lock file holds its
+    holder's pid or nothing: any other file of that name is not distfact's and is kept). Returns the dates removed."""
     with locked(os.path.join(runs_dir, ".retention.lock"), f"retention in {runs_dir}"):
         for name in os.listdir(runs_dir):
             path = os.path.join(runs_dir, name)
@@ -281,9 +286,22 @@ def retain(runs_dir: str, keep: int, log, made: str | None = None) -> list[str]:
                 continue
             remove_output(aside)
             removed.append(date)
+        for name in os.listdir(runs_dir):
+            lock, date = os.path.join(runs_dir, name), RUN_LOCK.fullmatch(name)
+            if date and not os.path.lexists(os.path.join(runs_dir, date.group(1))) and _lock_file(lock):
+                with contextlib.suppress(Locked), locked(lock, f"a run of {date.group(1)}"):
+                    pass  # held by nobody: taken, and removed as it is released (a run in progress holds it: kept)
         if removed:
             log("retention", "removed", to_file=False, runs=removed, kept=keep)  # (the run is committed: on the stream)
         return removed
+
+
+def _lock_file(path: str) -> bool:
+    """Whether ``path`` is a regular file as ``outputs.locked`` leaves it: its holder's pid, or nothing."""
+    if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > 20:
+        return False
+    with open(path, "rb") as f:
+        return re.fullmatch(rb"\d*", f.read()) is not None
 
 
 def _aside(date: str) -> str:
