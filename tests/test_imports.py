@@ -117,8 +117,8 @@ def test_the_cycle_finder_finds_cycles(tmp_path):
 
 def test_the_command_lines_start_imports_only_what_the_command_needs(tmp_path):
     """`distfact --help` builds its parser without scikit-learn, Dask, pandas or Zarr, and `distfact info` opens
-    a store without scikit-learn, Dask's distributed, pandas or numba (the kernels' compiler: about 0.1 s of a
-    0.5 s budget; start-up time: benchmarks/bench_startup.py)."""
+    a store without scikit-learn, Dask's distributed, pandas, numba (the kernels' compiler: about 0.1 s of a
+    0.5 s budget) or scipy (0.25 s here; distfact/lazy.py) (start-up time: benchmarks/bench_startup.py)."""
     import subprocess
     import sys
 
@@ -137,5 +137,20 @@ def test_the_command_lines_start_imports_only_what_the_command_needs(tmp_path):
         assert out.returncode == 0, out.stderr
         loaded[command[0]] = set(out.stdout.split())
     assert not loaded["--help"] & {"sklearn", "dask", "distributed", "pandas", "zarr", "scipy"}, loaded["--help"]
-    assert not loaded["info"] & {"sklearn", "distributed", "pandas", "numba"}, loaded["info"]
+    assert not loaded["info"] & {"sklearn", "distributed", "pandas", "numba", "scipy"}, loaded["info"]
     assert "zarr" in loaded["info"]  # the probe does see what a command imports
+
+
+def test_a_lazy_module_is_imported_at_its_first_attribute_and_is_the_modules_own():
+    """``LazyModule`` imports nothing until an attribute is read, then gives the module's own attributes, also one
+    changed after the first read (nothing copied)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom distfact.lazy import LazyModule\nlazy = LazyModule('fractions')\n"
+             "before = 'fractions' in sys.modules\nread = lazy.Fraction\nafter = 'fractions' in sys.modules\n"
+             "import fractions\nassert read is fractions.Fraction\n"
+             "fractions.Fraction = int\nassert lazy.Fraction is int\nprint(before, after, repr(lazy))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(maxsplit=2) == ["False", "True", "<lazily imported module 'fractions'>\n"]

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
 from ..kernels.mask_forms import COMPLEMENT, OBSERVED
+from ..lazy import LazyModule
+
+sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
 
 #: how the metadata names the forms (the kernels' names are the keys of a block's local state)
 FORM_NAMES = {COMPLEMENT: "complement", OBSERVED: "observed"}

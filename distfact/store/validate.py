@@ -7,7 +7,9 @@ the group, the row in the caller's order and, where it helps, the column.
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
+from ..lazy import LazyModule
+
+sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("float64"))
 

@@ -1,0 +1,32 @@
+"""A module imported when it is first used.
+
+scipy's import takes 250-300 ms here (scipy 1.17 with numpy 2.4: its bundled ``array_api_compat`` runs ``from numpy
+import *``, which loads numpy.f2py and numpy.testing), about a third of ``distfact info``, which reads a store's
+metadata and never a sparse matrix (issue 19: start-up under 0.5 s). The store's modules name ``scipy.sparse``
+through a :class:`LazyModule`, so that only a command that meets a sparse block pays for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+class LazyModule:
+    """Stands for the module ``name``: each attribute read is the module's own, the module imported at the first
+    (Python's import lock makes that safe from several threads). Nothing is copied from the module, so a later
+    change to it (a test's monkeypatch) is seen."""
+
+    __slots__ = ("_name", "_module")
+
+    def __init__(self, name: str):
+        self._name = name
+        self._module = None
+
+    def __getattr__(self, attribute: str):
+        module = self._module
+        if module is None:
+            module = self._module = importlib.import_module(self._name)
+        return getattr(module, attribute)
+
+    def __repr__(self) -> str:
+        return f"<lazily imported module {self._name!r}>"
