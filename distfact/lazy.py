@@ -23,10 +23,17 @@ class LazyModule:
         self._module = None
 
     def __getattr__(self, attribute: str):
+        if attribute in LazyModule.__slots__:  # unset (an object not made by __init__): not the module's to answer
+            raise AttributeError(attribute)
         module = self._module
         if module is None:
             module = self._module = importlib.import_module(self._name)
         return getattr(module, attribute)
+
+    def __reduce__(self):
+        """Pickled as the module itself, imported where it is unpickled (cloudpickle ships a function of a store
+        module to Dask's workers with the module's globals by value when the module is not importable there)."""
+        return importlib.import_module, (self._name,)
 
     def __repr__(self) -> str:
         return f"<lazily imported module {self._name!r}>"

@@ -75,6 +75,17 @@ def test_to_dask_gives_numpy_or_sparse_chunks(tmp_path):
     assert dense.to_dask().chunks[0] == tuple(b.n_rows for b in dense.blocks)
 
 
+@pytest.mark.cluster
+def test_to_dask_computes_on_a_local_cluster(local_cluster_client, tmp_path):
+    """The chunks' tasks go to worker processes: what they carry of the store's modules unpickles there (a
+    ``LazyModule`` among a shipped function's globals once failed the scheduler's deserialisation)."""
+    X, groups = grouped_data(m=40, n=6, density=0.5)
+    order = distfact.from_arrays(X, groups, tmp_path / "d.zarr", block_rows=7).row_index()
+    sparse = distfact.from_arrays(sp.csr_matrix(X), groups, tmp_path / "s.zarr", block_rows=7)
+    computed = local_cluster_client.compute(sparse.to_dask()).result()
+    np.testing.assert_array_equal(computed.todense(), X[order])
+
+
 def test_feature_names_and_dataframe_columns(tmp_path):
     X, groups = grouped_data(m=20, n=3)
     frame = pd.DataFrame(X, columns=["a", "b", "c"])
