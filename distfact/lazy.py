@@ -3,7 +3,8 @@
 scipy's import takes 250-300 ms here (scipy 1.17 with numpy 2.4: its bundled ``array_api_compat`` runs ``from numpy
 import *``, which loads numpy.f2py and numpy.testing), about a third of ``distfact info``, which reads a store's
 metadata and never a sparse matrix (issue 19: start-up under 0.5 s). The store's modules name ``scipy.sparse``
-through a :class:`LazyModule`, so that only a command that meets a sparse block pays for it.
+through a :class:`LazyModule`, imported at their first use of it (any ``sp.issparse``: an ingest, a fit, a block
+read), which ``info`` never makes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import importlib
 class LazyModule:
     """Stands for the module ``name``: each attribute read is the module's own, the module imported at the first
     (Python's import lock makes that safe from several threads). Nothing is copied from the module, so a later
-    change to it (a test's monkeypatch) is seen."""
+    change to the module itself (a test's monkeypatch of ``scipy.sparse.issparse``) is seen; attributes cannot be
+    set on this object (patch the module, not ``distfact.store.masks.sp``). Not a module object: ``copy`` and
+    ``inspect.ismodule`` do not treat it as one."""
 
     __slots__ = ("_name", "_module")
 
@@ -24,15 +27,16 @@ class LazyModule:
 
     def __getattr__(self, attribute: str):
         if attribute in LazyModule.__slots__:  # unset (an object not made by __init__): not the module's to answer
-            raise AttributeError(attribute)
+            raise AttributeError(f"{attribute!r} of a LazyModule not made by its __init__")
         module = self._module
         if module is None:
             module = self._module = importlib.import_module(self._name)
         return getattr(module, attribute)
 
     def __reduce__(self):
-        """Pickled as the module itself, imported where it is unpickled (cloudpickle ships a function of a store
-        module to Dask's workers with the module's globals by value when the module is not importable there)."""
+        """Pickled as the module itself, imported where it is unpickled: cloudpickle ships a nested function or a
+        lambda by value with the globals it uses, even from an importable module (``GroupedMatrix.to_dask``'s
+        chunk loader, to Dask's scheduler and workers)."""
         return importlib.import_module, (self._name,)
 
     def __repr__(self) -> str:

@@ -159,9 +159,10 @@ def test_a_lazy_module_is_imported_at_its_first_attribute_and_is_the_modules_own
 
 
 def test_a_lazy_module_pickles_as_the_module_itself():
-    """A function shipped by value to Dask's workers (cloudpickle) carries its module's globals: a ``LazyModule``
-    among them arrives as the module (its own pickle, made without ``__init__``, recursed in ``__getattr__`` when
-    unpickled: a clean clone's test_to_dask_gives_numpy_or_sparse_chunks failed on a default Dask client)."""
+    """A function shipped by value to Dask's workers (cloudpickle) carries what it uses: a ``LazyModule`` arrives
+    as the module (its own pickle, made without ``__init__``, recursed in ``__getattr__`` when unpickled: a clean
+    clone's test_to_dask_gives_numpy_or_sparse_chunks failed on a default Dask client). Here it is a closure's cell;
+    a module's global shipped to a cluster: tests/test_store.py::test_to_dask_computes_on_a_local_cluster."""
     import fractions
     import pickle
 

@@ -7,6 +7,7 @@ the group, the row in the caller's order and, where it helps, the column.
 from __future__ import annotations
 
 import numpy as np
+
 from ..lazy import LazyModule
 
 sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
