@@ -3,8 +3,8 @@
 scipy's import takes 250-300 ms here (scipy 1.17 with numpy 2.4: its bundled ``array_api_compat`` runs ``from numpy
 import *``, which loads numpy.f2py and numpy.testing), about a third of ``distfact info``, which reads a store's
 metadata and never a sparse matrix (issue 19: start-up under 0.5 s). The store's modules name ``scipy.sparse``
-through a :class:`LazyModule`, imported at their first use of it (any ``sp.issparse``: an ingest, a fit, a block
-read), which ``info`` never makes.
+as :data:`scipy_sparse`, imported at their first use of it (any ``sp.issparse``: an ingest, a fit, a block read),
+which ``info`` never makes.
 """
 
 from __future__ import annotations
@@ -41,3 +41,7 @@ class LazyModule:
 
     def __repr__(self) -> str:
         return f"<lazily imported module {self._name!r}>"
+
+
+#: ``scipy.sparse`` for the store's modules (``from ..lazy import scipy_sparse as sp``)
+scipy_sparse = LazyModule("scipy.sparse")

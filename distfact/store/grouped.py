@@ -21,12 +21,10 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from ..lazy import LazyModule
+from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
 from .format import Block, ColumnBlock, Metadata
 from .reading import BlockReader, ColumnBlockReader, MaskReader, block_place, read_arrays
 from .writing import build_column_blocks, column_ranges, commit_column_blocks
-
-sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
 
 logger = logging.getLogger("distfact")
 

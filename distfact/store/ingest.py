@@ -13,15 +13,13 @@ import zarr
 from zarr.storage import LocalStore
 
 from ..kernels.memory import aligned
-from ..lazy import LazyModule
+from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
 from .chunks import ChecksummingStore
 from .format import Block, BlockMask, GroupStats, Metadata
 from .grouped import GroupedMatrix
 from .masks import FORM_NAMES, ComplementMask, block_form, block_observed_total, check_weights, nan_missing, zero_missing
 from .validate import check_block_values, check_groups, group_lookup, working_dtype
 from .writing import DEFAULT_BLOCK_BYTES, array_records, block_stats, check_destination, write_arrays
-
-sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
 
 
 @dataclass

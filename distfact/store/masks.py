@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels.mask_forms import COMPLEMENT, OBSERVED
-from ..lazy import LazyModule
-
-sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
+from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
 
 #: how the metadata names the forms (the kernels' names are the keys of a block's local state)
 FORM_NAMES = {COMPLEMENT: "complement", OBSERVED: "observed"}

@@ -12,12 +12,10 @@ from zarr.core.buffer.cpu import NDBuffer
 from zarr.storage import LocalStore
 
 from ..kernels.memory import empty_aligned
-from ..lazy import LazyModule
+from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
 from .chunks import ChecksummingStore, ChunkDamage, array_codecs, chunk_key, dtype_name
 from .format import ArrayRecord, Block, ColumnBlock
 from .masks import FORMS_BY_NAME
-
-sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
 
 
 def one_line(exc: BaseException) -> str:

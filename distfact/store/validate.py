@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lazy import LazyModule
-
-sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
+from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("float64"))
 

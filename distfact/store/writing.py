@@ -15,11 +15,9 @@ import zarr
 from zarr.codecs import VLenUTF8Codec
 from zarr.storage import LocalStore
 
-from ..lazy import LazyModule
+from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
 from .format import ArrayRecord, ColumnBlock, Metadata
 from .chunks import ChecksummingStore, array_codecs, chunk_key, compressed, dtype_name, missing_chunk_value
-
-sp = LazyModule("scipy.sparse")  # not imported by ``distfact info`` (distfact/lazy.py)
 
 DEFAULT_BLOCK_BYTES = 128 * 2**20
 
