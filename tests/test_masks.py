@@ -164,6 +164,26 @@ def test_the_fused_complement_step_on_a_block_of_many_tiles_matches_the_transcri
                                                  np.sum(np.where(M == 0, 0.0, X64))], rtol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_products_on_a_pattern_are_scipys_bit_for_bit(dtype):
+    """``pattern_times_ht`` and ``wt_times_pattern`` (the masked kernels' Z H^T and W^T Z, Z on a mask's pattern,
+    without building Z) give the bits of scipy's products of the CSR matrix they stand for: any shape, empty rows,
+    unsorted column indices, rank 1 to 24."""
+    from distfact.kernels.products import pattern_times_ht, wt_times_pattern
+
+    rng = np.random.default_rng(5)
+    for case in range(60):
+        m, n, r = rng.integers(1, 120), rng.integers(1, 80), rng.integers(1, 25)
+        P = sp.random(m, n, density=rng.uniform(0, 0.5), format="csr", random_state=case, dtype=dtype)
+        if case % 3 == 0:
+            P = P[:, rng.permutation(n)]  # column indices out of order within rows
+        values = rng.random(P.nnz).astype(dtype)
+        W, H = rng.random((m, r)).astype(dtype), rng.random((r, n)).astype(dtype)
+        Z = sp.csr_matrix((values, P.indices, P.indptr), shape=P.shape)
+        for ours, scipys in [(pattern_times_ht(P, values, H), Z @ H.T), (wt_times_pattern(W, P, values), (Z.T @ W).T)]:
+            assert ours.dtype == scipys.dtype and np.array_equal(ours, scipys), (case, m, n, r)
+
+
 def test_sparse_mask_and_its_complement_give_one_fit():
     """The same weights as a dense array, a sparse matrix, and (for 'nan') the complement form agree."""
     X, groups = low_rank()

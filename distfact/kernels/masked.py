@@ -34,7 +34,8 @@ import scipy.sparse as sp
 from .mask_forms import COMPLEMENT, FORMS, OBSERVED
 from .nmf import _dense_frobenius_local, kl_ratio, kl_stats, residual_sq_norm
 from .nmf import frobenius_stats as unmasked_stats
-from .products import block_column_sums, block_times_ht, floor_eps, sparse_wt_times_block, wh_at_nonzeros
+from .products import (block_column_sums, block_times_ht, floor_eps, pattern_times_ht, wh_at_nonzeros,
+                       wt_times_pattern)
 
 
 
@@ -113,11 +114,6 @@ def zeroed(X, local):
     return observed_block(X, *mask_of(local))[0] if isinstance(local, dict) else X
 
 
-def on_pattern(P: sp.csr_matrix, values) -> sp.csr_matrix:
-    """A CSR matrix with P's pattern holding ``values``."""
-    return sp.csr_matrix((values, P.indices, P.indptr), shape=P.shape)
-
-
 def mask_of(local: dict) -> tuple[str, sp.csr_matrix]:
     """(form, P) of a masked block's local state."""
     for form in FORMS:
@@ -160,12 +156,17 @@ class BlockTerms:
     def observed(self) -> bool:
         return self.form == OBSERVED
 
-    def weighted(self, values) -> sp.csr_matrix:
-        return on_pattern(self.P, self.p * values)
+    def times_ht(self, values) -> np.ndarray:
+        """Z H^T for Z with P's pattern holding p * ``values`` (values at P's entries, in P.data's order)."""
+        return pattern_times_ht(self.P, self.p * values, self.H)
 
-    def ratio(self) -> sp.csr_matrix:
-        """P_q: p x / max(wh, eps) on P's pattern (the masked part of the KL ratio)."""
-        return self.weighted(self.x / np.maximum(self.wh, floor_eps(self.W.dtype)))
+    def wt_times(self, values) -> np.ndarray:
+        """W^T Z for Z with P's pattern holding p * ``values``."""
+        return wt_times_pattern(self.W, self.P, self.p * values)
+
+    def ratio(self) -> np.ndarray:
+        """x / max(wh, eps) at P's entries (times p: P_q, the masked part of the KL ratio)."""
+        return self.x / np.maximum(self.wh, floor_eps(self.W.dtype))
 
     def sq_residual(self) -> float:
         """sum over P of p (x - wh)^2, in float64."""
@@ -192,14 +193,14 @@ class BlockTerms:
 # --------------------------------------------------------------------- Frobenius
 def frobenius_numerator(terms: BlockTerms):
     """(M o X) H^T, fixed while H is."""
-    masked = terms.weighted(terms.x) @ terms.H.T
+    masked = terms.times_ht(terms.x)
     return masked if terms.observed else block_times_ht(terms.X, terms.H) - masked
 
 
 def frobenius_w_update(HHt, num, terms: BlockTerms):
     """Weighted MU: W <- W * ((M o X) H^T) / ((M o W H) H^T), ``terms`` at the current W."""
     W = terms.W
-    masked = terms.weighted(terms.wh) @ terms.H.T
+    masked = terms.times_ht(terms.wh)
     den = masked if terms.observed else W @ HHt - masked
     return W * num / np.maximum(den, floor_eps(W.dtype))
 
@@ -217,7 +218,7 @@ def frobenius_stats(terms: BlockTerms, residual: bool) -> dict:
     such that W^T (M o W H) = WtW H + WtMWH_adj, and ``Mxx`` = sum m x^2. With ``residual``: ``sq_err`` =
     sum m (x - wh)^2 accumulated in float64 (float32 data)."""
     W, X = terms.W, terms.X
-    WtPx, WtPwh = sparse_wt_times_block(W, terms.weighted(terms.x)), sparse_wt_times_block(W, terms.weighted(terms.wh))
+    WtPx, WtPwh = terms.wt_times(terms.x), terms.wt_times(terms.wh)
     Mxx = np.float64(terms.observed_sums()[0])
     if terms.observed:
         r = W.shape[1]
@@ -272,7 +273,7 @@ def sq_errors(G, stats) -> np.ndarray:
 # --------------------------------------------------------- a shifted reconstruction (Stratified-NMF)
 def weights_times(terms: BlockTerms) -> np.ndarray:
     """W^T M (r x n): W^T P for the observed form, (W^T 1) 1^T - W^T P for the complement form."""
-    WtP = sparse_wt_times_block(terms.W, on_pattern(terms.P, terms.p))
+    WtP = terms.wt_times(1.0)
     return WtP if terms.observed else terms.W.sum(axis=0)[:, None] - WtP
 
 
@@ -293,8 +294,8 @@ def shifted_w_update(terms: BlockTerms, HHt, v, Hv, eps: float):
     W <- W * ((M o X) H^T) / ((M o (W H + 1 v^T)) H^T + eps), the denominator floored at the dtype's machine
     epsilon as the unmasked kernel's is; (M o (WH + 1 v^T)) H^T is P_rec H^T (P's pattern holding
     p ((WH)_ij + v_j)), or W (H H^T) + 1 (H v)^T - P_rec H^T for the complement form (``Hv`` = H v)."""
-    W, H = terms.W, terms.H
-    masked = terms.weighted(terms.wh + v[terms.P.indices]) @ H.T
+    W = terms.W
+    masked = terms.times_ht(terms.wh + v[terms.P.indices])
     den = masked if terms.observed else W @ HHt + Hv[None, :] - masked
     return W * frobenius_numerator(terms) / np.maximum(den + eps, floor_eps(W.dtype))
 
@@ -393,7 +394,7 @@ def hals_h_update(H, WtX, WtW, WtMW_cols, n_rows: int):
 def kl_w_update(terms: BlockTerms):
     """Weighted KL MU: W <- W * ((M o X / WH) H^T) / (M H^T), ``terms`` at the current W."""
     W, H = terms.W, terms.H
-    masked_num, masked_den = terms.ratio() @ H.T, on_pattern(terms.P, terms.p) @ H.T
+    masked_num, masked_den = terms.times_ht(terms.ratio()), terms.times_ht(1.0)
     if terms.observed:
         num, den = masked_num, masked_den
     else:
@@ -412,7 +413,7 @@ def kl_block_stats(terms: BlockTerms) -> dict:
     """The KL statistics at (W_b, H) over observed entries: ``WtR`` = W^T (M o X / WH), ``WtM`` = W^T M (r x n),
     ``xlogx`` = sum m x log(x / wh) over observed x > 0 and ``Mx`` = sum m x."""
     W = terms.W
-    WtQ, WtP = sparse_wt_times_block(W, terms.ratio()), sparse_wt_times_block(W, on_pattern(terms.P, terms.p))
+    WtQ, WtP = terms.wt_times(terms.ratio()), terms.wt_times(1.0)
     xlogx, Mx = terms.weighted_xlogx(), np.float64(terms.observed_sums()[1])
     if terms.observed:
         return {"WtR": WtQ, "WtM": WtP, "xlogx": xlogx, "Mx": Mx}

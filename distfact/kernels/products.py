@@ -92,6 +92,36 @@ def sparse_wt_times_block(W: np.ndarray, X: sp.csr_matrix) -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True)
+def _csr_times_dense(indptr, indices, data, Ht):
+    """X H^T for CSR X (rows x r; Ht is H^T, n x r): each row's entries added in stored order, as scipy's
+    ``csr_matvecs`` adds them (the same bits)."""
+    r = Ht.shape[1]
+    out = np.zeros((indptr.shape[0] - 1, r), dtype=Ht.dtype)
+    for i in range(indptr.shape[0] - 1):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            x = data[p]
+            for k in range(r):
+                out[i, k] += x * Ht[j, k]
+    return out
+
+
+def pattern_times_ht(P: sp.csr_matrix, values: np.ndarray, H: np.ndarray) -> np.ndarray:
+    """Z H^T for Z with P's pattern holding ``values`` (in P.data's order), without making Z: the bits of scipy's
+    ``csr_matrix((values, P.indices, P.indptr)) @ H.T``, whose constructor's checks cost a small fit more than the
+    product (issue 19)."""
+    dtype = np.result_type(values, H)
+    return _csr_times_dense(P.indptr, P.indices, np.asarray(values, dtype=dtype), np.ascontiguousarray(H.T, dtype=dtype))
+
+
+def wt_times_pattern(W: np.ndarray, P: sp.csr_matrix, values: np.ndarray) -> np.ndarray:
+    """W^T Z (r x n) for Z with P's pattern holding ``values``, without making Z (:func:`sparse_wt_times_block`'s
+    sweep)."""
+    return np.ascontiguousarray(_csr_scatter_wt(P.indptr, P.indices, np.asarray(values, dtype=W.dtype), W,
+                                                P.shape[1]).T)
+
+
+@numba.njit(nogil=True, cache=True)
 def _weighted_sq_error_at(W, Ht, rows, cols, x, weights):
     total = 0.0
     for e in range(rows.shape[0]):

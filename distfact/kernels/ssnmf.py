@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from .masked import COMPLEMENT, OBSERVED, observed_block, on_pattern, positions_at
-from .products import wh_at_nonzeros
+from .masked import COMPLEMENT, OBSERVED, observed_block, positions_at
+from .products import pattern_times_ht, wh_at_nonzeros, wt_times_pattern
 
 LOSSES = ("F", "D")
 
@@ -86,9 +86,13 @@ class Complement:
         """At P's entries, in P's data order: the weights m, x and W H."""
         return 1.0 - self.P.data, self.x, wh_at_nonzeros(self.P, W, H)
 
-    def times(self, values) -> sp.csr_matrix:
-        """P's pattern holding p * values (P o Z for Z's ``values`` at P's entries)."""
-        return on_pattern(self.P, self.P.data * values)
+    def times_ht(self, values, H) -> np.ndarray:
+        """(P o Z) H^T for Z's ``values`` at P's entries."""
+        return pattern_times_ht(self.P, self.P.data * values, H)
+
+    def wt_times(self, W, values) -> np.ndarray:
+        """W^T (P o Z) for Z's ``values`` at P's entries."""
+        return wt_times_pattern(W, self.P, self.P.data * values)
 
 
 def block_mask(X, local: dict):
@@ -193,10 +197,10 @@ def _complement_update_parts(X, W, H, mask: Complement, loss: str, eps: float, H
     """:func:`term_update_parts` for a complement-form mask: the unmasked products less P's entries'."""
     if loss == "D":
         num = np.asarray(ratio(X, W, H, mask, eps) @ H.T)
-        return num, np.maximum(H.sum(axis=1)[None, :] - mask.times(1.0) @ H.T, 0.0)
+        return num, np.maximum(H.sum(axis=1)[None, :] - mask.times_ht(1.0, H), 0.0)
     _, x, wh = mask.values(W, H)
-    num = np.asarray(X @ H.T) - mask.times(x) @ H.T
-    return num, np.maximum(W @ (H @ H.T if HHt is None else HHt) - mask.times(wh) @ H.T, 0.0)
+    num = np.asarray(X @ H.T) - mask.times_ht(x, H)
+    return num, np.maximum(W @ (H @ H.T if HHt is None else HHt) - mask.times_ht(wh, H), 0.0)
 
 
 def _wt(W, Z):
@@ -211,11 +215,11 @@ def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
     W^T (M o W H) (so that blocks of either form add up)."""
     if isinstance(mask, Complement):
         if loss == "D":
-            den = W.sum(axis=0)[:, None] - _wt(W, mask.times(1.0))
+            den = W.sum(axis=0)[:, None] - mask.wt_times(W, 1.0)
             return {f"{prefix}_num": _wt(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": np.maximum(den, 0.0)}
         _, x, wh = mask.values(W, H)
-        return {f"{prefix}_num": _wt(W, X) - _wt(W, mask.times(x)), f"{prefix}_WtW": W.T @ W,
-                f"{prefix}_den_adj": -_wt(W, mask.times(wh))}
+        return {f"{prefix}_num": _wt(W, X) - mask.wt_times(W, x), f"{prefix}_WtW": W.T @ W,
+                f"{prefix}_den_adj": -mask.wt_times(W, wh)}
     if loss == "D":
         den = W.sum(axis=0) if mask is None else _wt(W, mask)  # W^T 1 broadcasts over the columns
         return {f"{prefix}_num": _wt(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": den}
