@@ -15,6 +15,8 @@ Cases (each a whole fit, from the same start as its numpy peer; target: distfact
               same iterations (checked: same E_l and iteration count).
   ssnmf       SSNMF (F,F), 500 x 300 uniform with 5 classes (all labelled), rank 10, lam 1, 1,000 iterations
               (tol=0); the peer is the (F,F) multiplicative updates, H, B, then W.
+  nmf_store   the nmf case with X from a store on disk (written once by the worker, not timed; each fit opens it
+              by its path, as a user's does): what a small fit from a store costs against the same numpy loop.
 The numpy peers compute no loss unless their stopping rule needs one; distfact records it every iteration.
 
 distfact runs in a worker process (PYTHONPATH: this checkout), and with ``--before DIR`` a second worker runs
@@ -104,9 +106,10 @@ def ssnmf_problem(n_iter):
             "B": rng.random((r, k)), "n_iter": n_iter}
 
 
-PROBLEMS = {"nmf": nmf_problem, "stratified": stratified_problem, "fairer": fairer_problem, "ssnmf": ssnmf_problem}
-SIZES = {"full": {"nmf": 2000, "stratified": 10_000, "fairer": 10_000, "ssnmf": 1000},
-         "quick": {"nmf": 200, "stratified": 500, "fairer": 300, "ssnmf": 100}}
+PROBLEMS = {"nmf": nmf_problem, "stratified": stratified_problem, "fairer": fairer_problem, "ssnmf": ssnmf_problem,
+            "nmf_store": nmf_problem}
+SIZES = {"full": {"nmf": 2000, "stratified": 10_000, "fairer": 10_000, "ssnmf": 1000, "nmf_store": 2000},
+         "quick": {"nmf": 200, "stratified": 500, "fairer": 300, "ssnmf": 100, "nmf_store": 200}}
 
 
 # -------------------------------------------------------------------------------------------- numpy peers
@@ -207,7 +210,8 @@ def ssnmf_numpy(p):
     return {"H": H}
 
 
-NUMPY = {"nmf": nmf_numpy, "stratified": stratified_numpy, "fairer": fairer_numpy, "ssnmf": ssnmf_numpy}
+NUMPY = {"nmf": nmf_numpy, "stratified": stratified_numpy, "fairer": fairer_numpy, "ssnmf": ssnmf_numpy,
+         "nmf_store": nmf_numpy}
 
 
 def oracle_stratified(p):
@@ -226,8 +230,9 @@ def distfact_fit(case, p):
     """The whole fit, as a user calls it; returns what the result check needs."""
     import distfact
 
-    if case == "nmf":
-        model = distfact.NMF(5, init="custom", max_iter=p["n_iter"], tol=0).fit(p["X"], W=p["W"], H=p["H"])
+    if case in ("nmf", "nmf_store"):
+        X = p["store"] if case == "nmf_store" else p["X"]
+        model = distfact.NMF(5, init="custom", max_iter=p["n_iter"], tol=0).fit(X, W=p["W"], H=p["H"])
         return {"H": model.components_}
     if case == "stratified":
         model = distfact.StratifiedNMF(5, init="custom", max_iter=p["n_iter"]).fit(
@@ -244,9 +249,18 @@ def distfact_fit(case, p):
 
 def worker(size):
     """Serve fits on stdin: one case name a line; answers one JSON line (seconds, result saved to a file)."""
+    import atexit
+    import shutil
+
+    import distfact
+
     problems = {case: PROBLEMS[case](SIZES[size][case]) for case in PROBLEMS}
-    warm = {"nmf": nmf_problem(5), "stratified": stratified_problem(5), "fairer": fairer_problem(5),
-            "ssnmf": ssnmf_problem(5)}
+    warm = {case: PROBLEMS[case](5) for case in PROBLEMS}
+    stores = tempfile.mkdtemp(prefix="bench-small-")
+    atexit.register(shutil.rmtree, stores)
+    for name, p in (("problem", problems["nmf_store"]), ("warm", warm["nmf_store"])):
+        p["store"] = os.path.join(stores, f"{name}.zarr")
+        distfact.from_arrays(p["X"], None, p["store"])
     for case in PROBLEMS:  # numba's compilation and first-call costs
         distfact_fit(case, warm[case])
     print(json.dumps({"ready": True, "distfact": __import__("distfact").__file__}), flush=True)

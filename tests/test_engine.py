@@ -339,15 +339,31 @@ def test_merge_keeps_groups_apart():
     assert list(out) == [0, 1] and out[0]["s"][0] == 3.0 and out[1]["s"][0] == 5.0
 
 
-def test_each_block_is_read_once_per_pass(tmp_path):
+@pytest.mark.parametrize("solver", ["mu", "hals"])
+def test_a_small_store_is_read_once_a_larger_one_once_per_pass(tmp_path, monkeypatch, solver):
+    """A store of at most ``RESIDENT_STORE_BYTES`` is read once, when the fit starts, and held; a larger one (the
+    limit lowered below this store's size), or any store while the local factors spill to Zarr, is read block by
+    block in every pass. The fits are the same, bit for bit."""
+    from distfact.engine.executor import inprocess
+
     X, groups = grouped_data(m=90, n=10)
-    store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=10)
-    reads = []
-    reader = store.reader()
-    store.reader = lambda: (lambda block: reads.append(block.index) or reader(block))
-    model = distfact.NMF(3, random_state=0, max_iter=6, tol=0, n_threads=2).fit(store)
-    assert model.n_passes_ == 7
-    assert sorted(reads) == sorted(list(range(store.n_blocks)) * 7)
+    path = tmp_path / "x.zarr"
+    distfact.from_arrays(X, groups, path, block_rows=10)
+    fits = {}
+    for case, limit, budget in [("held", inprocess.RESIDENT_STORE_BYTES, None), ("read", 90 * 10 * 8 - 1, None),
+                                ("spilled", inprocess.RESIDENT_STORE_BYTES, 8)]:
+        monkeypatch.setattr(inprocess, "RESIDENT_STORE_BYTES", limit)
+        store, reads = distfact.open(path), []
+        reader = store.reader()
+        store.reader = lambda: (lambda block: reads.append(block.index) or reader(block))
+        model = distfact.NMF(3, solver=solver, random_state=0, max_iter=6, tol=0, n_threads=2,
+                             local_memory_budget=budget)
+        fits[case] = model.fit_transform(store), model.components_, model.loss_history_
+        assert model.n_passes_ == 7
+        assert sorted(reads) == sorted(list(range(store.n_blocks)) * (1 if case == "held" else 7)), case
+    for case in ("read", "spilled"):
+        for held, other in zip(fits["held"], fits[case]):
+            assert np.array_equal(held, other), case
 
 
 def _fit_all(X, groups, client, rank):

@@ -65,7 +65,7 @@ def test_fit_shows_lines_off_a_terminal_and_a_bar_on_one_with_the_same_outputs(s
     lines = [line for line in err.splitlines() if line.startswith("iteration ")]
     # one line per tenth of max_iter (and the first), each with its rate and an ETA bounded by max_iter
     assert len(lines) >= 10
-    assert re.fullmatch(r"iteration 30/300 \(10%\), [\d.]+ it/s, objective [\d.e+]+, ETA at most \d+ (s|min)",
+    assert re.fullmatch(r"iteration 30/300 \(10%\), [\d.,]+ it/s, objective [\d.e+]+, ETA at most \d+ (s|min)",
                         lines[1]), lines[1]
     assert lines[-1].startswith("iteration 300/300 in ") and "it/s" in lines[-1]
     assert "\r" not in err

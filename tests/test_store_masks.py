@@ -235,9 +235,15 @@ def test_a_mask_given_to_fit_on_a_store_with_its_own_is_refused(tmp_path):
         distfact.WeightedL1NMF(3, max_iter=2).fit(stored)
 
 
-def test_one_read_of_X_per_pass_and_the_mask_once(tmp_path):
-    """X is read once per pass (as without a mask); each block's mask once, by the block's first task, where it
-    then stays beside W_b (so every later pass reads no mask at all)."""
+@pytest.mark.parametrize("held", [True, False])
+def test_one_read_of_X_per_pass_and_the_mask_once(tmp_path, monkeypatch, held):
+    """X is read once per pass (as without a mask), or once when the store is small enough to be held
+    (``RESIDENT_STORE_BYTES``); each block's mask once, by the block's first task, where it then stays beside W_b
+    (so every later pass reads no mask at all)."""
+    from distfact.engine.executor import inprocess
+
+    if not held:
+        monkeypatch.setattr(inprocess, "RESIDENT_STORE_BYTES", 0)
     X, groups = with_holes()
     store = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=BLOCK_ROWS, missing="nan")
     x_reads, mask_reads = [], []
@@ -246,7 +252,7 @@ def test_one_read_of_X_per_pass_and_the_mask_once(tmp_path):
     store.mask_reader = lambda: (lambda block: mask_reads.append(block.index) or mask_reader(block))
     model = NMF(3, random_state=0, max_iter=6, tol=0, n_threads=2).fit(store)
     assert model.n_passes_ == 7
-    assert sorted(x_reads) == sorted(list(range(store.n_blocks)) * 7)
+    assert sorted(x_reads) == sorted(list(range(store.n_blocks)) * (1 if held else 7))
     assert sorted(mask_reads) == list(range(store.n_blocks))
 
 

@@ -139,7 +139,11 @@ def test_without_shared_products_each_model_is_bitwise_its_fit_alone():
 
 @pytest.fixture
 def counted_reads(monkeypatch):
-    """Reads of X's blocks from the store (every call of the store's block reader reads one block's arrays)."""
+    """Reads of X's blocks from the store (every call of the store's block reader reads one block's arrays), of a
+    store read in every pass, as one larger than ``RESIDENT_STORE_BYTES`` is (a smaller one is read once, and held)."""
+    from distfact.engine.executor import inprocess
+
+    monkeypatch.setattr(inprocess, "RESIDENT_STORE_BYTES", 0)
     count = {"reads": 0}
     lock = threading.Lock()
     real = reading.read_arrays

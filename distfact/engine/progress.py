@@ -133,7 +133,9 @@ class Progress:
         return done if not self.total else f"{done}/{amount(self.total, self.unit)}"
 
     def _rate_text(self, rate) -> str:
-        return f"{amount(rate, self.unit)}/s" if self.unit == "B" else f"{rate:.3g} {self.unit}/s"
+        if self.unit == "B":
+            return f"{amount(rate, self.unit)}/s"
+        return f"{rate:,.0f} {self.unit}/s" if rate >= 100 else f"{rate:.3g} {self.unit}/s"  # 1,670 not 1.67e+03
 
     def _figures(self, now: float) -> tuple[list[str], float | None, float | None]:
         rate, eta = self.rate(now), self.eta(now)

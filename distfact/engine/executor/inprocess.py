@@ -44,6 +44,14 @@ class _SingleThreadBLAS:
 
 SINGLE_THREAD_BLAS = _SingleThreadBLAS()
 
+#: A store on disk whose X takes at most this many bytes in memory (``GroupedMatrix.nbytes``) is read once, when
+#: the executor starts, and its blocks held as X given in memory is (its CSC column blocks too, from the first
+#: column pass, for a method that reads them); a larger one is read block by block in every pass (X may be larger
+#: than memory). Reading a small store every pass cost far more than its arithmetic (issue
+#: 19: a 440 x 30 store, 30 ms a pass through Zarr against well under 1 ms of products), and the pipelines and the
+#: CLI fit stores.
+RESIDENT_STORE_BYTES = 256 << 20
+
 
 class InProcessExecutor(Executor):
     """Runs passes in this process: a plain loop, or a pool of threads across blocks."""
@@ -53,9 +61,8 @@ class InProcessExecutor(Executor):
         self.n_threads = n_threads or os.cpu_count() or 1
         self.reader = data.reader()
         self.locals: list = [None] * data.n_blocks
-        # blocks held in memory, each aligned here once (they are staged aligned: no copy) so that no pass checks them
-        self._resident = None if data._blocks is None else [block if sp.issparse(block) else aligned(block)
-                                                             for block in data._blocks]
+        self._resident = self._held_blocks(data)
+        self._columns = None  # a held store's column blocks, once a column pass has read them
         self._in_turn = self._serial()  # asked at every pass: the answer cannot change
         self._holds_blas = not self._in_turn
         self._reused = ReusedBuffers()  # a pass's statistics and new local factors, copied aligned into these
@@ -72,17 +79,30 @@ class InProcessExecutor(Executor):
             # on the cores the blocks need. (Workers of a distributed cluster run BLAS single-threaded too.)
             SINGLE_THREAD_BLAS.acquire()
 
+    def _held_blocks(self, data) -> list | None:
+        """X's blocks held in memory for the whole fit, each aligned here once (they are read and staged aligned: no
+        copy) so that no pass checks them: X given in memory, or a store of at most :data:`RESIDENT_STORE_BYTES`
+        read now (every block checked as a pass's read checks it), unless the local factors spill to Zarr (memory
+        is short). None: every pass reads the store."""
+        if data.in_memory:
+            blocks = data._blocks
+        elif self.spill is None and data.nbytes <= RESIDENT_STORE_BYTES:
+            blocks = [self.reader(block) for block in data.blocks]
+        else:
+            return None
+        return [block if sp.issparse(block) else aligned(block) for block in blocks]
+
     def describe(self) -> dict:
         mode = "loop" if self._in_turn else "threads"
         return {"scheduler": "in-process", "mode": mode, "threads": self.n_threads}
 
     def _serial(self) -> bool:
         """Blocks run one after the other when there is nothing to overlap: one thread or
-        one block, or dense blocks already in memory, whose BLAS products use every core
+        one block, or dense blocks held in memory, whose BLAS products use every core
         (on 2 cores, one 2-thread product beats two 1-thread ones). Blocks read from disk,
         or CSR blocks (single-threaded kernels), run in parallel threads. (Decided once, in ``__init__``.)"""
         return (self.n_threads <= 1 or len(self.blocks) == 1
-                or (self.data.in_memory and not self.data.is_sparse))
+                or (self._resident is not None and not self.data.is_sparse))
 
     def _map(self, tasks: list, serial: bool | None = None):
         """The tasks' results in order. In parallel threads, every task ends before the first failure (in task
@@ -143,10 +163,21 @@ class InProcessExecutor(Executor):
         """One pass over the CSC column blocks (see the module docstring); column tasks are
         compiled kernels that release the GIL, so they run in parallel threads."""
         W = [stacked_rows(self.local_factors())]  # once for all column blocks of the pass
-        reader = self.data.column_reader()
-        tasks = [functools.partial(run_column_block, fn, reader, cblock, None, W, args)
+        reader, held = self.data.column_reader(), self._held_columns()
+        tasks = [functools.partial(run_column_block, fn, reader, cblock, None if held is None else held[cblock.index],
+                                   W, args)
                  for cblock in self.data.column_blocks]
         return self._column_results(self._map(tasks, serial=self.n_threads <= 1 or len(tasks) == 1))
+
+    def _held_columns(self) -> list | None:
+        """The column blocks of a store whose row blocks are held (:meth:`_held_blocks`): read at the first column
+        pass, then held. None: every column pass reads them (a larger store), or X is in memory (so are they)."""
+        if self._resident is None or self.data.in_memory:
+            return None
+        if self._columns is None:
+            reader = self.data.column_reader()
+            self._columns = [reader(cblock) for cblock in self.data.column_blocks]
+        return self._columns
 
     def map_local(self, fn, *args) -> None:
         """``local_b <- fn(local_b, block, *args)`` for every block, where it lives; X is not read."""
@@ -156,9 +187,8 @@ class InProcessExecutor(Executor):
 
     def map_blocks(self, fn, *args) -> list:
         """``fn(X_b, local_b, block, *args)`` per block, results returned in block order (one pass)."""
-        data_blocks = self.data._blocks
-        tasks = [functools.partial(map_one, fn, self.reader, block,
-                                   None if data_blocks is None else data_blocks[block.index],
+        resident = self._resident
+        tasks = [functools.partial(map_one, fn, self.reader, block, None if resident is None else resident[block.index],
                                    self.locals[block.index], args)
                  for block in self.blocks]
         out = self._map(tasks)
