@@ -33,7 +33,7 @@ BENCHMARKS = {
     "sweep": ([], 10),
     "startup": ([], 1),
     "overhead": ([], 2),
-    "select_rank": ([], 5),
+    "select_rank": ([], 10),
     "fairer": ([], 5),
     "wl1": ([], 6),
     "wl1_masks": ([], 2),
