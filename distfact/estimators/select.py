@@ -2,7 +2,7 @@
 
 Each fold holds out a random set of X's observed entries (a mask with 0 there), every (rank, fold) model is fitted
 on the rest, all in one :func:`~distfact.estimators.sweep.fit_many` sweep (one read of X per iteration for the
-whole sweep), and the held-out entries are scored per group.
+whole sweep; once per fit for a store held in memory), and the held-out entries are scored per group.
 
 Which entries are held out does not depend on how X is cut into blocks nor where blocks run: entry (i, j) of X
 (i its row as X was given, j its column) draws u(i, j) in [0, 1) from a counter-based hash (splitmix64) of the
@@ -412,8 +412,8 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
     module docstring for how they are drawn, independently of X's blocks): any entry of a dense X, only the
     stored entries of a sparse X (its zeros are never held out, so the held-out error of a sparse X measures
     its non-zero entries). Fold f's mask is the observed weights (``mask``, or all ones) with 0 at its held-out
-    entries; every (rank, fold) is fitted in one :func:`~distfact.fit_many` sweep (X read once per iteration
-    for all of them), each model exactly its estimator's ``fit`` with that mask. The errors are then computed
+    entries; every (rank, fold) is fitted in one :func:`~distfact.fit_many` sweep (X read at most once per
+    iteration for all of them), each model exactly its estimator's ``fit`` with that mask. The errors are then computed
     from each model's reconstruction (W H, or the one its estimator declares: W(i) H + 1 v(i)^T for
     Stratified-NMF, :func:`reconstruction`), reading X block by block.
 
@@ -440,7 +440,7 @@ def select_rank(estimator, X, *, groups=None, ranks, n_splits=5, holdout=0.1, ra
     fit : {"joint", "per_group"}
         One model of all the rows per (rank, fold), or one per (group, rank, fold) on that group's rows alone
         (one :func:`~distfact.fit_many` sweep per group, each reading only its group's blocks: every block of X
-        is still read once per iteration, in one pass per group; ranks then go up to the smallest group's rows).
+        is still read at most once per iteration, in one pass per group; ranks then go up to the smallest group's rows).
     mask : array, sparse matrix, "nonzero" or "nan", optional
         X's observed entries and their weights (0: missing), as the estimator's ``fit`` takes them; held-out
         entries are drawn among those of positive weight, and errors are weighted by them.

@@ -116,7 +116,7 @@ def pattern_times_ht(P: sp.csr_matrix, values: np.ndarray, H: np.ndarray) -> np.
 
 def wt_times_pattern(W: np.ndarray, P: sp.csr_matrix, values: np.ndarray) -> np.ndarray:
     """W^T Z (r x n) for Z with P's pattern holding ``values``, without making Z (:func:`sparse_wt_times_block`'s
-    sweep)."""
+    sweep, in W's dtype: ``values`` are cast to it, as every caller's already are)."""
     return np.ascontiguousarray(_csr_scatter_wt(P.indptr, P.indices, np.asarray(values, dtype=W.dtype), W,
                                                 P.shape[1]).T)
 
