@@ -16,9 +16,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
-
 EXIT_BAD_INPUT = 2
 
 
@@ -329,9 +326,9 @@ def _append(args, progress) -> None:
 
 
 def cmd_info(args):
-    from .store import open_store
+    from .store.describe import store_info  # the metadata alone: neither zarr nor the store's arrays
 
-    info = open_store(args.store).info()
+    info = store_info(args.store)
     if args.json:
         print(json.dumps(info, indent=2))
         return
@@ -406,6 +403,8 @@ def _given(args, declaration) -> tuple[dict, dict]:
 
 
 def cmd_fit(args):
+    import numpy as np
+
     from .engine.cluster import client_for
     from .engine.progress import show_iterations
     from .outputs import OutputDir
@@ -452,6 +451,8 @@ def cmd_fit(args):
 def write_fit_output(directory: str, declaration, model, data, args, seconds: float) -> list[str]:
     """What ``distfact fit`` writes for every method, plus the method's own arrays and facts; returns the names
     of what was written."""
+    import numpy as np
+
     from .outputs import write_json
 
     written = []

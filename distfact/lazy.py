@@ -1,10 +1,11 @@
-"""A module imported when it is first used.
+"""Modules imported when they are first used.
 
-scipy's import takes 250-300 ms here (scipy 1.17 with numpy 2.4: its bundled ``array_api_compat`` runs ``from numpy
-import *``, which loads numpy.f2py and numpy.testing), about a third of ``distfact info``, which reads a store's
-metadata and never a sparse matrix (issue 19: start-up under 0.5 s). The store's modules name ``scipy.sparse``
-as :data:`scipy_sparse`, imported at their first use of it (any ``sp.issparse``: an ingest, a fit, a block read),
-which ``info`` never makes.
+``distfact info`` reads a store's metadata document and nothing else (``store/describe.py``), under 0.5 s (issue 19:
+start-up); the store's modules import two packages it never uses, each about as slow as that budget allows:
+scipy (250-300 ms here: scipy 1.17's bundled ``array_api_compat`` runs ``from numpy import *``, which loads
+numpy.f2py and numpy.testing) and zarr (0.4-0.5 s: asyncio, donfig, numcodecs, fsspec). The store's modules name
+them as the objects below, each imported at its first attribute read (a block read, an ingest, a fit), which
+``info`` never makes.
 """
 
 from __future__ import annotations
@@ -45,3 +46,10 @@ class LazyModule:
 
 #: ``scipy.sparse`` for the store's modules (``from ..lazy import scipy_sparse as sp``)
 scipy_sparse = LazyModule("scipy.sparse")
+#: zarr and the parts of it the store's modules use (``from ..lazy import zarr``)
+zarr = LazyModule("zarr")
+zarr_storage = LazyModule("zarr.storage")
+zarr_codecs = LazyModule("zarr.codecs")
+zarr_cpu_buffer = LazyModule("zarr.core.buffer.cpu")
+#: ``store/chunks.py`` (zarr's codecs and store wrapper; ``from ..lazy import store_chunks as chunks``)
+store_chunks = LazyModule("distfact.store.chunks")

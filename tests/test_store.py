@@ -186,38 +186,77 @@ def test_missing_store(tmp_path):
         distfact.NMF(2).fit(str(tmp_path / "nowhere.zarr"))
 
 
-def test_corrupt_stores(tmp_path):
-    X, groups = grouped_data(m=30, n=4)
+def damaged_copies(path, tmp_path):
+    """Copies of the store at ``path``, each damaged in one way that opening it must refuse, with what the refusal
+    says: (path, message pattern)."""
+    def copy(name, edit):
+        target = tmp_path / name
+        shutil.copytree(path, target)
+        edit(target)
+        return target
+
+    def edit_root(change):
+        def edit(target):
+            doc = json.loads((target / "zarr.json").read_text())
+            change(doc)
+            (target / "zarr.json").write_text(json.dumps(doc))
+        return edit
+
+    def tamper(doc):
+        doc["attributes"]["distfact"]["blocks"][1]["row_start"] += 1
+
+    return [
+        (copy("no-block.zarr", lambda t: shutil.rmtree(t / "blocks" / "000002")),
+         r"corrupt: block \d+ \(key '000002'\) is missing"),
+        (copy("no-column-block.zarr", lambda t: shutil.rmtree(t / "columns" / "000000")),
+         r"corrupt: column block 0 \(key '000000'\) is missing"),
+        (copy("garbled.zarr", lambda t: (t / "zarr.json").write_text("{ not json")),
+         "not a readable Zarr group"),
+        (copy("no-root.zarr", lambda t: (t / "zarr.json").unlink()), "not a readable Zarr group"),
+        (copy("array.zarr", edit_root(lambda doc: doc.update(node_type="array"))),
+         "not a readable Zarr group"),
+        (copy("v2.zarr", edit_root(lambda doc: doc.update(zarr_format=2))), "not a readable Zarr group"),
+        (copy("unfinished.zarr", edit_root(lambda doc: doc["attributes"].pop("distfact"))),
+         "no distfact metadata"),
+        (copy("tampered.zarr", edit_root(tamper)), r"corrupt metadata: block 1"),
+    ]
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+def test_info_reads_the_metadata_alone_and_refuses_what_open_refuses(tmp_path, layout):
+    """``distfact info`` (``store/describe.py: store_info``) summarises a store from its root ``zarr.json`` without
+    zarr: the same summary as the opened store's ``info()`` (dense, CSR with column blocks, a mask, an appended
+    version), and every damage that stops ``open`` before a chunk is read stops it with the same message."""
+    from distfact.store.describe import store_info
+
+    X, groups = grouped_data(m=30, n=6, density=0.6 if layout == "csr" else 1.0)
+    X = sp.csr_matrix(X) if layout == "csr" else X
     path = tmp_path / "x.zarr"
-    distfact.from_arrays(X, groups, path, block_rows=5)
-
-    broken = tmp_path / "no-block.zarr"
-    shutil.copytree(path, broken)
-    shutil.rmtree(broken / "blocks" / "000002")
-    with pytest.raises(ValueError, match=r"corrupt: block \d+ \(key '000002'\) is missing"):
-        distfact.open(broken)
-
-    garbled = tmp_path / "garbled.zarr"
-    shutil.copytree(path, garbled)
-    (garbled / "zarr.json").write_text("{ not json")
-    with pytest.raises(ValueError, match="not a readable Zarr group"):
-        distfact.open(garbled)
-
-    unfinished = tmp_path / "unfinished.zarr"
-    shutil.copytree(path, unfinished)
-    doc = json.loads((unfinished / "zarr.json").read_text())
-    doc["attributes"].pop("distfact")
-    (unfinished / "zarr.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="no distfact metadata"):
-        distfact.open(unfinished)
-
-    tampered = tmp_path / "tampered.zarr"
-    shutil.copytree(path, tampered)
-    doc = json.loads((tampered / "zarr.json").read_text())
-    doc["attributes"]["distfact"]["blocks"][1]["row_start"] += 1
-    (tampered / "zarr.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match=r"corrupt metadata: block 1"):
-        distfact.open(tampered)
+    store = distfact.from_arrays(X, groups, path, block_rows=5, column_blocks=True)
+    assert store_info(path) == distfact.open(path).info() == store.info()
+    assert store_info(path)["n_column_blocks"] == len(store.column_blocks) > 0
+    for damaged, message in damaged_copies(path, tmp_path):
+        for reader in (distfact.open, store_info):
+            with pytest.raises(ValueError, match=message):
+                reader(damaged)
+    store.append(X[:7], groups[:7])
+    appended = distfact.open(path).info()
+    assert store_info(path) == appended and appended["shape"][0] == 37
+    masked = tmp_path / "masked.zarr"
+    dense = X.toarray() if layout == "csr" else X.copy()
+    dense[0, 0] = np.nan
+    distfact.from_arrays(dense, groups, masked, block_rows=5, missing="nan")
+    assert store_info(masked) == distfact.open(masked).info() and store_info(masked)["mask"] == "nan"
+    shutil.rmtree(masked / "blocks" / "000001" / "mask")
+    for reader in (distfact.open, store_info):
+        with pytest.raises(ValueError, match=r"corrupt: block 1 \(key '000001'\), its mask is missing"):
+            reader(masked)
+    (tmp_path / "data.npz").write_bytes(b"not a store")
+    for reader in (distfact.open, store_info):
+        with pytest.raises(ValueError, match="is a file, not a distfact store"):
+            reader(tmp_path / "data.npz")
+        with pytest.raises(ValueError, match="does not exist"):
+            reader(tmp_path / "nowhere.zarr")
 
 
 def test_missing_labels_are_named():

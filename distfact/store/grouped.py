@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-import zarr
 
 from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
+from .describe import read_metadata, summary
 from .format import Block, ColumnBlock, Metadata
 from .reading import BlockReader, ColumnBlockReader, MaskReader, block_place, read_arrays
 from .writing import build_column_blocks, column_ranges, commit_column_blocks
@@ -61,8 +60,8 @@ class GroupedMatrix:
     def open(cls, path, *, verify: bool = True, version_metadata: dict | None = None) -> "GroupedMatrix":
         """Open a store written by distfact; a missing, damaged or inconsistent store raises ``ValueError``.
 
-        The metadata is checked (:meth:`Metadata.from_json`), every column block must be there, and
-        the small arrays are read and checked now: the column sums, the feature names and every row
+        The metadata is checked (:meth:`Metadata.from_json`), every node it lists (blocks, column blocks, masks)
+        must be there (``store/describe.py``), and the small arrays are read and checked now: the column sums, the feature names and every row
         block's ``rows`` (8 bytes a row). The blocks of X, by rows and by columns, are checked as
         they are read: by every pass, or once by a fit that holds the store in memory
         (``engine/executor/inprocess.py: RESIDENT_STORE_BYTES``).
@@ -73,28 +72,7 @@ class GroupedMatrix:
         place: a pipeline run reads the version it ingested, whatever was appended since). Checked as the
         store's own; its arrays are checked against their CRC32Cs as they are read.
         """
-        path = os.path.abspath(os.path.normpath(os.fspath(path)))  # workers may run elsewhere
-        where = f"store {path!r}"
-        if not os.path.isdir(path):
-            raise ValueError(f"{where} does not exist (write one with 'distfact ingest')" if not os.path.exists(path)
-                             else f"{where} is a file, not a distfact store (a directory written by 'distfact ingest')")
-        try:
-            root = zarr.open_group(path, mode="r")
-            doc = root.attrs.get("distfact")
-        except Exception as exc:  # zarr raises several types for a damaged zarr.json
-            raise ValueError(f"{where} is not a readable Zarr group: {exc}") from exc
-        if version_metadata is not None and doc is not None:
-            doc = version_metadata
-            where = f"{where}, version {doc.get('version', 0) if isinstance(doc, dict) else '?'}"
-        if doc is None:
-            raise ValueError(f"{where} has no distfact metadata (not a store, or an ingest that did not finish)")
-        meta = Metadata.from_json(doc, where)
-        for block in meta.column_blocks:  # read only by the methods that need them: at least they must be there
-            if not os.path.isfile(os.path.join(path, block.node, "zarr.json")):
-                raise ValueError(f"{where} is corrupt: column block {block.index} (key {block.key!r}) is missing")
-        for block in meta.blocks if meta.mask is not None else ():  # likewise the blocks' masks
-            if not os.path.isfile(os.path.join(path, block.node, "mask", "zarr.json")):
-                raise ValueError(f"{where} is corrupt: block {block.index} (key {block.key!r}), its mask is missing")
+        path, where, meta = read_metadata(path, version_metadata)
         shapes = meta.array_shapes()
         own = dict(zip(shapes, read_arrays(path, meta.node, "", meta.arrays, shapes, shapes, verify=verify)))
         data = cls(meta, own["column_sums"], path=path, feature_names=own.get("feature_names"), verify=verify,
@@ -206,23 +184,8 @@ class GroupedMatrix:
         return int(self.group_nnz.sum())
 
     def info(self) -> dict:
-        """A JSON-able summary (what ``distfact info`` prints)."""
-        return {
-            "path": self.path,
-            "shape": list(self.shape),
-            "dtype": str(self.dtype),
-            "layout": self.layout,
-            "nnz": self.nnz,
-            "n_blocks": self.n_blocks,
-            "n_column_blocks": len(self.column_blocks),
-            **({"mask": self.mask_kind} if self.mask_kind else {}),
-            "groups": [
-                {"name": g.name, "rows": g.row_stop - g.row_start, "nnz": g.nnz,
-                 "frobenius_norm": float(np.sqrt(g.sq_norm)),
-                 "blocks": sum(1 for b in self.blocks if b.group == i)}
-                for i, g in enumerate(self.meta.groups)
-            ],
-        }
+        """A JSON-able summary (what ``distfact info`` prints, from the metadata alone: ``store/describe.py``)."""
+        return summary(self.meta, self.path)
 
     def __repr__(self) -> str:
         where = f"path={self.path!r}" if self.path else "in memory"

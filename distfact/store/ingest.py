@@ -9,12 +9,10 @@ import uuid
 from dataclasses import dataclass, replace
 
 import numpy as np
-import zarr
-from zarr.storage import LocalStore
 
 from ..kernels.memory import aligned
-from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
-from .chunks import ChecksummingStore
+# imported at their first use, which ``distfact info`` never makes (distfact/lazy.py)
+from ..lazy import scipy_sparse as sp, store_chunks as chunks, zarr, zarr_storage
 from .format import Block, BlockMask, GroupStats, Metadata
 from .grouped import GroupedMatrix
 from .masks import FORM_NAMES, ComplementMask, block_form, block_observed_total, check_weights, nan_missing, zero_missing
@@ -77,7 +75,7 @@ class StoreWriter:
             parent, name = os.path.split(self.final_path)
             os.makedirs(parent, exist_ok=True)
             self.tmp_path = os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:8]}")
-            self._root = zarr.open_group(store=ChecksummingStore(LocalStore(self.tmp_path)), mode="w", zarr_format=3)
+            self._root = zarr.open_group(store=chunks.ChecksummingStore(zarr_storage.LocalStore(self.tmp_path)), mode="w", zarr_format=3)
 
     def __enter__(self):
         return self

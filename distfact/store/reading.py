@@ -7,13 +7,10 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import zarr
-from zarr.core.buffer.cpu import NDBuffer
-from zarr.storage import LocalStore
 
 from ..kernels.memory import empty_aligned
-from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
-from .chunks import ChecksummingStore, ChunkDamage, array_codecs, chunk_key, dtype_name
+# imported at their first use, which ``distfact info`` never makes (distfact/lazy.py)
+from ..lazy import scipy_sparse as sp, store_chunks as chunks, zarr, zarr_cpu_buffer, zarr_storage
 from .format import ArrayRecord, Block, ColumnBlock
 from .masks import FORMS_BY_NAME
 
@@ -27,7 +24,7 @@ def read_aligned(array: zarr.Array) -> np.ndarray:
     """The whole Zarr array, read into a 64-byte-aligned buffer (see ``kernels/memory.py``): the
     block tasks then use it as it is instead of copying it every pass."""
     out = empty_aligned(array.shape, array.dtype)
-    array.get_basic_selection(Ellipsis, out=NDBuffer.from_numpy_array(out))
+    array.get_basic_selection(Ellipsis, out=zarr_cpu_buffer.NDBuffer.from_numpy_array(out))
     return out
 
 
@@ -43,9 +40,9 @@ def read_arrays(path: str, node_path: str, what: str, records, shapes: dict, nam
     """
     prefix = f"store {path!r} is corrupt: "
     records = {record.name: record for record in records}
-    store = LocalStore(path, read_only=True)
+    store = zarr_storage.LocalStore(path, read_only=True)
     if verify:
-        store = ChecksummingStore(store, {chunk_key(node_path, name, len(shapes[name])): record.crc32c
+        store = chunks.ChecksummingStore(store, {chunks.chunk_key(node_path, name, len(shapes[name])): record.crc32c
                                           for name, record in records.items() if record.crc32c is not None})
     try:
         node = zarr.open_group(store=store, mode="r", path=node_path)
@@ -59,20 +56,20 @@ def read_array(node, record: ArrayRecord, shape: tuple, where: str, into_aligned
     """The array ``record.name`` of the Zarr group ``node``, as :func:`read_arrays` says."""
     try:
         array = node[record.name]
-        found = (array.shape, dtype_name(array.dtype))
+        found = (array.shape, chunks.dtype_name(array.dtype))
         codecs_found = tuple(array.metadata.codecs)
-        if found == (shape, record.dtype) and codecs_found == array_codecs(array.dtype):
+        if found == (shape, record.dtype) and codecs_found == chunks.array_codecs(array.dtype):
             values = read_aligned(array) if into_aligned else array[...]
-    except ChunkDamage as exc:
+    except chunks.ChunkDamage as exc:
         raise ValueError(f"{where}: {exc}") from None
     except Exception as exc:  # as in read_arrays
         raise damaged(where, exc) from exc
     if found != (shape, record.dtype):
         raise ValueError(f"{where} has shape {found[0]} and dtype {found[1]}; the metadata says {shape} "
                          f"and {record.dtype}")
-    if codecs_found != array_codecs(array.dtype):
+    if codecs_found != chunks.array_codecs(array.dtype):
         raise ValueError(f"{where} has codecs {[c.to_dict() for c in codecs_found]}; distfact writes "
-                         f"{[c.to_dict() for c in array_codecs(array.dtype)]}")
+                         f"{[c.to_dict() for c in chunks.array_codecs(array.dtype)]}")
     return values
 
 

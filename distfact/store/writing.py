@@ -11,13 +11,10 @@ import uuid
 from dataclasses import replace
 
 import numpy as np
-import zarr
-from zarr.codecs import VLenUTF8Codec
-from zarr.storage import LocalStore
 
-from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
+# imported at their first use, which ``distfact info`` never makes (distfact/lazy.py)
+from ..lazy import scipy_sparse as sp, store_chunks as chunks, zarr, zarr_codecs, zarr_storage
 from .format import ArrayRecord, ColumnBlock, Metadata
-from .chunks import ChecksummingStore, array_codecs, chunk_key, compressed, dtype_name, missing_chunk_value
 
 DEFAULT_BLOCK_BYTES = 128 * 2**20
 
@@ -27,10 +24,11 @@ def write_arrays(node, **arrays) -> None:
     :func:`array_codecs`; the chunk file is written even when it holds only the fill value, so that a missing
     chunk file is always damage."""
     for name, values in arrays.items():
-        serializer, compressor = array_codecs(values.dtype)
-        dtype = str if isinstance(serializer, VLenUTF8Codec) else values.dtype  # zarr's variable-length strings
+        serializer, compressor = chunks.array_codecs(values.dtype)
+        dtype = str if isinstance(serializer, zarr_codecs.VLenUTF8Codec) else values.dtype  # variable-length strings
         array = node.create_array(name, shape=values.shape, dtype=dtype, chunks=tuple(max(s, 1) for s in values.shape),
-                                  serializer=serializer, compressors=compressor, fill_value=missing_chunk_value(dtype),
+                                  serializer=serializer, compressors=compressor,
+                                  fill_value=chunks.missing_chunk_value(dtype),
                                   chunk_key_encoding={"name": "default", "separator": "/"},
                                   config={"write_empty_chunks": True})
         array[...] = values
@@ -39,8 +37,8 @@ def write_arrays(node, **arrays) -> None:
 def array_records(written: dict, node_path: str, **arrays) -> tuple[ArrayRecord, ...]:
     """The metadata's records of arrays just written into the group ``node_path`` through a
     :class:`ChecksummingStore` whose ``written`` is given: dtype and chunk CRC32C (None without elements)."""
-    return tuple(ArrayRecord(name, dtype_name(values.dtype),
-                             written[chunk_key(node_path, name, values.ndim)] if values.size else None)
+    return tuple(ArrayRecord(name, chunks.dtype_name(values.dtype),
+                             written[chunks.chunk_key(node_path, name, values.ndim)] if values.size else None)
                  for name, values in arrays.items())
 
 
@@ -171,8 +169,8 @@ def build_column_blocks(matrix, ranges, stage_path) -> tuple[list[ColumnBlock], 
     returned too.
     """
     reader, m = matrix.reader(), matrix.shape[0]
-    stage = None if stage_path is None else zarr.open_group(store=ChecksummingStore(LocalStore(stage_path)),
-                                                            mode="w", zarr_format=3)
+    stage = None if stage_path is None else zarr.open_group(
+        store=chunks.ChecksummingStore(zarr_storage.LocalStore(stage_path)), mode="w", zarr_format=3)
     held, filled = {}, [[] for _ in ranges]  # filled[j]: the row blocks with a piece of range j
     for block in matrix.blocks:
         for j, piece in enumerate(cut_columns(reader(block), ranges)):
@@ -188,7 +186,8 @@ def build_column_blocks(matrix, ranges, stage_path) -> tuple[list[ColumnBlock], 
     for j, (start, stop) in enumerate(ranges):
         shape = (m, stop - start)
         pieces = [held.pop((j, r)) if stage is None else
-                  compressed(stage[f"pieces/{j:06d}/{r:06d}"], sp.csc_matrix, (matrix.blocks[r].n_rows, shape[1]))
+                  chunks.compressed(stage[f"pieces/{j:06d}/{r:06d}"], sp.csc_matrix,
+                                    (matrix.blocks[r].n_rows, shape[1]))
                   for r in filled[j]]
         data, indices, indptr = stack_column_pieces(pieces, [matrix.blocks[r].row_start for r in filled[j]],
                                                     shape[1], matrix.dtype, column_index_dtype(m))
