@@ -2,6 +2,7 @@
 
 import functools
 import os
+import threading
 import time
 
 import numpy as np
@@ -353,17 +354,35 @@ def test_a_small_store_is_read_once_a_larger_one_once_per_pass(tmp_path, monkeyp
     for case, limit, budget in [("held", inprocess.RESIDENT_STORE_BYTES, None), ("read", 90 * 10 * 8 - 1, None),
                                 ("spilled", inprocess.RESIDENT_STORE_BYTES, 8)]:
         monkeypatch.setattr(inprocess, "RESIDENT_STORE_BYTES", limit)
-        store, reads = distfact.open(path), []
+        store, reads, threads = distfact.open(path), [], set()
         reader = store.reader()
-        store.reader = lambda: (lambda block: reads.append(block.index) or reader(block))
+        store.reader = lambda: (lambda block: reads.append(block.index) or threads.add(
+            threading.current_thread().name.startswith("distfact-block")) or reader(block))
         model = distfact.NMF(3, solver=solver, random_state=0, max_iter=6, tol=0, n_threads=2,
                              local_memory_budget=budget)
         fits[case] = model.fit_transform(store), model.components_, model.loss_history_
         assert model.n_passes_ == 7
         assert sorted(reads) == sorted(list(range(store.n_blocks)) * (1 if case == "held" else 7)), case
+        assert threads == {True}, case  # the blocks read in the pool's threads, also the held store's one read
     for case in ("read", "spilled"):
         for held, other in zip(fits["held"], fits[case]):
             assert np.array_equal(held, other), case
+
+
+def test_a_held_store_with_damaged_blocks_names_the_first_and_leaves_no_thread(tmp_path):
+    """A held store's blocks are read in parallel threads when the fit starts; with two blocks damaged the fit
+    stops naming the first in block order (as every pass's read does), after every read ended, and no thread of
+    the executor is left (its pool shut down, which joins them)."""
+    X, groups = grouped_data(m=90, n=10)
+    path = tmp_path / "x.zarr"
+    distfact.from_arrays(X, groups, path, block_rows=10)
+    for key in ("000005", "000002"):
+        chunk = next(p for p in (path / "blocks" / key / "X").rglob("*") if p.is_file() and p.name != "zarr.json")
+        chunk.write_bytes(b"damaged")
+    before = {thread for thread in threading.enumerate() if thread.name.startswith("distfact-block")}
+    with pytest.raises(ValueError, match=r"block \d+ \(key '000002'\), array 'X': checksum mismatch"):
+        distfact.NMF(3, max_iter=2, n_threads=2).fit(str(path))
+    assert not {thread for thread in threading.enumerate() if thread.name.startswith("distfact-block")} - before
 
 
 def _fit_all(X, groups, client, rank):

@@ -75,7 +75,8 @@ class StoreWriter:
             parent, name = os.path.split(self.final_path)
             os.makedirs(parent, exist_ok=True)
             self.tmp_path = os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:8]}")
-            self._root = zarr.open_group(store=chunks.ChecksummingStore(zarr_storage.LocalStore(self.tmp_path)), mode="w", zarr_format=3)
+            self._root = zarr.open_group(store=chunks.ChecksummingStore(zarr_storage.LocalStore(self.tmp_path)),
+                                         mode="w", zarr_format=3)
 
     def __enter__(self):
         return self

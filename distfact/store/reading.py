@@ -43,7 +43,7 @@ def read_arrays(path: str, node_path: str, what: str, records, shapes: dict, nam
     store = zarr_storage.LocalStore(path, read_only=True)
     if verify:
         store = chunks.ChecksummingStore(store, {chunks.chunk_key(node_path, name, len(shapes[name])): record.crc32c
-                                          for name, record in records.items() if record.crc32c is not None})
+                                                 for name, record in records.items() if record.crc32c is not None})
     try:
         node = zarr.open_group(store=store, mode="r", path=node_path)
     except Exception as exc:  # zarr and codec errors of a damaged file come in many types

@@ -61,6 +61,7 @@ class InProcessExecutor(Executor):
         self.n_threads = n_threads or os.cpu_count() or 1
         self.reader = data.reader()
         self.locals: list = [None] * data.n_blocks
+        self._pool = None  # threads for the blocks of a pass, made at the first parallel pass (or read)
         self._resident = self._held_blocks(data)
         self._columns = None  # a held store's column blocks, once a column pass has read them
         self._in_turn = self._serial()  # asked at every pass: the answer cannot change
@@ -72,7 +73,6 @@ class InProcessExecutor(Executor):
                         and sorted(groups) == list(range(data.n_groups)))
         self._block_of_group = sorted(range(len(groups)), key=groups.__getitem__)
         self._aligned_locals = None  # the list of local factors the last direct pass made (aligned: not walked again)
-        self._pool = None  # threads for the blocks of a pass, made at the first parallel pass
         if self._holds_blas:
             # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
             # the driver's small products between passes must not leave BLAS threads spinning
@@ -82,12 +82,18 @@ class InProcessExecutor(Executor):
     def _held_blocks(self, data) -> list | None:
         """X's blocks held in memory for the whole fit, each aligned here once (they are read and staged aligned: no
         copy) so that no pass checks them: X given in memory, or a store of at most :data:`RESIDENT_STORE_BYTES`
-        read now (every block checked as a pass's read checks it), unless the local factors spill to Zarr (memory
+        read now, in parallel threads as a pass reads it (every block checked as a pass's read checks it; a failure
+        raised after every read ended, the first in block order), unless the local factors spill to Zarr (memory
         is short). None: every pass reads the store."""
         if data.in_memory:
             blocks = data._blocks
         elif self.spill is None and data.nbytes <= RESIDENT_STORE_BYTES:
-            blocks = [self.reader(block) for block in data.blocks]
+            try:
+                blocks = self._map([functools.partial(self.reader, block) for block in data.blocks],
+                                   serial=self.n_threads <= 1 or data.n_blocks == 1)
+            except BaseException:  # no executor is made: its threads end here
+                self._end_pool()
+                raise
         else:
             return None
         return [block if sp.issparse(block) else aligned(block) for block in blocks]
@@ -210,11 +216,14 @@ class InProcessExecutor(Executor):
         self.locals = self._map([functools.partial(restore_one, directory, block, self.spill, expected[block.index])
                                  for block in self.blocks])
 
-    def close(self) -> None:
-        self._resident = self._columns = None  # a held store's blocks go with the fit, whoever keeps the executor
+    def _end_pool(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+    def close(self) -> None:
+        self._resident = self._columns = None  # a held store's blocks go with the fit, whoever keeps the executor
+        self._end_pool()
         self._remove_spill()
         if self._holds_blas:
             SINGLE_THREAD_BLAS.release()
