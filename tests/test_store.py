@@ -216,6 +216,9 @@ def damaged_copies(path, tmp_path):
         (copy("array.zarr", edit_root(lambda doc: doc.update(node_type="array"))),
          "not a readable Zarr group"),
         (copy("v2.zarr", edit_root(lambda doc: doc.update(zarr_format=2))), "not a readable Zarr group"),
+        (copy("extra-key.zarr", edit_root(lambda doc: doc.update(foo=1))), "not a readable Zarr group"),
+        (copy("nested.zarr", lambda t: (t / "zarr.json").write_text("[" * 100_000 + "]" * 100_000)),
+         "not a readable Zarr group"),
         (copy("unfinished.zarr", edit_root(lambda doc: doc["attributes"].pop("distfact"))),
          "no distfact metadata"),
         (copy("tampered.zarr", edit_root(tamper)), r"corrupt metadata: block 1"),
@@ -242,6 +245,15 @@ def test_info_reads_the_metadata_alone_and_refuses_what_open_refuses(tmp_path, l
     store.append(X[:7], groups[:7])
     appended = distfact.open(path).info()
     assert store_info(path) == appended and appended["shape"][0] == 37
+    # the root's own arrays now live in the version's node, so opening reads no array through the root group: a root
+    # document zarr would refuse (at the store's next write) is refused by the reader of that document itself
+    extra = tmp_path / "appended-extra-key.zarr"
+    shutil.copytree(path, extra)
+    doc = json.loads((extra / "zarr.json").read_text())
+    (extra / "zarr.json").write_text(json.dumps({**doc, "foo": 1}))
+    for reader in (distfact.open, store_info):
+        with pytest.raises(ValueError, match="not a readable Zarr group"):
+            reader(extra)
     masked = tmp_path / "masked.zarr"
     dense = X.toarray() if layout == "csr" else X.copy()
     dense[0, 0] = np.nan

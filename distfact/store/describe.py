@@ -29,16 +29,24 @@ def store_path(path) -> tuple[str, str]:
     return path, where
 
 
+#: the keys of a Zarr v3 group's document (zarr refuses others); distfact writes no consolidated metadata
+GROUP_DOCUMENT_KEYS = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
+
+
 def root_metadata(path: str, where: str):
     """The ``distfact`` attribute of the store's root ``zarr.json`` (None when the group has none: not a store, or
-    an ingest that did not finish); ValueError when that file is not a Zarr v3 group's document."""
+    an ingest that did not finish); ValueError when that file is not a Zarr v3 group's document as distfact writes
+    it (zarr 3 refuses a document with other keys, which a store whose arrays live in later versions would
+    otherwise only meet at its next write)."""
     try:
         with open(os.path.join(path, "zarr.json"), "rb") as f:
             document = json.loads(f.read())
-    except (OSError, ValueError) as exc:  # missing, unreadable, not UTF-8, not JSON
-        raise ValueError(f"{where} is not a readable Zarr group: {exc}") from exc
-    if not isinstance(document, dict) or document.get("zarr_format") != 3 or document.get("node_type") != "group":
-        raise ValueError(f"{where} is not a readable Zarr group: its zarr.json is not a Zarr v3 group's document")
+    except (OSError, ValueError, RecursionError) as exc:  # missing, unreadable, not UTF-8, not JSON, nested too deep
+        raise ValueError(f"{where} is not a readable Zarr group: {exc}") from None
+    if (not isinstance(document, dict) or document.get("zarr_format") != 3 or document.get("node_type") != "group"
+            or not document.keys() <= GROUP_DOCUMENT_KEYS or document.get("consolidated_metadata") is not None):
+        raise ValueError(f"{where} is not a readable Zarr group: its zarr.json is not a Zarr v3 group's document "
+                         f"as distfact writes it (keys {sorted(document) if isinstance(document, dict) else '-'})")
     attributes = document.get("attributes", {})
     if not isinstance(attributes, dict):
         raise ValueError(f"{where} is not a readable Zarr group: its attributes are not a JSON object")

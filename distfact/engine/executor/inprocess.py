@@ -85,18 +85,16 @@ class InProcessExecutor(Executor):
         read now, in parallel threads as a pass reads it (every block checked as a pass's read checks it; a failure
         raised after every read ended, the first in block order), unless the local factors spill to Zarr (memory
         is short). None: every pass reads the store."""
-        if data.in_memory:
-            blocks = data._blocks
-        elif self.spill is None and data.nbytes <= RESIDENT_STORE_BYTES:
-            try:
-                blocks = self._map([functools.partial(self.reader, block) for block in data.blocks],
-                                   serial=self.n_threads <= 1 or data.n_blocks == 1)
-            except BaseException:  # no executor is made: its threads end here
-                self._end_pool()
-                raise
-        else:
+        if not data.in_memory and (self.spill is not None or data.nbytes > RESIDENT_STORE_BYTES):
             return None
-        return [block if sp.issparse(block) else aligned(block) for block in blocks]
+        try:
+            blocks = data._blocks if data.in_memory else self._map(
+                [functools.partial(self.reader, block) for block in data.blocks],
+                serial=self.n_threads <= 1 or data.n_blocks == 1)
+            return [block if sp.issparse(block) else aligned(block) for block in blocks]
+        except BaseException:  # no executor is made: its threads end here, the reads not yet begun cancelled
+            self._end_pool(cancel=True)
+            raise
 
     def describe(self) -> dict:
         mode = "loop" if self._in_turn else "threads"
@@ -216,9 +214,9 @@ class InProcessExecutor(Executor):
         self.locals = self._map([functools.partial(restore_one, directory, block, self.spill, expected[block.index])
                                  for block in self.blocks])
 
-    def _end_pool(self) -> None:
+    def _end_pool(self, cancel: bool = False) -> None:
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(cancel_futures=cancel)
             self._pool = None
 
     def close(self) -> None:
