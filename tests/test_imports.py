@@ -139,7 +139,8 @@ def test_the_command_lines_start_imports_only_what_the_command_needs(tmp_path):
         out = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         loaded[command[0]] = set(out.stdout.split())
-    assert not loaded["--help"] & {"numpy", "sklearn", "dask", "distributed", "pandas", "zarr", "scipy"}, loaded["--help"]
+    assert not loaded["--help"] & {"numpy", "sklearn", "dask", "distributed", "pandas", "zarr", "scipy"}, \
+        loaded["--help"]
     assert not loaded["info"] & {"sklearn", "distributed", "pandas", "numba", "scipy", "zarr"}, loaded["info"]
     assert "numpy" in loaded["info"]  # the probe does see what a command imports (the store's modules use numpy)
 

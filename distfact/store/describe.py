@@ -56,13 +56,13 @@ def root_metadata(path: str, where: str):
 def check_nodes(meta: Metadata, path: str, where: str) -> None:
     """ValueError unless every node the metadata lists is in the store: each row block, each column block, and each
     row block's mask when the store has one (their ``zarr.json``; their arrays are checked as they are read)."""
-    for kind, blocks, node in (("block", meta.blocks, ""), ("column block", meta.column_blocks, ""),
-                               ("block", meta.blocks if meta.mask is not None else (), "mask")):
-        for block in blocks:
-            if not os.path.isfile(os.path.join(path, block.node, node, "zarr.json")):
-                what = "its mask is" if node else "is"
-                raise ValueError(f"{where} is corrupt: {kind} {block.index} (key {block.key!r}){',' if node else ''} "
-                                 f"{what} missing")
+    nodes = [(f"block {b.index} (key {b.key!r}) is", b.node) for b in meta.blocks]
+    nodes += [(f"column block {b.index} (key {b.key!r}) is", b.node) for b in meta.column_blocks]
+    if meta.mask is not None:
+        nodes += [(f"block {b.index} (key {b.key!r}), its mask is", f"{b.node}/mask") for b in meta.blocks]
+    for what, node in nodes:
+        if not os.path.isfile(os.path.join(path, node, "zarr.json")):
+            raise ValueError(f"{where} is corrupt: {what} missing")
 
 
 def read_metadata(path, version_metadata: dict | None = None) -> tuple[str, str, Metadata]:
