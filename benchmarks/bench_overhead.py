@@ -12,7 +12,9 @@ this one), which starts its own cluster (the workers inherit the path), runs an 
 callback, ``IterationInfo.seconds``: the global step on the driver, one pass, the loss) and the tasks' compute
 time from the task stream (every task of the timed fits' passes, summed and divided by the passes and the 2
 workers: the arithmetic on the critical path, the blocks being split evenly). Overhead = median iteration -
-compute per pass. The two trees alternate (``--rounds`` each); figures are medians over the rounds.
+compute per pass. Against it, Dask's own floor, measured in the same process after the fits: a round of one empty
+task on each worker, its result brought back (``dask_round_seconds``). The two trees alternate (``--rounds``
+each); figures are medians over the rounds.
 Results: benchmarks/results/overhead.json.
 """
 
@@ -53,8 +55,28 @@ def measure(store: str, n_fits: int, max_iter: int) -> dict:
                           if part["action"] == "compute")
             walls.append(float(np.median(seconds)))
             computes.append(compute / model.n_passes_ / N_WORKERS)
+        floor = dask_round_seconds(client, rounds=max_iter)
     return {"distfact": distfact.__file__, "iteration_seconds": walls, "compute_seconds_per_pass": computes,
-            "passes_per_fit": int(model.n_passes_), "components_sum": float(model.components_.sum())}
+            "passes_per_fit": int(model.n_passes_), "components_sum": float(model.components_.sum()),
+            "dask_round_seconds": floor}
+
+
+def dask_round_seconds(client, rounds: int) -> float:
+    """Dask's floor for a pass on this cluster: the median time of a round of one empty task on each worker, its
+    result brought back (what any pass costs beyond its arithmetic, whatever the engine)."""
+    import time
+
+    from distributed import as_completed
+
+    workers = sorted(client.scheduler_info()["workers"])
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        futures = [client.submit(int, 0, pure=False, workers=[worker]) for worker in workers]
+        for _ in as_completed(futures, loop=client.loop, with_results=True):
+            pass
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
 
 
 def run(tree: str, store: str, args) -> dict:
@@ -99,8 +121,10 @@ def main():
     for name, results in rounds.items():
         wall = float(np.median([w for res in results for w in res["iteration_seconds"]]))
         compute = float(np.median([c for res in results for c in res["compute_seconds_per_pass"]]))
+        floor = float(np.median([res["dask_round_seconds"] for res in results if "dask_round_seconds" in res]))
         summary[name] = {"iteration_ms": 1e3 * wall, "compute_ms_per_pass": 1e3 * compute,
-                         "overhead_ms_per_pass": 1e3 * (wall - compute), "tree": trees[name]}
+                         "overhead_ms_per_pass": 1e3 * (wall - compute), "dask_round_ms": 1e3 * floor,
+                         "tree": trees[name]}
     if "before" in summary:
         summary["same_components"] = rounds["before"][0]["components_sum"] == rounds["after"][0]["components_sum"]
         summary["overhead_ratio_after_before"] = (summary["after"]["overhead_ms_per_pass"]
@@ -108,7 +132,8 @@ def main():
     for name in trees:
         s = summary[name]
         print(f"{name}: iteration {s['iteration_ms']:.1f} ms, compute {s['compute_ms_per_pass']:.2f} ms per pass, "
-              f"overhead {s['overhead_ms_per_pass']:.1f} ms per pass")
+              f"overhead {s['overhead_ms_per_pass']:.1f} ms per pass (Dask's round of an empty task per worker: "
+              f"{s['dask_round_ms']:.1f} ms)")
     write_results({"machine": machine(), "store": "800 x 50 float64, 8 blocks, 4 groups",
                    "fit": f"NMF(2, solver='mu', init='random', tol=0, max_iter={args.max_iter})",
                    "workers": N_WORKERS, "rounds": rounds, "summary": summary}, args.output)

@@ -1,11 +1,19 @@
 """Passes on a Dask distributed cluster: X blocks and local factors stay on the workers, each block on its home
-worker; only the statistics come back, summed here as they arrive in the fixed tree order."""
+worker; only the statistics come back, summed here as they arrive in the fixed tree order.
+
+A pass is one task per thread of each worker over its run of blocks (``run_batch``), not one task per block: each
+task costs a round trip through the scheduler (issue 19: 8 empty tasks a pass took 30-43 ms on a 2-worker
+LocalCluster, 2 took 21-24 ms). A block's local factor is then a :data:`LocalRef`, (the future of its batch's
+results, its position in them), which the next task picks out where the factor lives."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import operator
+import uuid
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -46,6 +54,52 @@ def contiguous_placement(costs, capacities) -> list[int]:
     return np.minimum(np.searchsorted(bounds, midpoints), len(shares) - 1).tolist()
 
 
+#: How ``run_batch`` takes an argument: one value per block of the batch, one value for all of them, or the same
+#: two holding local factors as :data:`LocalRef` pairs to be picked out.
+EACH, SHARED, EACH_LOCAL, SHARED_LOCALS = range(4)
+
+
+class LocalRefs(list):
+    """Per block, the :data:`LocalRef` of its local factor (an argument of ``_per_block`` taken block by block)."""
+
+
+@dataclass(frozen=True)
+class AllLocals:
+    """Every block's local factor, the same argument of every task (a column pass's: the whole W)."""
+
+    refs: LocalRefs
+
+
+#: Where a block's local factor is: (the future of its batch's results, its position in them). A plain tuple, which
+#: Dask sends to a task with the future replaced by its value.
+LocalRef = tuple
+
+
+def picked(ref):
+    """A local factor from its :data:`LocalRef` as a task receives it: (its batch's results, its position)."""
+    results, position = ref
+    return results[position]
+
+
+def run_batch(fn, kinds: tuple, *args) -> list:
+    """What one task does on its worker: ``fn`` over a run of blocks, in order; its results in a list. ``kinds[j]``
+    says how ``args[j]`` is taken (:data:`EACH` ...)."""
+    columns = []
+    for kind, arg in zip(kinds, args):
+        if kind == EACH:
+            columns.append(arg)
+        elif kind == EACH_LOCAL:
+            columns.append([picked(ref) for ref in arg])
+        else:
+            columns.append(itertools.repeat(arg if kind == SHARED else [picked(ref) for ref in arg]))
+    return [fn(*item) for item in zip(*columns)]
+
+
+def distinct_futures(refs: LocalRefs) -> list:
+    """The futures of the batches that ``refs`` point into, each once, in order (none for local factors not made)."""
+    return list({ref[0].key: ref[0] for ref in refs if ref is not None}.values())
+
+
 def per_home(homes: list, send) -> list:
     """``send(home, indices of the items with that home)`` once per distinct home (it returns one result per
     index given); the results in item order."""
@@ -79,7 +133,7 @@ class DistributedExecutor(Executor):
         # pass can run anywhere (also on workers that joined after this executor was made).
         self.pass_homes = self.home if persist_data or data.in_memory else None
         self.column_reader, self.Xc_refs, self.column_homes = None, None, None  # placed at the first column pass
-        self.locals: list = [None] * len(self.blocks)
+        self.locals: list = [None] * len(self.blocks)  # a LocalRefs once made (by init_local or load_local)
         largest = max(block.n_rows for block in self.blocks)
         self.returns_locals = self.spill is not None or (  # (a spilled local factor is a reference to its files)
             local_row_bytes is not None and largest * local_row_bytes <= RETURNED_LOCAL_BYTES)
@@ -93,21 +147,36 @@ class DistributedExecutor(Executor):
         where = contiguous_placement([block_work(block, self.data) for block in blocks], self.capacities)
         return [self.addresses[k] for k in where]
 
-    def _per_block(self, fn, *args, homes: list | None = None) -> list:
-        """Futures of ``fn`` over the blocks (list arguments are per block, others the same for all), each task
-        preferably on its block's worker in ``homes``. One submission per worker (a scheduler update per task
-        cost more than the small tasks themselves)."""
+    def _per_block(self, fn, *args, homes: list | None = None) -> LocalRefs:
+        """``fn`` over the blocks: list arguments are per block (a :class:`LocalRefs` of their local factors), an
+        :class:`AllLocals` is every local factor, others are the same for all. One task (``run_batch``) per thread
+        of each block's worker in ``homes``, over a contiguous run of its blocks, preferably there; with no
+        homes, one task per block, placed by the scheduler. Returns where each block's result is."""
+        from dask.utils import funcname
+
         lengths = {len(arg) for arg in args if isinstance(arg, list)} | ({len(homes)} if homes else set())
         if len(lengths) != 1:
             raise ValueError(f"per-block arguments of different lengths {sorted(lengths)}")
         n = lengths.pop()
-        args = [arg if isinstance(arg, list) else [arg] * n for arg in args]
+        kinds = tuple(EACH_LOCAL if isinstance(arg, LocalRefs) else EACH if isinstance(arg, list)
+                      else SHARED_LOCALS if isinstance(arg, AllLocals) else SHARED for arg in args)
+        args = [list(arg.refs) if isinstance(arg, AllLocals) else arg for arg in args]
+        capacity = dict(zip(self.addresses, self.capacities))
+        name = funcname(fn)  # the tasks' name (the dashboard's, the task stream's): what they run, not run_batch
 
         def submit(home, mine):
             where = {} if home is None else {"workers": [home], "allow_other_workers": True}
-            return self.client.map(fn, *([arg[i] for i in mine] for arg in args), pure=False, **where)
+            runs = ([[i] for i in mine] if home is None
+                    else [run.tolist() for run in np.array_split(mine, min(len(mine), capacity.get(home, 1)))])
+            refs = []
+            for run in runs:
+                batch = [arg if kind in (SHARED, SHARED_LOCALS) else [arg[i] for i in run]
+                         for kind, arg in zip(kinds, args)]
+                future = self.client.submit(run_batch, fn, kinds, *batch, key=f"{name}-{uuid.uuid4().hex}", **where)
+                refs.extend((future, position) for position in range(len(run)))
+            return refs
 
-        return per_home(homes or [None] * n, submit)
+        return LocalRefs(per_home(homes or [None] * n, submit))
 
     def _scatter(self, items: list, homes: list) -> list:
         """Futures of ``items`` sent from here, each to its home worker (one call per worker)."""
@@ -223,27 +292,37 @@ class DistributedExecutor(Executor):
         self._count_pass()
         return aligned(by_group(total, self.data.n_groups))
 
-    def _arrivals(self, futures):
-        """``(index, result)`` of each future as it completes. The statistics are summed here as they arrive
-        (``tree_reduce_arrivals``) rather than by merge tasks on the workers: each merge task cost a scheduler
-        round trip, and the last block of a pass waited for a chain of them."""
+    def _arrivals(self, refs: LocalRefs):
+        """``(block index, result)`` of each block as its task completes. The statistics are summed here as they
+        arrive (``tree_reduce_arrivals``) rather than by merge tasks on the workers: each merge task cost a
+        scheduler round trip, and the last block of a pass waited for a chain of them."""
         from distributed import as_completed
         from distributed.client import FutureCancelledError
 
-        index = {future.key: i for i, future in enumerate(futures)}
-        waiting = set(index)
+        futures = distinct_futures(refs)
+        blocks_of = collections.defaultdict(list)
+        for i, (future, position) in enumerate(refs):
+            blocks_of[future.key].append((i, position))
+        waiting = set(blocks_of)
         try:
             # as_completed would track the futures on the *default* client's event loop: with two clients in one
             # process, another thread reading this client's connections at the same time (corrupting them).
             # A task's error is raised by as_completed; a cancelled future (a lost worker) comes as its exception.
-            for future, result in as_completed(futures, loop=self.client.loop, with_results=True):
-                if isinstance(result, FutureCancelledError):
-                    raise result
+            for future, results in as_completed(futures, loop=self.client.loop, with_results=True):
+                if isinstance(results, FutureCancelledError):
+                    raise results
                 waiting.discard(future.key)
-                yield index[future.key], result
+                for i, position in blocks_of[future.key]:
+                    yield i, results[position]
         finally:  # on an error, the rest of the pass is not wanted any more (as_completed still holds it)
             if waiting:
                 self.client.cancel([future for future in futures if future.key in waiting])
+
+    def _gathered(self, refs: LocalRefs) -> list:
+        """Each block's result, brought here."""
+        futures = distinct_futures(refs)
+        results = dict(zip((future.key for future in futures), self.client.gather(futures)))
+        return [results[future.key][position] for future, position in refs]
 
     def run_column_pass(self, fn, *args) -> tuple[list, list[dict]]:
         """One pass over the CSC column blocks; every column task receives the futures of all local
@@ -255,9 +334,9 @@ class DistributedExecutor(Executor):
             self.column_reader = None if self.data.in_memory else column_reader
         args_ref = self._broadcast(args)
         outs = self._per_block(run_column_block, fn, self.column_reader, list(self.data.column_blocks), self.Xc_refs,
-                               [self.locals] * len(self.Xc_refs), args_ref, homes=self.column_homes)
+                               AllLocals(self.locals), args_ref, homes=self.column_homes)
         with self._lost_workers_raise("a column pass"):
-            results = self.client.gather(outs)
+            results = self._gathered(outs)
         return self._column_results(results)
 
     def map_local(self, fn, *args) -> None:
@@ -271,21 +350,21 @@ class DistributedExecutor(Executor):
         outs = self._per_block(map_one, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref,
                                homes=self.pass_homes)
         with self._lost_workers_raise("a pass"):
-            results = self.client.gather(outs)
+            results = self._gathered(outs)
         self._count_pass()
         return results
 
     def local_factors(self) -> list:
         with self._lost_workers_raise("the gathering of the local factors"):
-            return [materialise(local) for local in self.client.gather(self.locals)]
+            return [materialise(local) for local in self._gathered(self.locals)]
 
     def save_local(self, directory: str) -> list[dict]:
         from distributed import wait
 
         written = self._per_block(checkpoint_one, directory, self.blocks, self.locals, homes=self.pass_homes)
         with self._lost_workers_raise("the saving of the local factors"):
-            wait(written)  # every block's write has ended, also when one failed: none writes after a cleanup
-            return self.client.gather(written)
+            wait(distinct_futures(written))  # every write has ended, also when one failed: none after a cleanup
+            return self._gathered(written)
 
     def load_local(self, directory: str, expected: list | None = None) -> None:
         from distributed import wait
@@ -293,14 +372,15 @@ class DistributedExecutor(Executor):
         restored = self._per_block(restore_one, directory, self.blocks, self.spill, self._manifests(expected),
                                    homes=self.home)
         with self._lost_workers_raise("the restoring of the local factors"):
-            wait(restored)
-            for future in restored:
+            futures = distinct_futures(restored)
+            wait(futures)
+            for future in futures:
                 if future.status == "error":  # a damaged block: raised here, while another checkpoint can be tried
                     future.result()
         self.locals = restored
 
     def close(self) -> None:
-        futures = [f for f in self.X_refs + (self.Xc_refs or []) + self.locals if f is not None]
+        futures = [f for f in self.X_refs + (self.Xc_refs or []) + distinct_futures(self.locals) if f is not None]
         self.client.cancel(futures)
         self._remove_spill()
         if self.owns_client:
