@@ -321,18 +321,27 @@ def test_a_worker_with_two_threads_gets_a_task_per_thread_and_the_same_factors()
 
 @pytest.mark.cluster
 def test_a_task_error_in_a_pass_is_raised_as_itself_and_the_rest_cancelled(local_cluster_client, tmp_path):
-    """Only a lost worker becomes WorkerLost (and a rerun); a block's own error is the fit's error."""
+    """Only a lost worker becomes WorkerLost (and a rerun); a block's own error is the fit's error, raised as soon as
+    it comes, and the rest of the pass stops: the other worker's task is cancelled and, as Dask cannot stop a
+    running task, its run of blocks stops before its next block."""
     X, _ = grouped_data(m=400, n=30, seed=3)
     store = distfact.from_arrays(X, np.repeat(["a", "b"], 200), tmp_path / "x.zarr", block_rows=50)
+    ran = tmp_path / "ran"
+    ran.mkdir()
     executor = DistributedExecutor(store, local_cluster_client)
     try:
         executor.init_local(lambda block: np.zeros((block.n_rows, 2)))
 
         def stats(X_b, local, block):
-            if block.index == 0:
-                raise ArithmeticError(f"block {block.index} is bad")
             import time
 
+            if block.index == 0:  # once the other worker's run has begun
+                for _ in range(600):
+                    if (ran / "4").exists():
+                        break
+                    time.sleep(0.05)
+                raise ArithmeticError(f"block {block.index} is bad")
+            (ran / str(block.index)).touch()
             time.sleep(0.5)
             return {"s": X_b.sum(axis=0)}
 
@@ -342,8 +351,10 @@ def test_a_task_error_in_a_pass_is_raised_as_itself_and_the_rest_cancelled(local
         with pytest.raises(ArithmeticError, match="block 0 is bad"):
             executor.run_pass(stats, update=False)
         batches = list({future.key: future for future, _ in outs}.values())
-        assert len(batches) == 2  # blocks 0-3 on one worker, 4-7 (two seconds of sleep) on the other
+        assert len(batches) == 2  # blocks 0-3 on one worker, 4-7 (half a second each) on the other
         assert batches[1].status == "cancelled", [future.status for future in batches]  # not waited for
+        time.sleep(2.5)  # as long as blocks 4-7 would take
+        assert sorted(os.listdir(ran)) in (["4"], ["4", "5"]), sorted(os.listdir(ran))  # (5: a late cancel)
     finally:
         executor.close()
 

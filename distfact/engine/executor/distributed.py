@@ -81,9 +81,14 @@ def picked(ref):
     return results[position]
 
 
+class PassCancelled(Exception):
+    """Raised by a batch whose task was cancelled while it ran (its result is not wanted)."""
+
+
 def run_batch(fn, kinds: tuple, *args) -> list:
     """What one task does on its worker: ``fn`` over a run of blocks, in order; its results in a list. ``kinds[j]``
-    says how ``args[j]`` is taken (:data:`EACH` ...)."""
+    says how ``args[j]`` is taken (:data:`EACH` ...). Dask cannot stop a running task: a batch whose task was
+    cancelled (an error elsewhere in the pass, a lost worker) stops before its next block."""
     columns = []
     for kind, arg in zip(kinds, args):
         if kind == EACH:
@@ -92,7 +97,30 @@ def run_batch(fn, kinds: tuple, *args) -> list:
             columns.append([picked(ref) for ref in arg])
         else:
             columns.append(itertools.repeat(arg if kind == SHARED else [picked(ref) for ref in arg]))
-    return [fn(*item) for item in zip(*columns)]
+    out = []
+    for item in zip(*columns):
+        if out and cancelled():
+            raise PassCancelled(f"cancelled after {len(out)} of its blocks")
+        out.append(fn(*item))
+    return out
+
+
+def cancelled() -> bool:
+    """Whether the task running this on a Dask worker was cancelled (its client released it)."""
+    from distributed import get_worker
+    from distributed.worker import thread_state
+
+    try:
+        worker = get_worker()
+    except ValueError:  # not in a worker's task
+        return False
+    task = worker.state.tasks.get(getattr(thread_state, "key", None))
+    return task is not None and task.state == "cancelled"
+
+
+def homes_of(lanes: list) -> list:
+    """The worker of each lane (None: none)."""
+    return [None if lane is None else lane[0] for lane in lanes]
 
 
 def distinct_futures(refs: LocalRefs) -> list:
@@ -101,8 +129,8 @@ def distinct_futures(refs: LocalRefs) -> list:
 
 
 def per_home(homes: list, send) -> list:
-    """``send(home, indices of the items with that home)`` once per distinct home (it returns one result per
-    index given); the results in item order."""
+    """``send(home, indices of the items with that home)`` once per distinct home (a worker's address, or a lane: a
+    thread of one; it returns one result per index given); the results in item order."""
     groups: dict = {}
     for i, home in enumerate(homes):
         groups.setdefault(home, []).append(i)
@@ -127,56 +155,59 @@ class DistributedExecutor(Executor):
         workers = sorted(client.scheduler_info().get("workers", {}).items())
         self.addresses = [address for address, _ in workers]
         self.capacities = [info.get("nthreads") or 1 for _, info in workers]
-        self.home = self._homes(data.blocks)
+        self.lanes = self._lanes(data.blocks)
+        self.home = homes_of(self.lanes)
         self.X_refs = self._place(data.blocks, data.reader(), self.home)
         # Where a pass's tasks go: to the block's X when the workers keep it; blocks read from the store by every
         # pass can run anywhere (also on workers that joined after this executor was made).
-        self.pass_homes = self.home if persist_data or data.in_memory else None
-        self.column_reader, self.Xc_refs, self.column_homes = None, None, None  # placed at the first column pass
+        self.pass_lanes = self.lanes if persist_data or data.in_memory else None
+        self.column_reader, self.Xc_refs, self.column_lanes = None, None, None  # placed at the first column pass
         self.locals: list = [None] * len(self.blocks)  # a LocalRefs once made (by init_local or load_local)
         largest = max(block.n_rows for block in self.blocks)
         self.returns_locals = self.spill is not None or (  # (a spilled local factor is a reference to its files)
             local_row_bytes is not None and largest * local_row_bytes <= RETURNED_LOCAL_BYTES)
 
-    def _homes(self, blocks) -> list[str | None]:
-        """The worker each block's tasks go to (``contiguous_placement``): the scheduler would place the first
-        tasks of a fit as workers happen to be free, and one worker holding 5 of 8 blocks makes every pass wait
-        for it. A home is a preference (``allow_other_workers``): a task whose home has died runs elsewhere."""
+    def _lanes(self, blocks) -> list[tuple[str, int] | None]:
+        """Each block's *lane*: (its home worker, a thread there), from ``contiguous_placement`` over every worker
+        thread (so a worker's run of blocks is split between its threads by work too). The scheduler would place
+        the first tasks of a fit as workers happen to be free, and one worker holding 5 of 8 blocks makes every pass
+        wait for it. A home is a preference (``allow_other_workers``): a task whose home has died runs elsewhere."""
         if not self.addresses:
             return [None] * len(blocks)
-        where = contiguous_placement([block_work(block, self.data) for block in blocks], self.capacities)
-        return [self.addresses[k] for k in where]
+        threads = [(address, k) for address, n in zip(self.addresses, self.capacities) for k in range(n)]
+        where = contiguous_placement([block_work(block, self.data) for block in blocks], [1] * len(threads))
+        return [threads[t] for t in where]
 
-    def _per_block(self, fn, *args, homes: list | None = None) -> LocalRefs:
+    def _per_block(self, fn, *args, lanes: list | None = None) -> LocalRefs:
         """``fn`` over the blocks: list arguments are per block (a :class:`LocalRefs` of their local factors), an
-        :class:`AllLocals` is every local factor, others are the same for all. One task (``run_batch``) per thread
-        of each block's worker in ``homes``, over a contiguous run of its blocks, preferably there; with no
-        homes, one task per block, placed by the scheduler. Returns where each block's result is."""
+        :class:`AllLocals` is every local factor, others are the same for all. One task (``run_batch``) per lane
+        in ``lanes`` (a worker thread: :meth:`_lanes`) over its run of blocks, preferably on that worker; blocks
+        without a lane (none given, or no worker known) a task each, placed by the scheduler. One submission per
+        lane, one for all the blocks without (a scheduler update per task cost more than small tasks
+        themselves). Returns where each block's result is."""
         from dask.utils import funcname
 
-        lengths = {len(arg) for arg in args if isinstance(arg, list)} | ({len(homes)} if homes else set())
+        lengths = {len(arg) for arg in args if isinstance(arg, list)} | ({len(lanes)} if lanes else set())
         if len(lengths) != 1:
             raise ValueError(f"per-block arguments of different lengths {sorted(lengths)}")
         n = lengths.pop()
         kinds = tuple(EACH_LOCAL if isinstance(arg, LocalRefs) else EACH if isinstance(arg, list)
                       else SHARED_LOCALS if isinstance(arg, AllLocals) else SHARED for arg in args)
+        if not {EACH, EACH_LOCAL} & set(kinds):
+            raise ValueError("no per-block argument: the blocks are not given")
         args = [list(arg.refs) if isinstance(arg, AllLocals) else arg for arg in args]
-        capacity = dict(zip(self.addresses, self.capacities))
         name = funcname(fn)  # the tasks' name (the dashboard's, the task stream's): what they run, not run_batch
 
-        def submit(home, mine):
-            where = {} if home is None else {"workers": [home], "allow_other_workers": True}
-            runs = ([[i] for i in mine] if home is None
-                    else [run.tolist() for run in np.array_split(mine, min(len(mine), capacity.get(home, 1)))])
-            refs = []
-            for run in runs:
-                batch = [arg if kind in (SHARED, SHARED_LOCALS) else [arg[i] for i in run]
-                         for kind, arg in zip(kinds, args)]
-                future = self.client.submit(run_batch, fn, kinds, *batch, key=f"{name}-{uuid.uuid4().hex}", **where)
-                refs.extend((future, position) for position in range(len(run)))
-            return refs
+        def submit(lane, mine):
+            runs = [[i] for i in mine] if lane is None else [mine]
+            where = {} if lane is None else {"workers": [lane[0]], "allow_other_workers": True}
+            columns = [[arg] * len(runs) if kind in (SHARED, SHARED_LOCALS) else [[arg[i] for i in run] for run in runs]
+                       for kind, arg in zip(kinds, args)]
+            futures = self.client.map(run_batch, [fn] * len(runs), [kinds] * len(runs), *columns,
+                                      key=[f"{name}-{uuid.uuid4().hex}" for _ in runs], **where)
+            return [(future, position) for future, run in zip(futures, runs) for position in range(len(run))]
 
-        return LocalRefs(per_home(homes or [None] * n, submit))
+        return LocalRefs(per_home(lanes or [None] * n, submit))
 
     def _scatter(self, items: list, homes: list) -> list:
         """Futures of ``items`` sent from here, each to its home worker (one call per worker)."""
@@ -269,7 +300,7 @@ class DistributedExecutor(Executor):
     def init_local(self, fn, *args, per_block: list | None = None) -> None:
         args_ref = self._broadcast(args)
         own = [] if per_block is None else [self._scatter(list(per_block), self.home)]
-        self.locals = self._per_block(init_one, fn, self.blocks, args_ref, self.spill, *own, homes=self.home)
+        self.locals = self._per_block(init_one, fn, self.blocks, args_ref, self.spill, *own, lanes=self.lanes)
 
     def run_pass(self, fn, *args, update: bool, args_aligned: bool = False) -> list[dict]:
         """One pass (the package docstring). ``args_aligned`` changes nothing here: each block's task aligns what it
@@ -279,11 +310,11 @@ class DistributedExecutor(Executor):
         args_ref = args if sizeof(args) <= EMBEDDED_ARGS_BYTES else self._broadcast(args)
         self.generation += update
         outs = self._per_block(run_block, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref, update,
-                               self.spill, self.generation, homes=self.pass_homes)
+                               self.spill, self.generation, lanes=self.pass_lanes)
         if update:  # the outputs (local factor, statistics) are the new local factors (``materialise``)
             self.locals = outs
             if not self.returns_locals:  # the statistics taken out where run_block ran
-                outs = self._per_block(operator.getitem, outs, 1, homes=self.pass_homes)
+                outs = self._per_block(operator.getitem, outs, 1, lanes=self.pass_lanes)
         arrivals = self._arrivals(outs)
         if update and self.returns_locals:
             arrivals = ((i, output.stats) for i, output in arrivals)
@@ -329,12 +360,12 @@ class DistributedExecutor(Executor):
         factors (Dask moves them worker to worker; the driver never holds W)."""
         if self.Xc_refs is None:
             column_reader = self.data.column_reader()
-            self.column_homes = self._homes(self.data.column_blocks)
-            self.Xc_refs = self._place(self.data.column_blocks, column_reader, self.column_homes)
+            self.column_lanes = self._lanes(self.data.column_blocks)
+            self.Xc_refs = self._place(self.data.column_blocks, column_reader, homes_of(self.column_lanes))
             self.column_reader = None if self.data.in_memory else column_reader
         args_ref = self._broadcast(args)
         outs = self._per_block(run_column_block, fn, self.column_reader, list(self.data.column_blocks), self.Xc_refs,
-                               AllLocals(self.locals), args_ref, homes=self.column_homes)
+                               AllLocals(self.locals), args_ref, lanes=self.column_lanes)
         with self._lost_workers_raise("a column pass"):
             results = self._gathered(outs)
         return self._column_results(results)
@@ -343,12 +374,12 @@ class DistributedExecutor(Executor):
         args_ref = self._broadcast(args)
         self.generation += 1
         self.locals = self._per_block(map_local_one, fn, self.blocks, self.locals, args_ref, self.spill,
-                                      self.generation, homes=self.pass_homes)
+                                      self.generation, lanes=self.pass_lanes)
 
     def map_blocks(self, fn, *args) -> list:
         args_ref = self._broadcast(args)
         outs = self._per_block(map_one, fn, self.reader, self.blocks, self.X_refs, self.locals, args_ref,
-                               homes=self.pass_homes)
+                               lanes=self.pass_lanes)
         with self._lost_workers_raise("a pass"):
             results = self._gathered(outs)
         self._count_pass()
@@ -361,7 +392,7 @@ class DistributedExecutor(Executor):
     def save_local(self, directory: str) -> list[dict]:
         from distributed import wait
 
-        written = self._per_block(checkpoint_one, directory, self.blocks, self.locals, homes=self.pass_homes)
+        written = self._per_block(checkpoint_one, directory, self.blocks, self.locals, lanes=self.pass_lanes)
         with self._lost_workers_raise("the saving of the local factors"):
             wait(distinct_futures(written))  # every write has ended, also when one failed: none after a cleanup
             return self._gathered(written)
@@ -370,7 +401,7 @@ class DistributedExecutor(Executor):
         from distributed import wait
 
         restored = self._per_block(restore_one, directory, self.blocks, self.spill, self._manifests(expected),
-                                   homes=self.home)
+                                   lanes=self.lanes)
         with self._lost_workers_raise("the restoring of the local factors"):
             futures = distinct_futures(restored)
             wait(futures)

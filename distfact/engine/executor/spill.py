@@ -134,8 +134,8 @@ class LocalSpill:
 
 
 class PassOutput(NamedTuple):
-    """What an updating pass's task returns: the block's new local factor and its statistics. On a cluster the
-    task's future stays the block's local factor (no second task to take the local factor out of it)."""
+    """What an updating pass's task returns for a block: its new local factor and its statistics. On a cluster this
+    output, where it was made, stays the block's local factor (no second task to take the local factor out of it)."""
 
     local: object
     stats: dict
