@@ -203,8 +203,13 @@ class DistributedExecutor(Executor):
             where = {} if lane is None else {"workers": [lane[0]], "allow_other_workers": True}
             columns = [[arg] * len(runs) if kind in (SHARED, SHARED_LOCALS) else [[arg[i] for i in run] for run in runs]
                        for kind, arg in zip(kinds, args)]
-            futures = self.client.map(run_batch, [fn] * len(runs), [kinds] * len(runs), *columns,
-                                      key=[f"{name}-{uuid.uuid4().hex}" for _ in runs], **where)
+            keys = [f"{name}-{uuid.uuid4().hex}" for _ in runs]
+            if len(runs) == 1:  # (a lane's run: ``map`` costs more than ``submit`` for one task)
+                futures = [self.client.submit(run_batch, fn, kinds, *(column[0] for column in columns), key=keys[0],
+                                              **where)]
+            else:
+                futures = self.client.map(run_batch, [fn] * len(runs), [kinds] * len(runs), *columns, key=keys,
+                                          **where)
             return [(future, position) for future, run in zip(futures, runs) for position in range(len(run))]
 
         return LocalRefs(per_home(lanes or [None] * n, submit))
