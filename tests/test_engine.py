@@ -354,7 +354,8 @@ def test_a_task_error_in_a_pass_is_raised_as_itself_and_the_rest_cancelled(local
         assert len(batches) == 2  # blocks 0-3 on one worker, 4-7 (half a second each) on the other
         assert batches[1].status == "cancelled", [future.status for future in batches]  # not waited for
         time.sleep(2.5)  # as long as blocks 4-7 would take
-        assert sorted(os.listdir(ran)) in (["4"], ["4", "5"]), sorted(os.listdir(ran))  # (5: a late cancel)
+        # block 4, and 5 or 6 when the cancel comes late (a loaded machine); not all four
+        assert sorted(os.listdir(ran)) in (["4"], ["4", "5"], ["4", "5", "6"]), sorted(os.listdir(ran))
     finally:
         executor.close()
 

@@ -112,9 +112,9 @@ def cancelled() -> bool:
 
     try:
         worker = get_worker()
-    except ValueError:  # not in a worker's task
+        task = worker.state.tasks.get(getattr(thread_state, "key", None))  # (the worker's state: not public API)
+    except (ValueError, AttributeError):  # not in a worker's task, or a distributed that keeps its state otherwise
         return False
-    task = worker.state.tasks.get(getattr(thread_state, "key", None))
     return task is not None and task.state == "cancelled"
 
 
@@ -204,7 +204,7 @@ class DistributedExecutor(Executor):
             columns = [[arg] * len(runs) if kind in (SHARED, SHARED_LOCALS) else [[arg[i] for i in run] for run in runs]
                        for kind, arg in zip(kinds, args)]
             keys = [f"{name}-{uuid.uuid4().hex}" for _ in runs]
-            if len(runs) == 1:  # (a lane's run: ``map`` costs more than ``submit`` for one task)
+            if len(runs) == 1:  # (``map`` costs more than ``submit`` for one task)
                 futures = [self.client.submit(run_batch, fn, kinds, *(column[0] for column in columns), key=keys[0],
                                               **where)]
             else:
