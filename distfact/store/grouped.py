@@ -62,8 +62,8 @@ class GroupedMatrix:
 
         The metadata is checked (:meth:`Metadata.from_json`), every node it lists (blocks, column blocks, masks)
         must be there (``store/describe.py``), and the small arrays are read and checked now: the column sums, the
-        feature names and every row block's ``rows`` (8 bytes a row). The blocks of X, by rows and by columns, are checked as
-        they are read: by every pass, or once by a fit that holds the store in memory
+        feature names and every row block's ``rows`` (8 bytes a row). The blocks of X, by rows and by columns, are
+        checked as they are read: by every pass, or once by a fit that holds the store in memory
         (``engine/executor/inprocess.py: RESIDENT_STORE_BYTES``).
         ``verify=False`` leaves out the CRC32C checks (to measure what they cost); shapes and dtypes are
         checked all the same. The command line has no way to turn them off.
