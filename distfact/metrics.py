@@ -81,8 +81,10 @@ def frobenius_sq_errors(sq_norms, grams, H, HHt=None) -> np.ndarray:
     elif HHt.dtype is not _FLOAT64:
         HHt = np.asarray(HHt, dtype=np.float64)
     # group by group in Python floats: the same float64 operations as on arrays of the groups, without the arrays
-    # (small fits compute this every iteration, issue 19); max(nan, 0.0) is nan, as np.maximum's
-    return np.array([max(float(np.vdot(WtW, HHt) - 2.0 * np.vdot(WtX, H)) + float(sq_norm), 0.0)
+    # (small fits compute this every iteration, issue 19); max(nan, 0.0) is nan, as np.maximum's. The inner products
+    # are BLAS's ddot on the flattened arrays, as np.vdot's, without its Python-level dispatch.
+    HHt, H = HHt.ravel(), H.ravel()
+    return np.array([max(float(WtW.ravel().dot(HHt) - 2.0 * WtX.ravel().dot(H)) + float(sq_norm), 0.0)
                      for (WtX, WtW), sq_norm in zip(grams, sq_norms)])
 
 

@@ -2,7 +2,9 @@
 
 import collections
 import functools
+import importlib
 import os
+import pkgutil
 import threading
 import time
 
@@ -11,11 +13,20 @@ import pytest
 import scipy.sparse as sp
 
 import distfact
+from cluster_fits import METHODS, estimator, fit_inputs
 from conftest import grouped_data
 from distfact.engine import tree_reduce
 from distfact.engine.executor.distributed import DistributedExecutor, block_work, contiguous_placement
 from distfact.engine.reduce import merge, tree_reduce_arrivals
-from distfact.kernels.memory import ReusedBuffers, aligned, aligned_holding, empty_aligned
+from distfact.kernels import memory
+from distfact.kernels.memory import ReusedBuffers, aligned, aligned_holding, empty_aligned, numpy_allocates_aligned
+
+try:
+    from numpy._core.multiarray import get_handler_name
+except ImportError:  # numpy 1.x
+    from numpy.core.multiarray import get_handler_name
+
+ALIGNED_HANDLER = "distfact_aligned_64"  # kernels/numpy_allocator.py's NAME (importing it compiles the handler)
 
 
 def test_tree_reduce_pairs_in_a_fixed_order():
@@ -208,6 +219,142 @@ def test_a_container_of_the_last_layout_is_aligned_as_the_walk_aligns_it():
         for a, b in zip(leaves(out), leaves(value)):
             if isinstance(b, np.ndarray):
                 assert np.array_equal(a, b)
+
+
+def _aligned_handler_or_skip():
+    if memory._made_allocator() is None:
+        pytest.skip("numpy's aligned handler cannot be made here (kernels/numpy_allocator.py: Linux with glibc)")
+
+
+def test_numpy_allocates_at_64_byte_boundaries_within_the_context_only():
+    """kernels/numpy_allocator.py: within ``numpy_allocates_aligned()`` every allocation numpy makes in this thread
+    starts at a 64-byte boundary and is known aligned without a copy (np.empty's malloc, np.zeros's calloc, a
+    resize's realloc, its contents kept); a view into such memory is judged by its address; nested contexts
+    restore each other; another thread meanwhile, and this one after, allocate with numpy's own handler."""
+    _aligned_handler_or_skip()
+    from distfact.kernels.numpy_allocator import NAME
+    assert NAME == ALIGNED_HANDLER
+    default, rng, elsewhere = get_handler_name(), np.random.default_rng(3), []
+    with numpy_allocates_aligned():
+        made = ([np.empty(n) for n in range(300)] + [np.zeros((7, n), np.float32) for n in range(1, 40)]
+                + [rng.random((9, n)) @ rng.random((n, 5)) for n in range(1, 30)])
+        assert all(get_handler_name(a) == ALIGNED_HANDLER and a.ctypes.data % 64 == 0 for a in made)
+        assert all(aligned(a) is a for a in made)
+        assert not np.zeros(10_000).any()
+        grown = np.arange(10.0)
+        grown.resize(100_000, refcheck=False)
+        assert grown.ctypes.data % 64 == 0 and np.array_equal(grown[:10], np.arange(10.0)) and not grown[10:].any()
+        view = made[100][1:]  # 8 bytes into an aligned allocation: copied
+        assert aligned(view) is not view and np.array_equal(aligned(view), view)
+        with numpy_allocates_aligned():
+            assert get_handler_name(np.empty(3)) == ALIGNED_HANDLER
+        assert get_handler_name() == ALIGNED_HANDLER
+        thread = threading.Thread(target=lambda: elsewhere.append(get_handler_name(np.empty(5))))
+        thread.start()
+        thread.join()
+    assert elsewhere == [default] and get_handler_name() == default and get_handler_name(np.empty(3)) == default
+
+
+def _fitted_arrays(model) -> dict:
+    return {name: value for name, value in vars(model).items()
+            if name.endswith("_") and isinstance(value, np.ndarray) and value.dtype != object}
+
+
+def _wrap_method_steps(monkeypatch, names: tuple, wrapper) -> int:
+    """Every method class's own ``names`` (``global_step``, ``local_step``) replaced by ``wrapper(step)``; how many."""
+    from distfact import methods
+
+    wrapped = 0
+    for module_info in pkgutil.walk_packages(methods.__path__, "distfact.methods."):
+        module = importlib.import_module(module_info.name)
+        for cls in vars(module).values():
+            if isinstance(cls, type) and cls.__module__ == module.__name__:
+                for name in names:
+                    if name in vars(cls) and not isinstance(vars(cls)[name], staticmethod):
+                        monkeypatch.setattr(cls, name, wrapper(vars(cls)[name]))
+                        wrapped += 1
+    return wrapped
+
+
+def _arrays_in(value):
+    if isinstance(value, np.ndarray):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _arrays_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _arrays_in(item)
+
+
+@pytest.mark.parametrize("method", [*METHODS, "nmf-kl", "nmf-masked"])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_fits_are_the_same_bits_with_numpy_allocating_aligned_or_not(method, n_threads, monkeypatch):
+    """Arrays numpy allocates aligned need no copy (kernels/numpy_allocator.py), arrays that do not start at a 64-byte
+    boundary (numba's, a view) are copied, and the copies give the same products: every array a global or local step
+    is given starts at a 64-byte boundary either way, and every method's fit, on one thread (a small fit's direct
+    passes) and on two (blocks in threads), gives the same bits either way."""
+    _aligned_handler_or_skip()
+    misaligned = []
+
+    def checked(step):
+        def run(self, *args):
+            misaligned.extend(f"{type(self).__name__}.{step.__name__}: {a.shape}" for a in _arrays_in(args)
+                              if a.ctypes.data % 64 or not a.flags.c_contiguous)
+            return step(self, *args)
+        return run
+
+    assert _wrap_method_steps(monkeypatch, ("global_step", "local_step"), checked) >= 12
+    X, groups = grouped_data(m=240, n=20, n_groups=3, density=0.4, seed=4)
+    name, _, variant = method.partition("-") if method.startswith("nmf-") else (method, "", "")
+    model = lambda: estimator(name, n_threads=n_threads, block_rows=40, **(  # noqa: E731
+        {"solver": "mu", "beta_loss": "kullback-leibler"} if variant == "kl" else {"solver": "mu"} if variant else {}))
+    store = distfact.from_arrays(X, groups, block_rows=40, signed=name == "multigroup-svd")
+    inputs = {**fit_inputs(name, store), **({"mask": np.random.default_rng(5).random(X.shape) > 0.1}
+                                            if variant == "masked" else {})}
+    data = X if variant == "masked" else store
+    fits = []
+    for use in (False, True):
+        monkeypatch.setattr(memory, "USE_NUMPY_ALLOCATOR", use)
+        fits.append(_fitted_arrays(model().fit(data, **({"groups": groups} if data is X else {}), **inputs)))
+    assert not misaligned, misaligned[:5]
+    assert fits[0].keys() == fits[1].keys() and "components_" in fits[0]
+    for key, value in fits[0].items():
+        assert value.tobytes() == fits[1][key].tobytes(), key
+
+
+@pytest.mark.parametrize("fit", ["nmf-mu", "nmf-hals", "nmf-kl", "nmf-masked-mu", "nmf-masked-hals", "nmf-masked-kl",
+                                 "ssnmf-FF", "ssnmf-DF", "ssnmf-masked"])
+def test_global_steps_write_into_no_statistic(fit, monkeypatch):
+    """``group_sums`` gives one group's statistics themselves, not copies (issue 19): a global step must only read
+    them. Every method's global step is run with the statistics' arrays read-only, on one group."""
+    def read_only_statistics(step):
+        def global_step(self, G, stats, data):
+            arrays = [a for a in _arrays_in(stats) if a.flags.writeable]
+            for a in arrays:
+                a.flags.writeable = False
+            try:
+                return step(self, G, stats, data)
+            finally:
+                for a in arrays:
+                    a.flags.writeable = True
+        return global_step
+
+    assert _wrap_method_steps(monkeypatch, ("global_step",), read_only_statistics) >= 7
+    X, _ = grouped_data(m=60, n=12, seed=6)
+    groups = np.array(["g"] * 60)
+    name, *options = fit.split("-")
+    mask = {"mask": np.random.default_rng(7).random(X.shape) > 0.2} if "masked" in options else {}
+    if name == "nmf":
+        solver, loss = {"mu": ("mu", "frobenius"), "hals": ("hals", "frobenius"),
+                        "kl": ("mu", "kullback-leibler")}[options[-1]]
+        model = distfact.NMF(3, solver=solver, beta_loss=loss, max_iter=5, tol=0, random_state=0)
+        model.fit(X, groups=groups, **mask)
+    else:
+        y = np.random.default_rng(8).integers(0, 3, 60)
+        model = distfact.SSNMF(3, model="FF" if options == ["masked"] else options[0], max_iter=5, random_state=0)
+        model.fit(X, y=y, groups=groups, **mask)
+    assert np.isfinite(model.components_).all()
 
 
 @pytest.mark.cluster

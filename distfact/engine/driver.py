@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..kernels.memory import ReusedBuffers, aligned_holding
+from ..kernels.memory import ReusedBuffers, aligned, aligned_holding, numpy_allocates_aligned
 from .finite import NonFiniteError, all_finite, check_global, check_objective
 
 logger = logging.getLogger("distfact")
@@ -157,6 +157,7 @@ def initialise_keeping(method, data, executor, random_state, kept: tuple) -> dic
     return global_state
 
 
+@numpy_allocates_aligned()  # the arrays the loop makes in this thread need no aligned copies (kernels/memory.py)
 def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callable[[], dict],
         callback: Callable[[IterationInfo], None] | None = None, checkpointer=None,
         resume: bool = False, time_limit: float | None = None, global_args: dict | None = None) -> FitState:
@@ -194,6 +195,9 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             raise exc.at(0, data.group_names) from None
         state = FitState(global_state, stats, [value], [per_group])
         logger.info("pass 0: objective %.6g", value)
+    # the first global step's inputs aligned as every later one's: a fresh start's global state (made here) and a
+    # restored state (read from disk)
+    state.global_state, state.stats = aligned(state.global_state), aligned(state.stats)
     columns = hasattr(method, "column_step")
     reused = ReusedBuffers()  # the global state's aligned copies, made into the same allocations every iteration
     ship = _shipping(method)

@@ -19,6 +19,7 @@ import scipy.sparse as sp
 # Up to this size an array is checked first by its sum of squares: one BLAS dot, below the size at which OpenBLAS
 # starts threads for it, and half the time of ``isfinite(array).all()``.
 DOT_CHECK_MAX_SIZE = 8192
+_FLOAT64 = np.dtype(np.float64)
 
 
 def finite_array(array: np.ndarray) -> bool:
@@ -38,7 +39,13 @@ def all_finite(items: list) -> bool:
     (issue 19); only when it fails does :func:`check_block` look for where."""
     for item in items:
         if isinstance(item, np.ndarray):
-            if item.dtype.kind == "f" and not finite_array(item):
+            if item.dtype.kind != "f":
+                continue
+            if 0 < item.size <= DOT_CHECK_MAX_SIZE:  # finite_array's first test, without its call (issue 19)
+                flat = item if item.ndim == 1 else item.ravel()
+                if math.isfinite(flat.dot(flat)):
+                    continue
+            if not finite_array(item):
                 return False
         elif isinstance(item, float):  # also numpy's float64
             if not math.isfinite(item):
@@ -129,7 +136,8 @@ def check_global(state: dict, iteration: int, where: str = "the global step") ->
 def check_objective(value: float, per_group, group_names, iteration: int) -> None:
     """On the driver, after a pass: the objective and its per-group terms (a vector per group, or per group and
     run: then the first group whose term is non-finite is named)."""
-    per_group = np.asarray(per_group, dtype=np.float64)
+    if type(per_group) is not np.ndarray or per_group.dtype is not _FLOAT64:  # as the methods give it: no call
+        per_group = np.asarray(per_group, dtype=np.float64)
     if math.isfinite(value) and finite_array(per_group):
         return
     per_group = per_group.ravel()

@@ -16,10 +16,16 @@ address (numpy builds ``__array_interface__`` in Python), and a small array foun
 here is copied without that look. A container of the layout the same kept allocations saw last (a fit's global
 state, a pass's outputs: the same every iteration) is copied by that layout, without the generic walk
 (:class:`_Layout`).
+
+Better still, arrays need no copy when numpy allocates them aligned: within :func:`numpy_allocates_aligned` (a fit's
+thread, a pass's threads and tasks) numpy allocates through a handler that starts every allocation at a 64-byte
+boundary (``numpy_allocator.py``), and an array that owns memory from it is known aligned by its handler's name,
+without a look at its address (:func:`_from_aligned_handler`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import weakref
@@ -30,6 +36,56 @@ ALIGNMENT = 64
 #: arrays of a container below this size that need a copy share one allocation (larger ones get their own, so
 #: that no large array is held alive by a small one, nor all of a pass's large arrays copied at once)
 SHARED_BELOW_BYTES = 1 << 16
+
+
+#: whether :func:`numpy_allocates_aligned` sets numpy's aligned handler (tests compare fits without it)
+USE_NUMPY_ALLOCATOR = True
+_allocator = None  # (numpy's setter, the handler) once made; False where it cannot be (not Linux, or a check failed)
+_handler_name = None  # numpy's get_handler_name, once the handler is made
+_aligned_name = None  # the handler's name
+
+
+@contextlib.contextmanager
+def numpy_allocates_aligned():
+    """Within: the arrays numpy allocates in this thread start at 64-byte boundaries (``numpy_allocator.py``) and are
+    known aligned without a copy; where the handler cannot be made (not Linux with glibc's allocation functions, or
+    its check failed), nothing changes and arrays are copied aligned as before. Nests; other threads are not
+    affected (numpy keeps the handler in a context variable). Results are the same bits either way."""
+    allocator = _made_allocator() if USE_NUMPY_ALLOCATOR else None
+    if allocator is None:
+        yield
+        return
+    set_handler, handler = allocator
+    previous = set_handler(handler)
+    try:
+        yield
+    finally:
+        set_handler(previous)
+
+
+def _made_allocator():
+    """The handler (:func:`numpy_allocator.handler`), made at the first call: the import compiles or loads its
+    functions; None where it cannot be made."""
+    global _allocator, _handler_name, _aligned_name
+    if _allocator is None:
+        _allocator = False
+        if sys.platform.startswith("linux"):
+            try:
+                from . import numpy_allocator
+            except Exception:  # noqa: BLE001 - no glibc allocation functions to link, an older numba: copies remain
+                pass
+            else:
+                made = numpy_allocator.handler()
+                if made is not None:
+                    _handler_name, _aligned_name = numpy_allocator.get_handler_name, numpy_allocator.NAME
+                    _allocator = made
+    return _allocator or None
+
+
+def _from_aligned_handler(array: np.ndarray) -> bool:
+    """Whether ``array`` owns memory from the aligned handler and is C-contiguous: then it starts at a 64-byte
+    boundary (a view of such memory has no handler of its own: its address decides)."""
+    return _handler_name is not None and _handler_name(array) == _aligned_name and array.flags.c_contiguous
 
 
 def address(array: np.ndarray) -> int:
@@ -55,7 +111,7 @@ def _remember(array: np.ndarray) -> np.ndarray:
 
 def is_aligned(array: np.ndarray) -> bool:
     """C-contiguous, starting at a 64-byte boundary."""
-    return _made_here(array, _made) or _at_aligned_address(array)
+    return _made_here(array, _made) or _from_aligned_handler(array) or _at_aligned_address(array)
 
 
 def _at_aligned_address(array: np.ndarray) -> bool:
@@ -123,7 +179,10 @@ def aligned_holding(value, reused: "ReusedBuffers"):
     pending: list[np.ndarray] = []
     holding: list = []
     _collect_to_copy(value, pending, holding)
-    result = value if not pending else _with_copies(value, _copies(pending, reused, holding))
+    if not pending:  # nothing to copy (arrays from the aligned handler): no layout to learn either
+        reused.layout = None
+        return value, holding
+    result = _with_copies(value, _copies(pending, reused, holding))
     reused.layout = _Layout.learn(value, result)
     return result, holding
 
@@ -133,10 +192,14 @@ def _collect_to_copy(container, pending: list, rest: list | None = None) -> None
     is not a container into it. Copied: an array this module did not make that is small (its address is not looked
     at: numpy builds ``__array_interface__`` in Python, 1-2 µs, more than copying a small array into the container's
     shared allocation) or not aligned (:func:`_array_kept_as_is`, the test :class:`_Layout` repeats)."""
-    made = _made
+    made, handler_of, aligned_handler = _made, _handler_name, _aligned_name
     for item in container.values() if isinstance(container, dict) else container:
         if isinstance(item, np.ndarray):
-            if not _array_kept_as_is(item, made):
+            # _from_aligned_handler inlined: a small fit's arrays come from it, six an iteration (issue 19)
+            if handler_of is not None and handler_of(item) == aligned_handler and item.flags.c_contiguous:
+                if rest is not None:
+                    rest.append(item)
+            elif not _array_kept_as_is(item, made):
                 pending.append(item)
             elif rest is not None:
                 rest.append(item)
@@ -352,15 +415,16 @@ def _made_here(array: np.ndarray, made: dict) -> bool:
 
 
 def _array_kept_as_is(array: np.ndarray, made: dict) -> bool:
-    """Whether :func:`aligned` keeps ``array`` as it is: made here, or large and aligned (its address is looked at
-    only then)."""
-    return _made_here(array, made) or (array.nbytes >= SHARED_BELOW_BYTES and _at_aligned_address(array))
+    """Whether :func:`aligned` keeps ``array`` as it is: made here or by the aligned handler, or large and aligned
+    (its address is looked at only then)."""
+    return (_from_aligned_handler(array) or _made_here(array, made)
+            or (array.nbytes >= SHARED_BELOW_BYTES and _at_aligned_address(array)))
 
 
 def _not_copied_by_walk(leaf, made: dict) -> bool:
     """Whether ``leaf``, to be copied as a small array, is not one :func:`_collect_to_copy` copies: not an array, or
-    one this module made."""
-    return not isinstance(leaf, np.ndarray) or _made_here(leaf, made)
+    one this module or the aligned handler made."""
+    return not isinstance(leaf, np.ndarray) or _made_here(leaf, made) or _from_aligned_handler(leaf)
 
 
 def _kept_as_is(leaf, made: dict) -> bool:

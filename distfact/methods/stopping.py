@@ -32,8 +32,11 @@ def relative_decrease_below(objectives: list[float], tol: float | None) -> bool:
 def group_sums(stats: list[dict]) -> dict:
     """Each statistic summed over the groups, ``{name: sum(s[name] for s in stats)}`` with the same additions
     (0 + the first group's, then each next group's in order), without a generator per statistic (small fits
-    sum them every iteration, issue 19)."""
+    sum them every iteration, issue 19). One group's are its own arrays, not copies (0 + x is x but for the sign
+    of a zero): a global step reads its sums and writes into none (tests/test_engine.py)."""
     first, rest = stats[0], stats[1:]
+    if not rest:
+        return dict(first)
     total = {name: 0 + value for name, value in first.items()}
     for s in rest:
         for name in total:

@@ -72,7 +72,7 @@ import scipy.sparse as sp
 from ..kernels import masked as km
 from ..kernels import nmf as k
 from ..kernels import stratified as ks
-from ..kernels.memory import aligned_copy
+from ..kernels.memory import aligned, aligned_copy
 from ..kernels.products import block_column_sums, gram
 from .stopping import relative_decrease_below
 
@@ -221,8 +221,8 @@ class StratifiedMU:
         line8 = G.get("line8")
         after = self.with_derived(self.h_update(G, stats) if line8 is None else line8["H"], G["v"], G.get("colsum"),
                                   w_moved=False, Mt1=G.get("Mt1"), kept=self.stratum_kept_columns(G, stats), like=line8)
-        if line8 is None:
-            G["line8"] = {name: after[name] for name in ("H", "HHt", "Ht") if name in after}
+        if line8 is None:  # added to G after the driver aligned it: aligned here, as the next global step takes it
+            G["line8"] = aligned({name: after[name] for name in ("H", "HHt", "Ht") if name in after})
         return after
 
     @staticmethod

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ...kernels.memory import aligned
+from ...kernels.memory import aligned, numpy_allocates_aligned
 from ..finite import check_block
 from ..reduce import add, keyed, split_by_group, tree_reduce
 from .spill import LocalSpill, PassOutput, load_local, materialise, save_local
@@ -27,6 +27,7 @@ class WorkerLost(RuntimeError):
         self.n_workers = n_workers
 
 
+@numpy_allocates_aligned()  # what the block's step makes needs no aligned copy (kernels/memory.py)
 def run_block(fn, reader, block, X_b, local, args, update, spill=None, generation=0, inputs_aligned=False):
     """What one task does: load X_b (and a spilled local factor) if needed, run ``fn``,
     spill the new local factor if asked, key the statistics by group.
@@ -50,6 +51,7 @@ def run_block(fn, reader, block, X_b, local, args, update, spill=None, generatio
     return keyed(block.group, out)
 
 
+@numpy_allocates_aligned()
 def run_column_block(fn, reader, column_block, Xc, locals_, args):
     """What one column task does: load the CSC column block if needed, put the local factors of all
     row blocks together (the whole W, stored row order), run ``fn``; returns (piece, statistics)."""
