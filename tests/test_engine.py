@@ -13,7 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 import distfact
-from cluster_fits import METHODS, estimator, fit_inputs
+from cluster_fits import ITERATIVE, METHODS, estimator, fit_inputs
 from conftest import grouped_data
 from distfact.engine import tree_reduce
 from distfact.engine.executor.distributed import DistributedExecutor, block_work, contiguous_placement
@@ -239,7 +239,8 @@ def test_numpy_allocates_at_64_byte_boundaries_within_the_context_only():
         made = ([np.empty(n) for n in range(300)] + [np.zeros((7, n), np.float32) for n in range(1, 40)]
                 + [rng.random((9, n)) @ rng.random((n, 5)) for n in range(1, 30)])
         assert all(get_handler_name(a) == ALIGNED_HANDLER and a.ctypes.data % 64 == 0 for a in made)
-        assert all(aligned(a) is a for a in made)
+        # known aligned by the handler: a small array in a container is kept (one numpy made elsewhere is copied)
+        assert all(aligned([a])[0] is a for a in made)
         assert not np.zeros(10_000).any()
         grown = np.arange(10.0)
         grown.resize(100_000, refcheck=False)
@@ -253,6 +254,9 @@ def test_numpy_allocates_at_64_byte_boundaries_within_the_context_only():
         thread.start()
         thread.join()
     assert elsewhere == [default] and get_handler_name() == default and get_handler_name(np.empty(3)) == default
+    small = np.empty(5)
+    assert small.ctypes.data % 64 == 0 or aligned([small])[0] is not small
+    assert aligned([small])[0] is not small  # not made by the handler: copied, whatever its address
 
 
 def _fitted_arrays(model) -> dict:
@@ -295,12 +299,14 @@ def test_fits_are_the_same_bits_with_numpy_allocating_aligned_or_not(method, n_t
     is given starts at a 64-byte boundary either way, and every method's fit, on one thread (a small fit's direct
     passes) and on two (blocks in threads), gives the same bits either way."""
     _aligned_handler_or_skip()
-    misaligned = []
+    misaligned, from_handler = [], collections.Counter()
 
     def checked(step):
         def run(self, *args):
-            misaligned.extend(f"{type(self).__name__}.{step.__name__}: {a.shape}" for a in _arrays_in(args)
-                              if a.ctypes.data % 64 or not a.flags.c_contiguous)
+            for a in _arrays_in(args):
+                if a.ctypes.data % 64 or not a.flags.c_contiguous:
+                    misaligned.append(f"{type(self).__name__}.{step.__name__}: {a.shape}")
+                from_handler[memory.USE_NUMPY_ALLOCATOR] += get_handler_name(a) == ALIGNED_HANDLER
             return step(self, *args)
         return run
 
@@ -318,9 +324,33 @@ def test_fits_are_the_same_bits_with_numpy_allocating_aligned_or_not(method, n_t
         monkeypatch.setattr(memory, "USE_NUMPY_ALLOCATOR", use)
         fits.append(_fitted_arrays(model().fit(data, **({"groups": groups} if data is X else {}), **inputs)))
     assert not misaligned, misaligned[:5]
+    if name in ITERATIVE:  # the loop's steps took the handler's arrays, as they were (the SVD runs no loop)
+        assert from_handler[True] > 0 and from_handler[False] == 0
     assert fits[0].keys() == fits[1].keys() and "components_" in fits[0]
     for key, value in fits[0].items():
         assert value.tobytes() == fits[1][key].tobytes(), key
+
+
+def test_block_tasks_in_threads_allocate_aligned(tmp_path, monkeypatch):
+    """Blocks of a store run in the executor's threads (``run_block``): what a block's step makes there comes from
+    the aligned handler too, and its next step takes it as it is (not a copy)."""
+    _aligned_handler_or_skip()
+    seen = []
+
+    def recorded(step):
+        def local_step(self, X_b, W_b, block, G):
+            seen.append((threading.current_thread().name, get_handler_name(W_b)))
+            return step(self, X_b, W_b, block, G)
+        return local_step
+
+    _wrap_method_steps(monkeypatch, ("local_step",), recorded)
+    X, groups = grouped_data(m=240, n=20, seed=9)
+    path = tmp_path / "x.zarr"
+    distfact.from_arrays(X, groups, path, block_rows=40)
+    distfact.NMF(3, solver="mu", max_iter=4, tol=0, random_state=0, n_threads=2).fit(str(path))
+    later = seen[len(seen) // 4:]  # after the first pass: the local factors the tasks made
+    assert {name.startswith("distfact-block") for name, _ in later} == {True}
+    assert {handler for _, handler in later} == {ALIGNED_HANDLER}
 
 
 @pytest.mark.parametrize("fit", ["nmf-mu", "nmf-hals", "nmf-kl", "nmf-masked-mu", "nmf-masked-hals", "nmf-masked-kl",

@@ -41,11 +41,11 @@ def all_finite(items: list) -> bool:
         if isinstance(item, np.ndarray):
             if item.dtype.kind != "f":
                 continue
-            if 0 < item.size <= DOT_CHECK_MAX_SIZE:  # finite_array's first test, without its call (issue 19)
+            if 0 < item.size <= DOT_CHECK_MAX_SIZE:  # finite_array's tests, without its call (issue 19)
                 flat = item if item.ndim == 1 else item.ravel()
                 if math.isfinite(flat.dot(flat)):
                     continue
-            if not finite_array(item):
+            if not np.isfinite(item).all():
                 return False
         elif isinstance(item, float):  # also numpy's float64
             if not math.isfinite(item):

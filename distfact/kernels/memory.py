@@ -72,13 +72,13 @@ def _made_allocator():
         if sys.platform.startswith("linux"):
             try:
                 from . import numpy_allocator
-            except Exception:  # noqa: BLE001 - no glibc allocation functions to link, an older numba: copies remain
-                pass
-            else:
+
                 made = numpy_allocator.handler()
-                if made is not None:
-                    _handler_name, _aligned_name = numpy_allocator.get_handler_name, numpy_allocator.NAME
-                    _allocator = made
+            except Exception:  # noqa: BLE001 - no glibc allocation functions to link, an older numba: copies remain
+                made = None
+            if made is not None:
+                _handler_name, _aligned_name = numpy_allocator.get_handler_name, numpy_allocator.NAME
+                _allocator = made
     return _allocator or None
 
 

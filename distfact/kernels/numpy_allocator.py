@@ -13,7 +13,9 @@ first) are numba ``cfunc``\\ s over the C library's ``malloc``, ``calloc``, ``fr
 Each allocation asks the C library for 72 bytes more than numpy's size, hands numpy the first 64-byte boundary at
 least 8 bytes in, and keeps the C library's pointer in the 8 bytes before it (for ``free`` and ``realloc``): so a
 large ``np.zeros`` is still the C library's ``calloc``, whose fresh pages the kernel zeroes when first touched (an
-``aligned_alloc`` and a memset wrote 128 MB of zeros in 109 ms, against 32 µs). The handler is set through numpy's C
+``aligned_alloc`` and a memset wrote 128 MB of zeros in 109 ms, against 32 µs); blocks of 4 MiB or more are offered
+transparent huge pages, as numpy's own handler offers them; a ``realloc`` always moves (numpy's own may grow in
+place: numpy reallocates only in ``resize``, ``fromiter`` and text readers). The handler is set through numpy's C
 API (``PyDataMem_SetHandler``, entry 304 of its table since numpy 1.22) by ctypes: no compiler at install time.
 :func:`handler` checks that numpy then allocates through it at 64-byte boundaries, and gives None (the engine copies
 as before) when anything differs.
@@ -41,7 +43,8 @@ except ImportError:  # numpy 1.x
 #: the handler's name, as ``numpy._core.multiarray.get_handler_name`` reports it for the arrays it allocated
 NAME = "distfact_aligned_64"
 ALIGNMENT = 64
-#: ``PyDataMem_SetHandler``'s entry in numpy's C API table (numpy_api.py; entries are never renumbered)
+#: ``PyDataMem_SetHandler``'s entry in numpy's C API table since numpy 1.22 (numpy_api.py; entries are never
+#: renumbered; distfact requires numpy 1.26)
 SET_HANDLER_ENTRY = 304
 
 _size = types.uintp  # size_t, and pointers as integers (numba has no arithmetic or truth test on void*)
@@ -50,11 +53,16 @@ _c_calloc = types.ExternalFunction("calloc", _size(_size, _size))
 _c_free = types.ExternalFunction("free", types.void(_size))
 _usable_size = types.ExternalFunction("malloc_usable_size", _size(_size))
 _memcpy = types.ExternalFunction("memcpy", _size(_size, _size, _size))
+_madvise = types.ExternalFunction("madvise", types.intc(_size, _size, types.intc))
+_MADV_HUGEPAGE = np.intc(14)  # Linux's
 # size_t constants (numba types a Python int as int64, and int64 with uint64 as float64)
 _WORD = np.uintp(8)
 _LOW_BITS = np.uintp(ALIGNMENT - 1)
 #: what an allocation asks the C library for beyond numpy's size: the header word and up to 63 bytes to a boundary
 _EXTRA = _WORD + _LOW_BITS
+#: numpy's own handler advises huge pages from 4 MiB (``indicate_hugepages``), over whole 4 KiB pages
+_HUGE_PAGES_FROM = np.uintp(4 << 20)
+_PAGE_LOW_BITS = np.uintp(4096 - 1)
 
 
 @intrinsic
@@ -84,20 +92,24 @@ def _padded(size):
 
 
 @numba.njit(cache=True)
-def _aligned_in(block):
-    """The first 64-byte boundary at least 8 bytes into the C library's ``block`` (0: none), the block's pointer
-    stored in the 8 bytes before it."""
+def _aligned_in(block, padded):
+    """The first 64-byte boundary at least 8 bytes into the C library's ``block`` of ``padded`` bytes (0: none), the
+    block's pointer stored in the 8 bytes before it. A block of 4 MiB or more is offered transparent huge pages, as
+    numpy's own handler offers them (its whole pages; the advice is only advice: its result is not looked at)."""
     if block == 0:
         return block
     start = (block + _WORD + _LOW_BITS) & ~_LOW_BITS
     _set_word_at(start - _WORD, block)
+    if padded >= _HUGE_PAGES_FROM:
+        first = (block + _PAGE_LOW_BITS) & ~_PAGE_LOW_BITS
+        _madvise(first, (block + padded - first) & ~_PAGE_LOW_BITS, _MADV_HUGEPAGE)
     return start
 
 
 @numba.cfunc(_size(_size, _size), cache=True)
 def _malloc(context, size):
     padded = _padded(size)
-    return _aligned_in(_c_malloc(padded)) if padded != 0 else padded
+    return _aligned_in(_c_malloc(padded), padded) if padded != 0 else padded
 
 
 @numba.cfunc(_size(_size, _size, _size), cache=True)
@@ -106,7 +118,7 @@ def _calloc(context, n_elements, element_size):
     if element_size != 0 and size // element_size != n_elements:  # more than size_t holds
         return np.uintp(0)
     padded = _padded(size)
-    return _aligned_in(_c_calloc(np.uintp(1), padded)) if padded != 0 else padded
+    return _aligned_in(_c_calloc(np.uintp(1), padded), padded) if padded != 0 else padded
 
 
 @numba.cfunc(_size(_size, _size, _size), cache=True)
@@ -116,7 +128,7 @@ def _realloc(context, pointer, size):
     padded = _padded(size)
     if padded == 0:
         return padded
-    moved = _aligned_in(_c_malloc(padded))
+    moved = _aligned_in(_c_malloc(padded), padded)
     if moved != 0 and pointer != 0:
         block = _word_at(pointer - _WORD)
         kept = _usable_size(block) - (pointer - block)
@@ -140,17 +152,22 @@ class _Handler(ctypes.Structure):  # PyDataMem_Handler, version 1
     _fields_ = [("name", ctypes.c_char * 127), ("version", ctypes.c_uint8), ("allocator", _Allocator)]
 
 
-# numpy keeps a pointer to the handler in every array it allocates, and the capsule keeps one to its name: both
-# live as long as the process
-_HANDLER = _Handler(NAME.encode(), 1, _Allocator(None, _malloc.address, _calloc.address, _realloc.address,
-                                                 _release.address))
-_CAPSULE_NAME = ctypes.create_string_buffer(b"mem_handler")
-
-
 def _python_function(name: str, restype, *argtypes):
     """A function of Python's C API with its own prototype (``ctypes.pythonapi``'s attributes are shared by every
     user in the process: setting their argtypes would change them for others)."""
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+def _immortal(value):
+    """``value``, with a reference nobody releases: numpy keeps a pointer to the handler in every array it allocated
+    and the capsule one to its name, and arrays are freed after this module's globals at the interpreter's exit."""
+    _python_function("Py_IncRef", None, ctypes.py_object)(value)
+    return value
+
+
+_HANDLER = _immortal(_Handler(NAME.encode(), 1, _Allocator(None, _malloc.address, _calloc.address, _realloc.address,
+                                                           _release.address)))
+_CAPSULE_NAME = _immortal(ctypes.create_string_buffer(b"mem_handler"))
 
 
 def _capsule():
@@ -163,8 +180,6 @@ def _set_handler_function():
     variable, so each thread has its own)."""
     pointer = _python_function("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
     table = ctypes.cast(pointer(_multiarray_umath._ARRAY_API, None), ctypes.POINTER(ctypes.c_void_p))
-    if not table[SET_HANDLER_ENTRY]:  # a numpy without it (before 1.22)
-        return None
     return ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)(table[SET_HANDLER_ENTRY])
 
 
@@ -172,8 +187,6 @@ def handler():
     """``(set_handler, capsule)``: numpy's setter and this handler, once checked (set in this thread, an array made,
     its memory from the handler at a 64-byte boundary, the previous handler set again); None if any of it differs."""
     set_handler, capsule = _set_handler_function(), _capsule()
-    if set_handler is None:
-        return None
     previous = set_handler(capsule)
     try:
         probe = np.empty(3)

@@ -253,7 +253,8 @@ class NMFMethod:
                                for s, total in zip(stats, data.group_totals)])
         else:  # in Python floats: numpy's operations on a vector of a few groups cost more than their arithmetic
             halves = [0.5 * error for error in self.squared_errors(G, stats, data).tolist()]
-            return functools.reduce(operator.add, halves), np.array(halves)  # summed in group order
+            # summed left to right in group order (numpy's sum pairs 9 groups or more otherwise)
+            return functools.reduce(operator.add, halves), np.array(halves)
         return float(np.add.reduce(losses)), losses  # losses.sum() without numpy's Python wrapper (issue 19)
 
     def converged(self, objectives, group_objectives):
