@@ -71,13 +71,13 @@ def _made_allocator():
         _allocator = False
         if sys.platform.startswith("linux"):
             try:
-                from . import numpy_allocator
+                from .numpy_allocator import NAME, get_handler_name, handler
 
-                made = numpy_allocator.handler()
+                made = handler()
             except Exception:  # noqa: BLE001 - no glibc allocation functions to link, an older numba: copies remain
                 made = None
             if made is not None:
-                _handler_name, _aligned_name = numpy_allocator.get_handler_name, numpy_allocator.NAME
+                _handler_name, _aligned_name = get_handler_name, NAME
                 _allocator = made
     return _allocator or None
 
