@@ -41,6 +41,7 @@ BENCHMARKS = {
     "multigroup": ([], 4),
     "masked": ([], 2),
     "masked_groups": ([], 2),
+    "ssnmf_masks": ([], 1),
     "ingest_memory": ([], 1),
     "result_shape": ([], 1),
     "append": ([], 3),

@@ -13,12 +13,13 @@ M, N, K, R = 60, 25, 3, 4
 
 
 def problem(seed=0, density=None, masks=False):
-    """X (rows = samples), class labels, optional data / label masks: binary (``masks=True``) or
-    certainty weights (``masks="weighted"``: 0, 0.5 or 2)."""
+    """X (rows = samples), class labels, optional data / label masks: binary (``masks=True``: 80% of the entries
+    observed, each block's mask in the complement form; ``masks="few observed"``: 20%, the observed form) or
+    certainty weights (``masks="weighted"``: 0, 0.5 or 2, the observed form)."""
     X, groups = grouped_data(m=M, n=N, density=density, seed=seed)
     rng = np.random.default_rng(seed + 100)
     y = rng.integers(0, K, size=M)
-    data_mask = (rng.random((M, N)) < 0.8).astype(float) if masks else None
+    data_mask = (rng.random((M, N)) < (0.2 if masks == "few observed" else 0.8)).astype(float) if masks else None
     label_mask = (rng.random((M, K)) < 0.9).astype(float) if masks else None
     if masks == "weighted":
         data_mask *= rng.choice([0.5, 2.0], size=(M, N))
@@ -38,7 +39,7 @@ def reference(X, Y, start, model, lam, data_mask=None, label_mask=None, n_iter=6
 
 
 @pytest.mark.parametrize("model", ["FF", "FD", "DF", "DD"])
-@pytest.mark.parametrize("masks", [False, True, "weighted"])
+@pytest.mark.parametrize("masks", [False, True, "few observed", "weighted"])
 def test_iterates_equal_the_papers_updates(model, masks):
     X, groups, y, data_mask, label_mask, start = problem(1, masks=masks)
     Y = np.eye(K)[y]

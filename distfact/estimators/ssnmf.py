@@ -25,15 +25,14 @@ from sklearn.utils.multiclass import check_classification_targets
 from .._warnings import user_stacklevel
 from ..engine.driver import initialise
 from ..engine.executor.base import ReadInput, joined_input
-from ..kernels.masked import COMPLEMENT, OBSERVED
 from ..methods.ssnmf import MODELS, SSNMFMethod
 from ..metrics import group_metric_frame, relative_error, relative_to
-from ..store.masks import ComplementMask, check_weights
+from ..store.masks import check_weights
 from ..store.validate import check_label_spellings
 from .base import (FactorEstimator, Phase, SavedEstimator, check_factor, check_iteration_params, data_fingerprint,
                    given_local, with_input_tags)
 from .contract import NON_NEGATIVE, SURFACE_CONSTRAINTS, FitInput, MethodDeclaration, PaperReport
-from .masks import resolve_mask, stored_mask_conflict
+from .masks import block_masks, resolve_mask, stored_mask_conflict
 
 INITS = ("random", "custom")
 
@@ -252,25 +251,25 @@ class SSNMF(FactorEstimator):
             _check_weights(label_mask, Y.shape, "label_mask")
         if labelled is not None and not labelled.all():  # unlabelled rows weigh nothing in the label term
             label_mask = (np.ones_like(Y) if label_mask is None else label_mask) * labelled[:, None]
-        mask = check_weights(mask, (m, n))  # (fit_many gives each model's weights here, unresolved)
-        form = OBSERVED  # the block's data mask as kernels/masked.py names its forms
-        if isinstance(mask, ComplementMask):  # X's NaN entries (few missing): 1 - weight where the weight is not 1
-            form, mask = COMPLEMENT, mask.matrix if mask.matrix.has_sorted_indices else mask.matrix.sorted_indices()
-        elif mask is not None:  # weights: the CSR of the observed ones
-            mask = sp.csr_matrix(mask, dtype=np.float64)
-            mask.eliminate_zeros()
         stored = data.row_index()
         inputs = [{} for _ in data.blocks]
         digest = hashlib.sha1()  # identifies the targets and masks in a checkpoint's configuration
-        for name, values in (("Y", Y), ("L", label_mask), (form, mask)):
+        for name, values in (("Y", Y), ("L", label_mask)):
             if values is not None:
                 values = values[stored]
                 for part in ((values.data, values.indices, values.indptr) if sp.issparse(values) else (values,)):
                     digest.update(name.encode() + np.ascontiguousarray(part).tobytes())
                 for block, entry in zip(data.blocks, inputs):
                     entry[name] = values[block.row_start:block.row_stop]
-        if data.mask_kind is not None:
-            if mask is not None:
+        if data.mask_kind is None:
+            # each block's data mask in the form storing fewer entries, as every method takes it (a fold of
+            # cross-validation, 10% held out, is the complement's 10%, not a CSR of the observed 90%)
+            blocks, mask_digest = block_masks(data, mask)  # (fit_many gives each model's weights here, unresolved)
+            if blocks is not None:
+                digest.update(f"mask {mask_digest}".encode())
+                inputs = [{**entry, **block} for entry, block in zip(inputs, blocks)]
+        else:
+            if check_weights(mask, (m, n)) is not None:
                 raise ValueError(stored_mask_conflict(data))
             # (not "M stored:", the text of checkpoints whose local states held the mask as "M": refused on resume)
             digest.update(f"mask forms stored:{data.mask_identity()}".encode())

@@ -1,0 +1,99 @@
+"""What a fold's mask costs a whole SSNMF fit (issues 19 and 20), against the unmasked fit, in one run.
+
+    python benchmarks/bench_ssnmf_masks.py                      # about a minute
+    python benchmarks/bench_ssnmf_masks.py --before DIR         # and the code in DIR (e.g. a checkout of main)
+
+``SSNMF(8, model="FF", max_iter=50, tol=0)`` on a dense 2,000 x 300 uniform X with 4 classes, BLAS on one thread:
+without a mask, and with the masks rank selection by masked cross-validation gives a fold (10% of the entries held
+out, as a dense weight array and as a CSR matrix) and a mask of few observed entries (10% observed). Each tree's
+fits run in a process of their own (``PYTHONPATH``: the tree), the trees' repeats interleaved; figures are medians
+of ``--repeats`` (each process first fits every case for 2 iterations, untimed: numba's kernels load), and
+each masked fit's ratio to the unmasked fit of the same process. Every tree's final loss is
+printed (the trees' fits are the same to rounding). Results: benchmarks/results/ssnmf_masks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_nmf import machine, write_results  # noqa: E402
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS, COLS, RANK, CLASSES, ITERATIONS = 2_000, 300, 8, 4, 50
+
+
+def problem():
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    X, y = rng.random((ROWS, COLS)), rng.integers(0, CLASSES, ROWS)
+    fold = (rng.random(X.shape) >= 0.1).astype(float)
+    return X, y, {"none": None, "10% held out, dense": fold, "10% held out, CSR": sp.csr_matrix(fold),
+                  "10% observed, dense": (rng.random(X.shape) < 0.1).astype(float)}
+
+
+def measure() -> dict:
+    """One round in this process (the tree first on its path): seconds and final loss of each case's fit."""
+    import warnings
+
+    import distfact
+
+    X, y, masks = problem()
+    out = {"distfact": distfact.__file__}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for mask in masks.values():  # untimed: the process's first fits load numba's kernels
+            distfact.SSNMF(RANK, model="FF", max_iter=2, tol=0, random_state=0).fit(X, y=y, mask=mask)
+        for name, mask in masks.items():
+            started = time.perf_counter()
+            model = distfact.SSNMF(RANK, model="FF", max_iter=ITERATIONS, tol=0, random_state=0).fit(X, y=y, mask=mask)
+            out[name] = {"seconds": time.perf_counter() - started, "loss": float(model.loss_history_[-1, 0])}
+    return out
+
+
+def run(tree: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": tree, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure"], env=env, capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="a source tree of distfact to compare with, in the same run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure()))
+        return
+    trees = {"this": HERE, **({"before": os.path.abspath(args.before)} if args.before else {})}
+    rounds = {name: [] for name in trees}
+    for _ in range(args.repeats):
+        for name, tree in trees.items():
+            rounds[name].append(run(tree))
+    cases = list(problem()[2])
+    summary = {}
+    for name, results in rounds.items():
+        summary[name] = {"distfact": results[0]["distfact"]}
+        for case in cases:
+            seconds = statistics.median(r[case]["seconds"] for r in results)
+            ratio = statistics.median(r[case]["seconds"] / r["none"]["seconds"] for r in results)
+            summary[name][case] = {"seconds": seconds, "ratio_to_unmasked": ratio, "loss": results[0][case]["loss"]}
+            print(f"{name:6s} {case:22s} {seconds:7.3f} s  {ratio:5.2f} x unmasked  loss {results[0][case]['loss']:.10g}")
+    write_results({"machine": machine(), "shape": [ROWS, COLS], "rank": RANK, "iterations": ITERATIONS,
+                   "repeats": args.repeats, "load": os.getloadavg(), "summary": summary, "rounds": rounds},
+                  os.path.join(HERE, "benchmarks", "results", "ssnmf_masks.json"))
+
+
+if __name__ == "__main__":
+    main()
