@@ -15,7 +15,8 @@ M, N, K, R = 60, 25, 3, 4
 def problem(seed=0, density=None, masks=False):
     """X (rows = samples), class labels, optional data / label masks: binary (``masks=True``: 80% of the entries
     observed, each block's mask in the complement form; ``masks="few observed"``: 20%, the observed form) or
-    certainty weights (``masks="weighted"``: 0, 0.5 or 2, the observed form)."""
+    certainty weights (``masks="weighted"``: 0, 0.5 or 2, the observed form; ``masks="mostly one"``: 1 at 80% of
+    the entries, else 0, 0.5 or 2, the complement form)."""
     X, groups = grouped_data(m=M, n=N, density=density, seed=seed)
     rng = np.random.default_rng(seed + 100)
     y = rng.integers(0, K, size=M)
@@ -24,6 +25,8 @@ def problem(seed=0, density=None, masks=False):
     if masks == "weighted":
         data_mask *= rng.choice([0.5, 2.0], size=(M, N))
         label_mask *= rng.choice([0.5, 2.0], size=(M, K))
+    if masks == "mostly one":  # 1 but at 20% of the entries 0, 0.5 or 2: the complement form, p = 1 - weight 1, 0.5, -1
+        data_mask = np.where(data_mask == 1.0, 1.0, rng.choice([0.0, 0.5, 2.0], size=(M, N)))
     W0, H0, B0 = rng.random((M, R)), rng.random((R, N)), rng.random((R, K))
     return X, groups, y, data_mask, label_mask, (W0, H0, B0)
 
@@ -38,13 +41,15 @@ def reference(X, Y, start, model, lam, data_mask=None, label_mask=None, n_iter=6
     return S.T, A.T, None if B is None else B.T, history
 
 
+@pytest.mark.parametrize("layout", ["dense", "csr"])
 @pytest.mark.parametrize("model", ["FF", "FD", "DF", "DD"])
-@pytest.mark.parametrize("masks", [False, True, "few observed", "weighted"])
-def test_iterates_equal_the_papers_updates(model, masks):
-    X, groups, y, data_mask, label_mask, start = problem(1, masks=masks)
+@pytest.mark.parametrize("masks", [False, True, "few observed", "weighted", "mostly one"])
+def test_iterates_equal_the_papers_updates(model, masks, layout):
+    """Both sparse forms of a mask (kernels/masked.py), on dense and CSR X, against the paper's updates."""
+    X, groups, y, data_mask, label_mask, start = problem(1, density=0.4 if layout == "csr" else None, masks=masks)
     Y = np.eye(K)[y]
     est = distfact.SSNMF(R, model=model, lam=0.7, init="custom", max_iter=6, tol=0, block_rows=9)
-    W = est.fit_transform(X, Y=Y, mask=data_mask, label_mask=label_mask, W=start[0], H=start[1],
+    W = est.fit_transform(sp.csr_matrix(X) if layout == "csr" else X, Y=Y, mask=data_mask, label_mask=label_mask, W=start[0], H=start[1],
                           B=start[2], groups=groups)
     W_ref, H_ref, B_ref, history = reference(X, Y, start, model, 0.7, data_mask, label_mask)
     np.testing.assert_allclose(W, W_ref, rtol=1e-10)
@@ -55,7 +60,7 @@ def test_iterates_equal_the_papers_updates(model, masks):
 
 
 @pytest.mark.parametrize("loss", ["F", "D"])
-@pytest.mark.parametrize("masks", [False, True, "weighted"])
+@pytest.mark.parametrize("masks", [False, True, "weighted", "mostly one"])
 def test_without_targets_it_is_nmf_with_a_data_mask(loss, masks):
     X, groups, _, data_mask, _, start = problem(2, masks=masks)
     est = distfact.SSNMF(R, model=loss * 2, init="custom", max_iter=5, tol=0, block_rows=11)

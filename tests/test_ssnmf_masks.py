@@ -56,8 +56,8 @@ def assert_same(ours, theirs):
 
 
 def assert_close(ours, theirs, rtol=1e-10):
-    """As :func:`assert_same`, to ``rtol`` relative (the complement form against the observed form: the same
-    sums, added in another order)."""
+    """As :func:`assert_same`, to ``rtol`` relative (the same sums, which two code paths may add in another
+    order)."""
     (a, W_a), (b, W_b) = ours, theirs
     np.testing.assert_allclose(W_a, W_b, rtol=rtol)
     for name in ("components_", "B_", "objective_history_", "loss_history_", "group_loss_parts_", "group_errors_"):
@@ -265,8 +265,8 @@ def test_bad_masks_are_refused_naming_what_to_do(tmp_path, mask, X_kind, message
 @pytest.mark.parametrize("layout", ["dense", "csr"])
 @pytest.mark.parametrize("model", ["D", "FF", "DF"])
 def test_a_stored_mask_fits_as_the_in_memory_mask(tmp_path, model, layout, kind):
-    """Bitwise for "nan" (the same complement blocks); weights: the store's blocks are of both forms, the array's
-    all observed, so to 1e-10 (and the blocks of either form add up)."""
+    """Bitwise for "nan" (the same complement blocks); weights: the store's blocks and the array's take the same
+    forms (whichever stores fewer entries, blocks of both forms adding up), compared to 1e-10."""
     stored, X, groups, mask = stored_and_given(tmp_path, layout, kind)
     y = np.random.default_rng(0).integers(0, 3, X.shape[0])
     theirs = fitted(model, X, groups, y, mask=mask)
@@ -316,7 +316,7 @@ def test_the_classifier_fits_predicts_and_scores_with_a_mask():
     params = dict(model="DF", lam=0.5, max_iter=6, tol=0, random_state=1)
     ours = SSNMFClassifier(3, **params).fit(X, y, mask="nan")
     theirs = SSNMFClassifier(3, **params).fit(with_values_at(X, M == 0, 0), y, mask=M)
-    np.testing.assert_allclose(ours.ssnmf_.B_, theirs.ssnmf_.B_, rtol=1e-10)  # complement and observed forms
+    np.testing.assert_allclose(ours.ssnmf_.B_, theirs.ssnmf_.B_, rtol=1e-10)  # "nan", and 0 weights there
     np.testing.assert_allclose(ours.predict_proba(X, mask="nan"), theirs.predict_proba(np.nan_to_num(X), mask=M),
                                rtol=1e-10)
     predicted = ours.predict(X, mask="nan")

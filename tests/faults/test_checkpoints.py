@@ -161,17 +161,19 @@ def test_checkpoints_of_the_pickle_format_are_refused_saying_so(tmp_path):
         fit(tmp_path / "run")
 
 
-def test_a_damaged_chunk_of_a_sparse_mask_in_an_ssnmf_checkpoint(tmp_path):
-    """A local state of several parts (W, the rows of Y, a CSR data mask): each array is checked."""
+@pytest.mark.parametrize("observed, form", [(0.8, "mask_complement"), (0.2, "mask_observed")])
+def test_a_damaged_chunk_of_a_sparse_mask_in_an_ssnmf_checkpoint(tmp_path, observed, form):
+    """A local state of several parts (W, the rows of Y, a CSR data mask in either sparse form): each array is
+    checked."""
     rng = np.random.default_rng(8)
     Xs, y = rng.random((60, 10)), rng.integers(0, 3, 60)
-    mask = sp.csr_matrix(rng.random((60, 10)) < 0.8, dtype=np.float64)
+    mask = sp.csr_matrix(rng.random((60, 10)) < observed, dtype=np.float64)
     kwargs = dict(model="FF", tol=0, random_state=2, block_rows=12, checkpoint_every=2)
     reference = distfact.SSNMF(3, max_iter=8, **kwargs).fit(Xs, y=y, mask=mask)
     run = tmp_path / "run"
     distfact.SSNMF(3, max_iter=4, checkpoint_dir=run, **kwargs).fit(Xs, y=y, mask=mask)
-    os.remove(checkpoint(run, 4) / "local" / "000002" / "mask_observed" / "data" / "c" / "0")
-    with pytest.warns(DamagedCheckpointWarning, match=r"block 2's local factor: .*'000002/mask_observed/data' has crc32c"):
+    os.remove(checkpoint(run, 4) / "local" / "000002" / form / "data" / "c" / "0")
+    with pytest.warns(DamagedCheckpointWarning, match=rf"block 2's local factor: .*'000002/{form}/data' has crc32c"):
         resumed = distfact.SSNMF(3, max_iter=8, checkpoint_dir=run, resume=True, **kwargs).fit(Xs, y=y, mask=mask)
     assert np.array_equal(resumed.components_, reference.components_) and np.array_equal(resumed.B_, reference.B_)
 
