@@ -45,11 +45,11 @@ def measure() -> dict:
     """One round in this process (the tree first on its path): seconds and final loss of each case's fit."""
     import warnings
 
+    from threadpoolctl import threadpool_info
+
     import distfact
 
     X, y, masks = problem()
-    from threadpoolctl import threadpool_info
-
     out = {"distfact": distfact.__file__, "blas": [(p["internal_api"], p["num_threads"]) for p in threadpool_info()]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -94,7 +94,8 @@ def main():
             seconds = statistics.median(r[case]["seconds"] for r in results)
             ratio = statistics.median(r[case]["seconds"] / r["none"]["seconds"] for r in results)
             summary[name][case] = {"seconds": seconds, "ratio_to_unmasked": ratio, "loss": results[0][case]["loss"]}
-            print(f"{name:6s} {case:22s} {seconds:7.3f} s  {ratio:5.2f} x unmasked  loss {results[0][case]['loss']:.10g}")
+            loss = results[0][case]["loss"]
+            print(f"{name:6s} {case:22s} {seconds:7.3f} s  {ratio:5.2f} x unmasked  loss {loss:.10g}")
     write_results({"machine": machine(), "shape": [ROWS, COLS], "rank": RANK, "iterations": ITERATIONS,
                    "repeats": args.repeats, "load": os.getloadavg(), "summary": summary, "rounds": rounds},
                   os.path.join(HERE, "benchmarks", "results", "ssnmf_masks.json"))

@@ -49,8 +49,8 @@ def test_iterates_equal_the_papers_updates(model, masks, layout):
     X, groups, y, data_mask, label_mask, start = problem(1, density=0.4 if layout == "csr" else None, masks=masks)
     Y = np.eye(K)[y]
     est = distfact.SSNMF(R, model=model, lam=0.7, init="custom", max_iter=6, tol=0, block_rows=9)
-    W = est.fit_transform(sp.csr_matrix(X) if layout == "csr" else X, Y=Y, mask=data_mask, label_mask=label_mask, W=start[0], H=start[1],
-                          B=start[2], groups=groups)
+    W = est.fit_transform(sp.csr_matrix(X) if layout == "csr" else X, Y=Y, mask=data_mask, label_mask=label_mask,
+                          W=start[0], H=start[1], B=start[2], groups=groups)
     W_ref, H_ref, B_ref, history = reference(X, Y, start, model, 0.7, data_mask, label_mask)
     np.testing.assert_allclose(W, W_ref, rtol=1e-10)
     np.testing.assert_allclose(est.components_, H_ref, rtol=1e-10)
