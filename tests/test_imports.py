@@ -26,6 +26,18 @@ def module_names(root):
     return modules
 
 
+def parse(path):
+    """The ast of a source file. CPython 3.11's ast constructor can raise a spurious SystemError ("AST constructor
+    recursion depth mismatch", python/cpython issue 106905): seen once here on 3.11.7, in an xdist worker where an
+    earlier test's Dask cluster still had its threads; the same file then parses. So a SystemError is retried once
+    (a file that does not parse raises SyntaxError, never this)."""
+    source = path.read_text(encoding="utf-8")
+    try:
+        return ast.parse(source, str(path))
+    except SystemError:
+        return ast.parse(source, str(path))
+
+
 def import_graph(root):
     """{module: {modules it imports}} among the modules under root (imports of other packages are left out)."""
     modules = module_names(root)
@@ -33,7 +45,7 @@ def import_graph(root):
     for name, (path, is_package) in modules.items():
         package = name if is_package else name.rpartition(".")[0]
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 import distfact
 from distfact import SSNMF, SSNMFClassifier
-from distfact.kernels.masked import COMPLEMENT, OBSERVED
+from distfact.kernels.masked import COMPLEMENT, KEPT_VALUES, OBSERVED
 from distfact.methods.ssnmf import SSNMFMethod
 from distfact.store.coerce import as_grouped
 from test_store_masks import BLOCK_ROWS, weights, with_holes
@@ -152,6 +152,35 @@ def test_values_at_missing_entries_never_change_a_complement_block(model, layout
     theirs = method.local_step(as_layout(with_values_at(X, M == 0, 0)), local, None, G)
     for name in ("W", "X_sums"):
         np.testing.assert_array_equal(ours[0][name], theirs[0][name])
+    assert ours[1].keys() == theirs[1].keys()
+    for name in ours[1]:
+        np.testing.assert_array_equal(ours[1][name], theirs[1][name], err_msg=name)
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+@pytest.mark.parametrize("model", MODELS)
+def test_a_complement_blocks_kept_values_give_the_steps_of_gathering_them(model, layout):
+    """From its first step on, a complement block's local state keeps X_b's values at the mask's entries and where
+    X_b reads as 0 (kernels/masked.py: KEPT_VALUES; gathered again every step before, a tenth of a fit with a fold's
+    mask, issue 19): the next step is bitwise the one that gathers them, with X_b holding other values at its
+    missing entries than at the first step."""
+    X, _, _, _ = problem(layout, seed=11)
+    X = np.nan_to_num(X.toarray() if layout == "csr" else X)
+    rng = np.random.default_rng(11)
+    M = few_weights_not_one(X.shape, seed=11)
+    method = SSNMFMethod(3, model, lam=0.5)
+    G = method.initial_global(X, rng, n_targets=2)
+    as_layout = sp.csr_matrix if layout == "csr" else np.asarray
+    local = {COMPLEMENT: sp.csr_matrix(1.0 - M), "W": rng.random((X.shape[0], 3)), "Y": rng.random((X.shape[0], 2))}
+    X_first = as_layout(with_values_at(X, M == 0, 0))
+    first, _ = method.local_step(X_first, local, None, G)
+    assert set(KEPT_VALUES) <= first.keys()
+    held = X_first.toarray() if layout == "csr" else X_first
+    assert len(first["P_zeroed_at"]) == np.count_nonzero((M == 0) & (held != 0)) > 0
+    X_next = as_layout(with_values_at(X, M == 0, 1))
+    ours = method.local_step(X_next, first, None, G)
+    theirs = method.local_step(X_next, {name: v for name, v in first.items() if name not in KEPT_VALUES}, None, G)
+    np.testing.assert_array_equal(ours[0]["W"], theirs[0]["W"])
     assert ours[1].keys() == theirs[1].keys()
     for name in ours[1]:
         np.testing.assert_array_equal(ours[1][name], theirs[1][name], err_msg=name)

@@ -88,24 +88,42 @@ def _pattern_rows(P: sp.csr_matrix) -> np.ndarray:
     return np.repeat(np.arange(P.shape[0]), np.diff(P.indptr))
 
 
-def observed_block(X, form: str, P: sp.csr_matrix):
+#: the names under which a masked block's local state keeps :func:`block_values` from its first step on (X_b never
+#: changes within a fit), so that later steps do not gather them again (SSNMF's)
+KEPT_VALUES = ("P_x", "P_zeroed_at")
+
+
+def block_values(X, form: str, P: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
+    """A masked block's constants for :func:`observed_block`: X_b's values x at P's entries, in P.data's order (0 at
+    the entries of weight 0), and the positions among P's entries where X_b holds a non-zero of weight 0 (int64;
+    none for the observed form, whose X_b is read at P's entries only). A method that keeps them in the block's local
+    state after its first step (:data:`KEPT_VALUES`) skips gathering x again on every pass (SSNMF's masked steps,
+    issue 19)."""
+    x = values_at(P, X)
+    if form == OBSERVED:
+        return x, np.zeros(0, np.int64)
+    missing = (P.data == 1) & (x != 0)
+    zeroed_at = np.flatnonzero(missing)
+    if len(zeroed_at):
+        x = np.where(missing, np.zeros((), x.dtype), x)
+    return x, zeroed_at
+
+
+def observed_block(X, form: str, P: sp.csr_matrix, values: tuple | None = None):
     """(X_b, x): X_b with 0 at the entries of weight 0 (X_b itself unless it holds a non-zero there: a copy made
     only then, e.g. when one X serves models of different masks), and its values at P's entries. So every product
-    of a masked block sees the same X_b whatever X held at its missing entries."""
-    x = values_at(P, X)
-    if form == OBSERVED:  # P holds the observed entries only: X elsewhere is never read
+    of a masked block sees the same X_b whatever X held at its missing entries. ``values``: what
+    :func:`block_values` gave for this block (X_b is not read at P's entries then)."""
+    x, zeroed_at = block_values(X, form, P) if values is None else values
+    if not len(zeroed_at):
         return X, x
-    missing = (P.data == 1) & (x != 0)
-    if not missing.any():
-        return X, x
-    x = np.where(missing, np.zeros((), x.dtype), x)
     if sp.issparse(X):
         X = _sorted_csr(X).copy()
-        X.data[positions_at(P, X)[missing]] = 0
+        X.data[positions_at(P, X)[zeroed_at]] = 0
         X.eliminate_zeros()
     else:
         X = np.array(X, copy=True)
-        X[_pattern_rows(P)[missing], P.indices[missing]] = 0
+        X[np.searchsorted(P.indptr, zeroed_at, side="right") - 1, P.indices[zeroed_at]] = 0
     return X, x
 
 

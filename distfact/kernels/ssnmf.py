@@ -37,12 +37,12 @@ round-off of either sign). ``observed_sums`` gives the sums over M's entries tha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 
-from .masked import COMPLEMENT, OBSERVED, observed_block, positions_at
+from .masked import COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, observed_block, positions_at
 from .products import pattern_times_ht, wh_at_nonzeros, wt_times_pattern
 
 LOSSES = ("F", "D")
@@ -76,15 +76,25 @@ def _mask_terms(X, W, H, mask):
 @dataclass(frozen=True, eq=False)
 class Complement:
     """A block's data mask in ``kernels/masked.py``'s complement form, as the term kernels take it: ``P`` (CSR)
-    holds p = 1 - m at the entries whose weight m is not 1 (every other entry has weight 1) and ``x`` X_b's values
-    there, X_b read as 0 at the entries of weight 0 (:func:`block_mask`)."""
+    holds p = 1 - m at the entries whose weight m is not 1 (every other entry has weight 1), ``x`` X_b's values
+    there, X_b read as 0 at the entries of weight 0 (:func:`block_mask`), and ``zeroed_at`` where among P's entries
+    X_b held a non-zero that reads as 0."""
 
     P: sp.csr_matrix
     x: np.ndarray
+    zeroed_at: np.ndarray
+    _last: dict = field(default_factory=dict, repr=False)
 
     def values(self, W, H):
-        """At P's entries, in P's data order: the weights m, x and W H."""
-        return 1.0 - self.P.data, self.x, wh_at_nonzeros(self.P, W, H)
+        """At P's entries, in P's data order: the weights m, x and W H. Asked again for the same W and H objects
+        (a step's statistics, loss and observed sums at the new W_b; the kernels never change W or H in place),
+        the arrays of the first call: W H at P's entries is formed once."""
+        last = self._last.get("at")
+        if last is not None and last[0] is W and last[1] is H:
+            return self._last["values"]
+        values = 1.0 - self.P.data, self.x, wh_at_nonzeros(self.P, W, H)
+        self._last.update(at=(W, H), values=values)
+        return values
 
     def times_ht(self, values, H) -> np.ndarray:
         """(P o Z) H^T for Z's ``values`` at P's entries."""
@@ -99,16 +109,19 @@ def block_mask(X, local: dict):
     """(X_b, data mask) for the term kernels from a block's local state (or inputs), which holds the block's mask
     in the form of ``kernels/masked.py`` ({form: P}) or none: (X_b, None) without a mask; (X_b, P) for the
     observed form (P is M's CSR); for the complement form, X_b with 0 at its entries of weight 0 (a copy only
-    when it holds a non-zero there) and with sorted indices when sparse, and the :class:`Complement` of P."""
+    when it holds a non-zero there) and with sorted indices when sparse, and the :class:`Complement` of P (its x
+    and zeroed entries those the local state keeps, :data:`KEPT_VALUES`, when it does)."""
     if OBSERVED in local:
         return X, local[OBSERVED]
     if COMPLEMENT not in local:
         return X, None
     P = local[COMPLEMENT]
-    X, x = observed_block(X, COMPLEMENT, P)
+    x_name, zeroed_name = KEPT_VALUES
+    values = (local[x_name], local[zeroed_name]) if x_name in local else block_values(X, COMPLEMENT, P)
+    X, x = observed_block(X, COMPLEMENT, P, values)
     if sp.issparse(X) and not X.has_sorted_indices:
         X = X.sorted_indices()
-    return X, Complement(P, np.asarray(x, dtype=np.float64))
+    return X, Complement(P, np.asarray(x, dtype=np.float64), values[1])
 
 
 def block_sums(X) -> np.ndarray:
