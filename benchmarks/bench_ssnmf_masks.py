@@ -1,15 +1,19 @@
-"""What a fold's mask costs a whole SSNMF fit (issues 19 and 20), against the unmasked fit, in one run.
+"""What a fold's mask costs a whole SSNMF fit (issues 19 and 20), against the unmasked fit, in one run; and the
+same for the other masked estimators (``--estimator``).
 
     python benchmarks/bench_ssnmf_masks.py                      # about a minute
     python benchmarks/bench_ssnmf_masks.py --before DIR         # and the code in DIR (e.g. a checkout of main)
+    python benchmarks/bench_ssnmf_masks.py --estimator StratifiedNMF --before DIR    # another estimator
 
 ``SSNMF(8, model="FF", max_iter=50, tol=0)`` on a dense 2,000 x 300 uniform X with 4 classes, BLAS on one thread:
 without a mask, and with the masks rank selection by masked cross-validation gives a fold (10% of the entries held
 out, as a dense weight array and as a CSR matrix) and a mask of few observed entries (10% observed). Each tree's
 fits run in a process of their own (``PYTHONPATH``: the tree), the trees' repeats interleaved; figures are medians
 of ``--repeats`` (each process first fits every case for 2 iterations, untimed: numba's kernels load), and
-each masked fit's ratio to the unmasked fit of the same process. Every tree's final loss is
-checked to agree across trees and rounds (relative 1e-9), and printed. Results: benchmarks/results/ssnmf_masks.json.
+each masked fit's ratio to the unmasked fit of the same process. Every tree's final objective is
+checked to agree across trees and rounds (relative 1e-9), and printed. ``--estimator``: the same fits of
+StratifiedNMF, FairerNMF (MU; ``estimate_max_iter`` 50 too, 2 runs per group), NMF-HALS or NMF-KL, the 4 classes
+as their groups. Results: benchmarks/results/ssnmf_masks.json (another estimator's: masks_ESTIMATOR.json).
 """
 
 from __future__ import annotations
@@ -31,6 +35,24 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS, COLS, RANK, CLASSES, ITERATIONS = 2_000, 300, 8, 4, 50
 
 
+def estimator(name: str, iterations: int):
+    """(the estimator, whether its fit takes the classes as labels ``y``, else as ``groups``)."""
+    import distfact
+
+    made = {
+        "SSNMF": lambda: distfact.SSNMF(RANK, model="FF", max_iter=iterations, tol=0, random_state=0),
+        "StratifiedNMF": lambda: distfact.StratifiedNMF(RANK, max_iter=iterations, tol=0, random_state=0),
+        "FairerNMF": lambda: distfact.FairerNMF(RANK, max_iter=iterations, estimate_max_iter=iterations, n_estimates=2,
+                                                tol=0, estimate_tol=0, random_state=0),
+        "NMF-HALS": lambda: distfact.NMF(RANK, solver="hals", max_iter=iterations, tol=0, random_state=0),
+        "NMF-KL": lambda: distfact.NMF(RANK, beta_loss="kullback-leibler", max_iter=iterations, tol=0, random_state=0),
+    }
+    return made[name](), name == "SSNMF"
+
+
+ESTIMATORS = ("SSNMF", "StratifiedNMF", "FairerNMF", "NMF-HALS", "NMF-KL")
+
+
 def problem():
     import scipy.sparse as sp
 
@@ -41,8 +63,9 @@ def problem():
                   "10% observed, dense": (rng.random(X.shape) < 0.1).astype(float)}
 
 
-def measure() -> dict:
-    """One round in this process (the tree first on its path): seconds and final loss of each case's fit."""
+def measure(name: str) -> dict:
+    """One round of estimator ``name`` in this process (the tree first on its path): seconds and final objective of
+    each case's fit."""
     import warnings
 
     from threadpoolctl import threadpool_info
@@ -54,18 +77,20 @@ def measure() -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for mask in masks.values():  # untimed: the process's first fits load numba's kernels
-            distfact.SSNMF(RANK, model="FF", max_iter=2, tol=0, random_state=0).fit(X, y=y, mask=mask)
-        for name, mask in masks.items():
+            model, labelled = estimator(name, 2)
+            model.fit(X, **({"y": y} if labelled else {"groups": y}), mask=mask)
+        for case, mask in masks.items():
+            model, labelled = estimator(name, ITERATIONS)
             started = time.perf_counter()
-            model = distfact.SSNMF(RANK, model="FF", max_iter=ITERATIONS, tol=0, random_state=0).fit(X, y=y, mask=mask)
-            out[name] = {"seconds": time.perf_counter() - started, "loss": float(model.loss_history_[-1, 0])}
+            model.fit(X, **({"y": y} if labelled else {"groups": y}), mask=mask)
+            out[case] = {"seconds": time.perf_counter() - started, "loss": float(model.objective_history_[-1])}
     return out
 
 
-def run(tree: str) -> dict:
+def run(tree: str, name: str) -> dict:
     env = {**os.environ, "PYTHONPATH": tree, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure"], env=env, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", "--estimator", name], env=env,
+                          capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -73,16 +98,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="a source tree of distfact to compare with, in the same run")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--estimator", choices=ESTIMATORS, default="SSNMF")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure()))
+        print(json.dumps(measure(args.estimator)))
         return
     trees = {"this": HERE, **({"before": os.path.abspath(args.before)} if args.before else {})}
     rounds = {name: [] for name in trees}
     for repeat in range(args.repeats):  # the trees' order alternates round by round
         for name, tree in list(trees.items())[::1 if repeat % 2 == 0 else -1]:
-            rounds[name].append(run(tree))
+            rounds[name].append(run(tree, args.estimator))
     cases = list(problem()[2])
     for case in cases:  # every fit of a case ends at the same loss, to rounding, in every tree and round
         losses = [r[case]["loss"] for results in rounds.values() for r in results]
@@ -96,9 +122,10 @@ def main():
             summary[name][case] = {"seconds": seconds, "ratio_to_unmasked": ratio, "loss": results[0][case]["loss"]}
             loss = results[0][case]["loss"]
             print(f"{name:6s} {case:22s} {seconds:7.3f} s  {ratio:5.2f} x unmasked  loss {loss:.10g}")
-    write_results({"machine": machine(), "shape": [ROWS, COLS], "rank": RANK, "iterations": ITERATIONS,
-                   "repeats": args.repeats, "load": os.getloadavg(), "summary": summary, "rounds": rounds},
-                  os.path.join(HERE, "benchmarks", "results", "ssnmf_masks.json"))
+    output = "ssnmf_masks.json" if args.estimator == "SSNMF" else f"masks_{args.estimator}.json"
+    write_results({"machine": machine(), "estimator": args.estimator, "shape": [ROWS, COLS], "rank": RANK,
+                   "iterations": ITERATIONS, "repeats": args.repeats, "load": os.getloadavg(), "summary": summary,
+                   "rounds": rounds}, os.path.join(HERE, "benchmarks", "results", output))
 
 
 if __name__ == "__main__":

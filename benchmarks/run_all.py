@@ -42,6 +42,7 @@ BENCHMARKS = {
     "masked": ([], 2),
     "masked_groups": ([], 2),
     "ssnmf_masks": ([], 1),
+    "kept_constants": ([], 1),
     "ingest_memory": ([], 1),
     "result_shape": ([], 1),
     "append": ([], 3),

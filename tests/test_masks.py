@@ -237,6 +237,48 @@ def test_values_at_missing_entries_never_change_the_fit(loss, sparse, kind):
         np.testing.assert_array_equal(W_nan, fit(np.where(M == 0, rng.random(X.shape), X), M > 0)[0])
 
 
+ESTIMATORS_GATHERING = {  # the masked steps that read X_b at the mask's entries (kernels/masked.py: BlockTerms)
+    "NMF HALS": lambda k: NMF(RANK, solver="hals", max_iter=k, tol=0, random_state=0, block_rows=10),
+    "NMF KL": lambda k: NMF(RANK, beta_loss="kullback-leibler", max_iter=k, tol=0, random_state=0, block_rows=10),
+    "NMF MU": lambda k: NMF(RANK, max_iter=k, tol=0, random_state=0, block_rows=10),
+    "Stratified-NMF": lambda k: distfact.StratifiedNMF(RANK, max_iter=k, tol=0, random_state=0, block_rows=10),
+    "Fairer-NMF": lambda k: distfact.FairerNMF(RANK, max_iter=k, estimate_max_iter=k, n_estimates=2, tol=0,
+                                               estimate_tol=0, random_state=0, block_rows=10),
+    "SSNMF": lambda k: distfact.SSNMF(RANK, max_iter=k, tol=0, random_state=0, block_rows=10),
+}
+
+
+# SSNMF's observed form reads X_b at M's entries in its own kernels, every step (kernels/ssnmf.py: _mask_values)
+GATHERING_CASES = [(name, kind) for name in ESTIMATORS_GATHERING for kind in ("complement", "observed")
+                   if (name, kind) != ("SSNMF", "observed")]
+
+
+@pytest.mark.parametrize("name, kind", GATHERING_CASES)
+@LAYOUTS
+def test_masked_steps_gather_x_at_the_mask_once_per_block(name, kind, sparse, monkeypatch):
+    """X_b's values at its mask's entries are a block's constants: its local state keeps them from its first step
+    on (kernels/masked.py: KEPT_VALUES, BlockTerms.constants), so the gathers of a fit do not grow with its
+    iterations (they were one per block and pass, a tenth of a masked step, issue 19; NMF's fused MU step on a
+    dense complement reads them in its tiles, not here). The results of these fits are checked elsewhere (the
+    transcriptions above, test_masks_groups.py, test_ssnmf.py); kept and gathered steps are compared bitwise in
+    test_ssnmf_masks.py."""
+    import distfact.kernels.masked as km
+
+    calls = []
+    gather = km.values_at
+    monkeypatch.setattr(km, "values_at", lambda P, X: calls.append(P.nnz) or gather(P, X))
+    X, groups, M = case(sparse, kind)
+    X = sp.csr_matrix(X) if sparse else X
+    counts = []
+    for iterations in (3, 9):
+        calls.clear()
+        ESTIMATORS_GATHERING[name](iterations).fit(X, groups=groups, mask=M)
+        counts.append(len(calls))
+    assert counts[0] == counts[1], counts
+    if not (name == "NMF MU" and kind == "complement" and not sparse):  # the fused step reads X_b's tiles
+        assert counts[0] > 0
+
+
 @LOSSES
 @LAYOUTS
 @pytest.mark.parametrize("init", ["custom", "random"])

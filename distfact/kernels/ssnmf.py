@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from .masked import COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, observed_block, positions_at
+from .masked import COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, kept_constants, observed_block, positions_at
 from .products import pattern_times_ht, wh_at_nonzeros, wt_times_pattern
 
 LOSSES = ("F", "D")
@@ -96,6 +96,11 @@ class Complement:
         self._last.update(at=(W, H), values=values)
         return values
 
+    def constants(self) -> dict:
+        """What the block's local state keeps from its first step on (``masked.py: KEPT_VALUES``): x and
+        ``zeroed_at``."""
+        return dict(zip(KEPT_VALUES, (self.x, self.zeroed_at)))
+
     def times_ht(self, values, H) -> np.ndarray:
         """(P o Z) H^T for Z's ``values`` at P's entries."""
         return pattern_times_ht(self.P, self.P.data * values, H)
@@ -110,14 +115,13 @@ def block_mask(X, local: dict):
     in the form of ``kernels/masked.py`` ({form: P}) or none: (X_b, None) without a mask; (X_b, P) for the
     observed form (P is M's CSR); for the complement form, X_b with 0 at its entries of weight 0 (a copy only
     when it holds a non-zero there) and with sorted indices when sparse, and the :class:`Complement` of P (its x
-    and zeroed entries those the local state keeps, :data:`KEPT_VALUES`, when it does)."""
+    and zeroed entries those the local state keeps, :meth:`Complement.constants`, when it does)."""
     if OBSERVED in local:
         return X, local[OBSERVED]
     if COMPLEMENT not in local:
         return X, None
     P = local[COMPLEMENT]
-    x_name, zeroed_name = KEPT_VALUES
-    values = (local[x_name], local[zeroed_name]) if x_name in local else block_values(X, COMPLEMENT, P)
+    values = kept_constants(local)["values"] or block_values(X, COMPLEMENT, P)
     X, x = observed_block(X, COMPLEMENT, P, values)
     if sp.issparse(X) and not X.has_sorted_indices:
         X = X.sorted_indices()

@@ -76,11 +76,12 @@ def group_errors(sq_norms, WtX, WtW, H, HHt, WtMWH_adj=None) -> np.ndarray:
     return math.sqrt(max(sq, 0.0))
 
 
-def masked_mu_step(X_b, W, H, HHt, form, P, update: bool, base=None, X_sums=None):
+def masked_mu_step(X_b, W, H, HHt, form, P, update: bool, base=None, constants=None):
     """The :class:`~distfact.kernels.masked.BlockTerms` of a masked block at W_b after one weighted MU step
     (``update``; else at W_b as it is), whose statistics ``masked_stats`` gives. ``base``: terms of the same
-    block, whose X_b, values and sums are reused; ``X_sums``: X_b's sums, when known (see ``BlockTerms``)."""
-    terms = km.BlockTerms(X_b, W, H, form, P, base=base, X_sums=X_sums)
+    block, whose X_b, values and sums are reused; ``constants``: what the block's local state keeps of them
+    (``kernels/masked.py: kept_constants``)."""
+    terms = km.BlockTerms(X_b, W, H, form, P, base=base, **(constants or {}))
     return km.frobenius_local(terms, HHt) if update else terms
 
 
@@ -98,9 +99,9 @@ class ObservedConstants:
     the data's own (no mask). Fields of the methods, left out of their checkpoint configuration (the data
     fingerprint and the mask's digest identify them)."""
 
-    #: the parts of a masked block's local state that are its inputs (its mask, X_b's sums): the scheme's start
-    #: keeps them from Algorithm 1's local state (``engine.driver.initialise_keeping``)
-    inputs_kept = (*km.FORMS, "X_sums")
+    #: the parts of a masked block's local state that are its inputs (its mask, X_b's sums and values at the mask's
+    #: entries): the scheme's start keeps them from Algorithm 1's local state (``engine.driver.initialise_keeping``)
+    inputs_kept = (*km.FORMS, "X_sums", *km.KEPT_VALUES)
 
     def totals(self, data) -> np.ndarray:
         return data.group_totals if self.group_totals is None else np.asarray(self.group_totals)
@@ -115,11 +116,9 @@ class ObservedConstants:
 
     @staticmethod
     def kept(local: dict, W, terms) -> dict:
-        """A masked block's new local state: W, and X_b's sums (a constant, once computed) for the complement form."""
-        local = {**local, "W": W}
-        if km.mask_of(local)[0] == km.COMPLEMENT:
-            local["X_sums"] = terms.X_sums
-        return local
+        """A masked block's new local state: W, and X_b's constants (its values at the mask's entries; its sums for
+        the complement form), once computed (``BlockTerms.constants``)."""
+        return {**local, "W": W, **terms.constants()}
 
 
 class LastErrors:
@@ -258,7 +257,7 @@ class GroupErrorEstimate(ObservedConstants):
         base, steps = None, []
         for t in range(self.n_estimates):
             terms = masked_mu_step(X_b, local["W"][t], G["H"][g, t], G["HHt"][g, t], form, P,
-                                   update and not G["done"][g, t], base, local.get("X_sums"))
+                                   update and not G["done"][g, t], base, km.kept_constants(local))
             base = terms
             steps.append((terms.W, masked_stats(terms)))
         W_new = np.stack([W for W, _ in steps])
@@ -413,7 +412,8 @@ class FairerMU(_FairerScheme):
         """Line 11: plain MU for W_l given H^(k) (masked: weighted MU over the block's observed entries);
         statistics of the new W_l."""
         if isinstance(W_b, dict):
-            terms = masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), True, X_sums=W_b.get("X_sums"))
+            terms = masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), True,
+                                   constants=km.kept_constants(W_b))
             return self.kept(W_b, terms.W, terms), masked_stats(terms)
         W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], "mu")
         return W_new, {"WtX": WtX, "WtW": WtW}

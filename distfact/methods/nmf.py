@@ -123,7 +123,7 @@ class NMFMethod:
             if self._fused(X_b, W_b["W"], G["H"], form):
                 return km.complement_frobenius_step(X_b, W_b["W"], G["H"], None, P, W_b.get("X_sums"), False,
                                                     self._float32)[1]
-            return self._masked_stats(km.BlockTerms(X_b, W_b["W"], G["H"], form, P, X_sums=W_b.get("X_sums")))
+            return self._masked_stats(km.BlockTerms(X_b, W_b["W"], G["H"], form, P, **km.kept_constants(W_b)))
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         stats = {"WtX": WtX, "WtW": WtW}
         if self.kl:
@@ -168,17 +168,16 @@ class NMFMethod:
         if self._fused(X_b, local["W"], G["H"], form):
             W_new, stats, X_sums = km.complement_frobenius_step(X_b, local["W"], G["H"], G["HHt"], P,
                                                                 local.get("X_sums"), True, self._float32)
+            kept = {"X_sums": X_sums}
         else:
-            terms = km.BlockTerms(X_b, local["W"], G["H"], form, P, X_sums=local.get("X_sums"))
+            terms = km.BlockTerms(X_b, local["W"], G["H"], form, P, **km.kept_constants(local))
             if self.kl:
                 terms = km.kl_local(terms)
             else:
                 terms = (km.hals_local if self.solver == "hals" else km.frobenius_local)(terms, G["HHt"])
-            W_new, stats, X_sums = terms.W, self._masked_stats(terms), terms.X_sums if form == km.COMPLEMENT else None
-        local = {**local, "W": W_new}
-        if X_sums is not None:  # X_b's sums, a constant, computed in its first step: kept with the block
-            local["X_sums"] = X_sums
-        return local, stats
+            W_new, stats, kept = terms.W, self._masked_stats(terms), terms.constants()
+        # the block's constants (X_b's sums, its values at P's entries), computed in its first step, kept with it
+        return {**local, "W": W_new, **kept}, stats
 
     def _fused(self, X_b, W_b, H, form) -> bool:
         """Whether a masked block's MU step (Frobenius) is the fused complement kernel's."""

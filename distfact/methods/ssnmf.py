@@ -128,8 +128,8 @@ class SSNMFMethod:
         """Line 5: W_b from both terms at the current H and B; then the new W_b's statistics. The terms' ||Z||^2
         (X_b's, Y_b's), constants, are computed in the block's first step and kept in its local state
         (``sq_norms``: 0 for a term whose loss does not take it; with a complement-form data mask ``X_sums``,
-        the block's ||X_b||^2 and sum X_b, and X_b's values at the mask's entries, ``kernels/masked.py:
-        KEPT_VALUES``), and each F F^T is formed once for both the update and the loss (small fits, issue 19)."""
+        the block's ||X_b||^2 and sum X_b, and X_b's values at the mask's entries, ``Complement.constants``), and
+        each F F^T is formed once for both the update and the loss (small fits, issue 19)."""
         X_b, mask = k.block_mask(X_b, local)
         terms = self._terms(X_b, mask, local, G)
         grams = [F @ F.T if loss == "F" and (term_mask is None or isinstance(term_mask, k.Complement)) else None
@@ -143,8 +143,7 @@ class SSNMFMethod:
         if isinstance(mask, k.Complement):
             if "X_sums" not in local:
                 local["X_sums"] = k.block_sums(X_b)
-            if k.KEPT_VALUES[0] not in local:
-                local.update(zip(k.KEPT_VALUES, (mask.x, mask.zeroed_at)))
+            local.update(mask.constants())
         return local, self._stats(X_b, mask, local, G, grams)
 
     # -- global -------------------------------------------------------------------

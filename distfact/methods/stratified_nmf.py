@@ -127,7 +127,7 @@ class StratifiedMU:
     def block_stats(self, A_b, W_b, block, G):
         """Pass 0: the statistics of the initial W, and the constant A(i)^T 1 (masked: (M o A)^T 1 and M^T 1)."""
         if isinstance(W_b, dict):
-            terms = km.BlockTerms(A_b, W_b["W"], G["H"], *km.mask_of(W_b))
+            terms = km.BlockTerms(A_b, W_b["W"], G["H"], *km.mask_of(W_b), **km.kept_constants(W_b))
             colsum, Mt1 = km.column_sums(terms)
             return {**self._masked_stats(terms), "colsum": colsum, "Mt1": Mt1}
         stats = {"Wt1": W_b.sum(axis=0, dtype=np.float64), "colsum": block_column_sums(A_b)}
@@ -158,14 +158,12 @@ class StratifiedMU:
         the new W."""
         form, P = km.mask_of(local)
         g = block.group
-        terms = km.BlockTerms(A_b, local["W"], G["H"], form, P, X_sums=local.get("X_sums"))
+        terms = km.BlockTerms(A_b, local["W"], G["H"], form, P, **km.kept_constants(local))
         W_new = km.shifted_w_update(terms, G["HHt"], G["v"][g], G["Hv"][g], self.eps)
         terms = km.BlockTerms(A_b, W_new, G["H"], form, P, terms)
-        local = {**local, "W": W_new}
         stats = self._masked_stats(terms)
-        if form == km.COMPLEMENT:  # A_b's sums, a constant, computed in its first step: kept with the block
-            local["X_sums"] = terms.X_sums
-        return local, stats
+        # A_b's constants (its sums, its values at P's entries), computed in its first step, kept with the block
+        return {**local, "W": W_new, **terms.constants()}, stats
 
     @staticmethod
     def _masked_stats(terms):
