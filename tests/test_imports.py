@@ -34,7 +34,9 @@ def parse(path):
     source = path.read_text(encoding="utf-8")
     try:
         return ast.parse(source, str(path))
-    except SystemError:
+    except SystemError as exc:
+        if "recursion depth mismatch" not in str(exc):
+            raise
         return ast.parse(source, str(path))
 
 

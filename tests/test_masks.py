@@ -259,9 +259,9 @@ def test_masked_steps_gather_x_at_the_mask_once_per_block(name, kind, sparse, mo
     """X_b's values at its mask's entries are a block's constants: its local state keeps them from its first step
     on (kernels/masked.py: KEPT_VALUES, BlockTerms.constants), so the gathers of a fit do not grow with its
     iterations (they were one per block and pass, a tenth of a masked step, issue 19; NMF's fused MU step on a
-    dense complement reads them in its tiles, not here). The results of these fits are checked elsewhere (the
-    transcriptions above, test_masks_groups.py, test_ssnmf.py); kept and gathered steps are compared bitwise in
-    test_ssnmf_masks.py."""
+    dense complement reads them in its tiles, never here, and must stay so). The results of these fits are checked
+    elsewhere (the transcriptions above, test_masks_groups.py, test_ssnmf.py); kept and gathered steps are compared
+    bitwise in test_ssnmf_masks.py."""
     import distfact.kernels.masked as km
 
     calls = []
@@ -275,8 +275,24 @@ def test_masked_steps_gather_x_at_the_mask_once_per_block(name, kind, sparse, mo
         ESTIMATORS_GATHERING[name](iterations).fit(X, groups=groups, mask=M)
         counts.append(len(calls))
     assert counts[0] == counts[1], counts
-    if not (name == "NMF MU" and kind == "complement" and not sparse):  # the fused step reads X_b's tiles
-        assert counts[0] > 0
+
+
+def test_kept_values_that_cannot_be_the_blocks_are_refused():
+    """Kept values are valid for the X_b they came from only (kernels/masked.py: KEPT_VALUES): values of another
+    count than the mask's entries, or zeroed entries that a sparse X_b does not store, raise a ValueError saying the
+    local state is not this block's, never a step that zeroes some other entry of X_b."""
+    import distfact.kernels.masked as km
+
+    X, _, M = case(True, "complement")
+    X, P = sp.csr_matrix(X), sp.csr_matrix(1.0 - M)
+    x_name, zeroed_name = km.KEPT_VALUES
+    local = {COMPLEMENT: P, x_name: np.zeros(P.nnz - 1), zeroed_name: np.zeros(0, np.int64)}
+    with pytest.raises(ValueError, match="number .* its mask's entries .*not this block's"):
+        km.kept_constants(local)
+    absent = np.flatnonzero(km.positions_at(P, X) < 0)[:1]  # an entry of P where X_b stores nothing
+    assert len(absent) == 1
+    with pytest.raises(ValueError, match="not stored in its X_b"):
+        km.observed_block(X, COMPLEMENT, P, (np.zeros(P.nnz), absent))
 
 
 @LOSSES

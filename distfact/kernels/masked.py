@@ -88,16 +88,26 @@ def _pattern_rows(P: sp.csr_matrix) -> np.ndarray:
     return np.repeat(np.arange(P.shape[0]), np.diff(P.indptr))
 
 
-#: the names under which a masked block's local state keeps :func:`block_values` from its first step on (X_b never
-#: changes within a fit), so that later steps do not gather them again (:meth:`BlockTerms.constants`)
-KEPT_VALUES = ("P_x", "P_zeroed_at")
+#: the names under which a masked block's local state keeps :func:`block_values` from its first step on, so that later
+#: steps do not gather them again (:meth:`BlockTerms.constants`). Valid for the X_b they were gathered from only: X_b
+#: never changes within a fit, and a local state never serves another fit's X (checkpoints name their data). They
+#: cost nnz(P) values in X's dtype beside P (about two thirds of P's size), written with the local state where it is
+#: spilled, and kept per model in a sweep whose models share P.
+KEPT_VALUES = ("x_at_P", "zeroed_at_P")
 
 
 def kept_constants(local: dict) -> dict:
     """The constants a masked block's local state keeps (:meth:`BlockTerms.constants`; None before its first step)
-    as :class:`BlockTerms` takes them: ``X_sums`` and ``values``."""
+    as :class:`BlockTerms` takes them: ``X_sums`` and ``values`` (ValueError unless as many values as P has
+    entries)."""
     x_name, zeroed_name = KEPT_VALUES
-    return {"X_sums": local.get("X_sums"), "values": (local[x_name], local[zeroed_name]) if x_name in local else None}
+    if x_name not in local:
+        return {"X_sums": local.get("X_sums"), "values": None}
+    stored = local[mask_of(local)[0]].nnz
+    if len(local[x_name]) != stored:
+        raise ValueError(f"a masked block's kept values ({x_name}) number {len(local[x_name])}, its mask's entries "
+                         f"{stored}: the local state is not this block's")
+    return {"X_sums": local.get("X_sums"), "values": (local[x_name], local[zeroed_name])}
 
 
 def block_values(X, form: str, P: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -120,13 +130,18 @@ def observed_block(X, form: str, P: sp.csr_matrix, values: tuple | None = None):
     """(X_b, x): X_b with 0 at the entries of weight 0 (X_b itself unless it holds a non-zero there: a copy made
     only then, e.g. when one X serves models of different masks), and its values at P's entries. So every product
     of a masked block sees the same X_b whatever X held at its missing entries. ``values``: what
-    :func:`block_values` gave for this block (X_b is not read at P's entries then)."""
+    :func:`block_values` gave for this block (x is then not gathered again; a sparse X_b's zeroed entries are still
+    found in its CSR arrays)."""
     x, zeroed_at = block_values(X, form, P) if values is None else values
     if not len(zeroed_at):
         return X, x
     if sp.issparse(X):
         X = _sorted_csr(X).copy()
-        X.data[positions_at(P, X)[zeroed_at]] = 0
+        where = positions_at(P, X)[zeroed_at]
+        if (where < 0).any():  # values kept from another X_b: never zero an entry that is not there
+            raise ValueError("a masked block's kept zeroed entries are not stored in its X_b: the values are not this "
+                             "block's")
+        X.data[where] = 0
         X.eliminate_zeros()
     else:
         X = np.array(X, copy=True)

@@ -83,17 +83,17 @@ class Complement:
     P: sp.csr_matrix
     x: np.ndarray
     zeroed_at: np.ndarray
-    _last: dict = field(default_factory=dict, repr=False)
+    _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def values(self, W, H):
         """At P's entries, in P's data order: the weights m, x and W H. Asked again for the same W and H objects
         (a step's statistics, loss and observed sums at the new W_b; the kernels never change W or H in place),
         the arrays of the first call: W H at P's entries is formed once."""
-        last = self._last.get("at")
+        last = self._last.get("values")
         if last is not None and last[0] is W and last[1] is H:
-            return self._last["values"]
+            return last[2]
         values = 1.0 - self.P.data, self.x, wh_at_nonzeros(self.P, W, H)
-        self._last.update(at=(W, H), values=values)
+        self._last["values"] = (W, H, values)
         return values
 
     def constants(self) -> dict:

@@ -354,7 +354,8 @@ class _FairerScheme(ObservedConstants):
 
     def block_stats(self, X_b, W_b, block, G):
         if isinstance(W_b, dict):
-            return masked_stats(masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), False))
+            return masked_stats(masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), False,
+                                               constants=km.kept_constants(W_b)))
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         return {"WtX": WtX, "WtW": WtW}
 

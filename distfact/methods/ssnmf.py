@@ -40,9 +40,10 @@ there. The masked updates of W and of the global factor F (H, or B with L) are, 
 state is a dict: W, and the rows of Y, of L and of M that belong to the block (row-aligned inputs
 that stay with it; M in the sparse form of ``kernels/masked.py`` that stores fewer entries, its observed
 weights or, with few entries masked, its complement), and from its first step on the terms' ||X_b||^2 and
-||Y_b||^2 (constants of the loss; with a complement, ||X_b||^2 and sum X_b). Stopping rule (the reference package's): after the second iteration, stop once the
-objective fell by less than ``tol`` times its value after the first iteration (for plain F-NMF
-the value compared is the unsquared norm, as there).
+||Y_b||^2 (constants of the loss; with a complement, ||X_b||^2 and sum X_b, and X_b's values at the complement's
+entries: ``kernels/masked.py: KEPT_VALUES``). Stopping rule (the reference package's): after the second iteration,
+stop once the objective fell by less than ``tol`` times its value after the first iteration (for plain F-NMF the
+value compared is the unsquared norm, as there).
 """
 
 from __future__ import annotations
