@@ -76,12 +76,12 @@ def group_errors(sq_norms, WtX, WtW, H, HHt, WtMWH_adj=None) -> np.ndarray:
     return math.sqrt(max(sq, 0.0))
 
 
-def masked_mu_step(X_b, W, H, HHt, form, P, update: bool, base=None, constants=None):
+def masked_mu_step(X_b, W, H, HHt, local: dict, update: bool, base=None):
     """The :class:`~distfact.kernels.masked.BlockTerms` of a masked block at W_b after one weighted MU step
-    (``update``; else at W_b as it is), whose statistics ``masked_stats`` gives. ``base``: terms of the same
-    block, whose X_b, values and sums are reused; ``constants``: what the block's local state keeps of them
-    (``kernels/masked.py: kept_constants``)."""
-    terms = km.BlockTerms(X_b, W, H, form, P, base=base, **(constants or {}))
+    (``update``; else at W_b as it is), whose statistics ``masked_stats`` gives. ``local``: the block's local state
+    (its mask, and the constants it keeps: ``kernels/masked.py: kept_constants``); ``base``: terms of the same
+    block, whose X_b, values and sums are reused."""
+    terms = km.BlockTerms(X_b, W, H, *km.mask_of(local), base=base, **km.kept_constants(local))
     return km.frobenius_local(terms, HHt) if update else terms
 
 
@@ -253,11 +253,10 @@ class GroupErrorEstimate(ObservedConstants):
     def _masked_runs(self, X_b, local, block, G, update: bool):
         """Every run's weighted MU step over the block's observed entries (``update``; a stopped run, or pass 0,
         keeps its W) and the runs' statistics, stacked: (local state, statistics)."""
-        g, (form, P) = block.group, km.mask_of(local)
-        base, steps = None, []
+        g, base, steps = block.group, None, []
         for t in range(self.n_estimates):
-            terms = masked_mu_step(X_b, local["W"][t], G["H"][g, t], G["HHt"][g, t], form, P,
-                                   update and not G["done"][g, t], base, km.kept_constants(local))
+            terms = masked_mu_step(X_b, local["W"][t], G["H"][g, t], G["HHt"][g, t], local,
+                                   update and not G["done"][g, t], base)
             base = terms
             steps.append((terms.W, masked_stats(terms)))
         W_new = np.stack([W for W, _ in steps])
@@ -354,8 +353,7 @@ class _FairerScheme(ObservedConstants):
 
     def block_stats(self, X_b, W_b, block, G):
         if isinstance(W_b, dict):
-            return masked_stats(masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), False,
-                                               constants=km.kept_constants(W_b)))
+            return masked_stats(masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], W_b, False))
         WtX, WtW = k.frobenius_stats(X_b, W_b)
         return {"WtX": WtX, "WtW": WtW}
 
@@ -413,8 +411,7 @@ class FairerMU(_FairerScheme):
         """Line 11: plain MU for W_l given H^(k) (masked: weighted MU over the block's observed entries);
         statistics of the new W_l."""
         if isinstance(W_b, dict):
-            terms = masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], *km.mask_of(W_b), True,
-                                   constants=km.kept_constants(W_b))
+            terms = masked_mu_step(X_b, W_b["W"], G["H"], G["HHt"], W_b, True)
             return self.kept(W_b, terms.W, terms), masked_stats(terms)
         W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], "mu")
         return W_new, {"WtX": WtX, "WtW": WtW}
