@@ -43,6 +43,7 @@ BENCHMARKS = {
     "masked_groups": ([], 2),
     "ssnmf_masks": ([], 1),
     "kept_constants": ([], 1),
+    "thin_products": ([], 1),
     "ingest_memory": ([], 1),
     "result_shape": ([], 1),
     "append": ([], 3),

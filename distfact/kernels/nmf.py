@@ -15,8 +15,8 @@ import scipy.sparse as sp
 from .blas_threads import map_on_blas_threads
 from .memory import aligned, aligned_copy, empty_aligned
 from .prefetch import PREFETCH_DISTANCE, prefetch_row
-from .products import (block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block, wh_at_nonzeros,
-                       wt_times_block)
+from .products import (PARALLEL_WORK, block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block,
+                       wh_at_nonzeros, wt_times_block)
 
 #: Bytes of X per tile of the dense local step: a tile stays in the core's cache while both products
 #: (X_t H^T, then W_t^T X_t) read it, so that a pass reads X from memory once.
@@ -25,8 +25,6 @@ TILE_BYTES = 1 << 20
 #: which run side by side on BLAS's threads (``blas_threads``). The chunks depend on the block's shape
 #: only, so the sums are the same on any number of threads and on a cluster's workers.
 MAX_CHUNKS = 8
-#: Blocks with fewer multiply-adds (rows x columns x rank) than this run their chunks in the calling thread.
-PARALLEL_WORK = 1 << 22
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -403,7 +401,7 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
         WtW = gram(W_new)
     elif not _tiled(X, W, H, HHt):
         W_new = w_update(W, block_times_ht(X, H), HHt, solver, shift)
-        WtX, WtW = W_new.T @ X, gram(W_new)
+        WtX, WtW = wt_times_block(W_new, X), gram(W_new)
     else:
         W_new, WtX, WtW, sq_err = _dense_frobenius_local(X, W, H, HHt, solver, shift, residual)
     if not residual:

@@ -2,7 +2,8 @@
 
 Pure numeric code: no Dask. Every function keeps the dtype of its inputs.
 The CSR kernels are compiled with numba (``nogil``, so blocks run in parallel
-threads) and read each stored entry once.
+threads) and read each stored entry once; so are the thin products of small
+dense blocks, where BLAS's kernels for a factor of a few columns are slow.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ import functools
 import numba
 import numpy as np
 import scipy.sparse as sp
+
+#: Blocks with fewer multiply-adds (rows x columns x rank) than this run their products in the calling thread (the
+#: dense local step's row chunks, ``kernels/nmf.py``; the thin products below).
+PARALLEL_WORK = 1 << 22
+
 
 def is_sparse(X) -> bool:
     """``scipy.sparse.issparse``, answered for a numpy array without scipy's abstract-class check (asked in every
@@ -36,21 +42,100 @@ def block_column_sums(X) -> np.ndarray:
     return np.asarray(X.sum(axis=0, dtype=np.float64)).ravel()
 
 
+#: Thin products of a small float64 block (fewer than ``PARALLEL_WORK`` multiply-adds, so BLAS would run them on one
+#: thread) run in the register-blocked loops below where they beat OpenBLAS's kernels for a factor of a few columns
+#: (measured on an AMD EPYC core, ``benchmarks/bench_thin_products.py``): X H^T at ranks 2 to ``THIN_RANK`` and
+#: W^T X at ranks 2 to ``THIN_WT_RANK``, over at least ``THIN_COLUMNS`` columns (400 x 100 by rank 5: X H^T 18
+#: against 35 us, W^T X 30 against 37; 2,000 x 200 by rank 10: X H^T 0.42 against 0.61 ms). Elsewhere BLAS was as
+#: fast or faster: rank 1, a dozen columns (UCI Heart's), W^T X at rank 16, float32 (SGEMM runs at twice DGEMM's rate).
+THIN_RANK = 12
+THIN_WT_RANK = 8
+THIN_COLUMNS = 64
+#: W^T X's loop adds each group of rows into all of W^T X: kept within L1 (rank x columns x itemsize), or BLAS.
+THIN_OUTPUT_BYTES = 16 << 10
+
+
+def _thin(X, r: int, max_rank: int) -> bool:
+    """Whether a product of the dense block X with a factor of rank r (at most ``max_rank``) takes the thin loops:
+    a small C-contiguous float64 X of at least ``THIN_COLUMNS`` columns."""
+    return (2 <= r <= max_rank and X.ndim == 2 and X.dtype.char == "d" and X.shape[1] >= THIN_COLUMNS
+            and X.shape[0] * X.shape[1] * r < PARALLEL_WORK and X.flags.c_contiguous)
+
+
 def block_times_ht(X, H: np.ndarray) -> np.ndarray:
-    """X_b H^T (rows x r). A dense X_b takes H^T C-contiguous: OpenBLAS's "NN" product of a thin right factor is up to
-    3x faster than its "NT" one on a transposed view (400 x 100 by rank 5: 17 against 47 us, issue 19; from a few
-    thousand rows on, the two are alike), for a copy of H (r x n). The copy is not aligned (an aligned one costs 6 us
-    here): the product's bits do not depend on where its right factor starts (tests/test_nmf.py)."""
+    """X_b H^T (rows x r), X_b's dtype. A thin product (``_thin``) in :func:`_thin_times_ht`; other dense ones take
+    H^T C-contiguous: OpenBLAS's "NN" product of a thin right factor is faster than its "NT" one on a transposed view
+    on some CPUs (400 x 100 by rank 5: 17 against 47 us on a Xeon, issue 19; from a few thousand rows on, the two are
+    alike), for a copy of H (r x n). The copy is not aligned (an aligned one costs 6 us there): the product's bits do
+    not depend on where its right factor starts (tests/test_nmf.py)."""
     if is_sparse(X):
         return np.asarray(X @ H.T)
+    if H.dtype == X.dtype and _thin(X, H.shape[0], THIN_RANK):
+        out = np.empty((X.shape[0], H.shape[0]), X.dtype)
+        _thin_times_ht(X, np.ascontiguousarray(H), out)
+        return out
     return X @ np.ascontiguousarray(H.T)
 
 
 def wt_times_block(W: np.ndarray, X) -> np.ndarray:
-    """W_b^T X_b (r x n), without densifying a sparse X_b."""
+    """W_b^T X_b (r x n), without densifying a sparse X_b. A thin product (``_thin``, and W^T X within
+    ``THIN_OUTPUT_BYTES``) in :func:`_thin_wt_times`."""
     if sp.issparse(X):
         return np.ascontiguousarray((X.T @ W).T)
+    r = W.shape[1]
+    if W.dtype == X.dtype and _thin(X, r, THIN_WT_RANK) and r * X.shape[1] * X.dtype.itemsize <= THIN_OUTPUT_BYTES:
+        out = np.empty((r, X.shape[1]), X.dtype)
+        _thin_wt_times(np.ascontiguousarray(W), X, out)
+        return out
     return W.T @ X
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _thin_times_ht(X, H, out):
+    """``out`` <- X H^T, four rows of X by two rows of H at a time: eight sums share each load of X and H (BLAS's
+    thin kernels reload them). Each entry is one row's dot product with one row of H, its terms summed in the
+    vectorised loop's order (``reassoc``) whatever the entry's place in its group: past X's last row (and H's) the
+    group repeats it, so a row's bits do not depend on where its block starts."""
+    m, n = X.shape
+    r = H.shape[0]
+    zero = out.dtype.type(0)
+    for i in range(0, m, 4):
+        i1, i2, i3 = min(i + 1, m - 1), min(i + 2, m - 1), min(i + 3, m - 1)
+        for k in range(0, r, 2):
+            k1 = min(k + 1, r - 1)
+            a0, a1, a2, a3, b0, b1, b2, b3 = zero, zero, zero, zero, zero, zero, zero, zero
+            for j in range(n):
+                h, g = H[k, j], H[k1, j]
+                x0, x1, x2, x3 = X[i, j], X[i1, j], X[i2, j], X[i3, j]
+                a0 += x0 * h
+                a1 += x1 * h
+                a2 += x2 * h
+                a3 += x3 * h
+                b0 += x0 * g
+                b1 += x1 * g
+                b2 += x2 * g
+                b3 += x3 * g
+            out[i3, k1], out[i2, k1], out[i1, k1], out[i, k1] = b3, b2, b1, b0
+            out[i3, k], out[i2, k], out[i1, k], out[i, k] = a3, a2, a1, a0
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _thin_wt_times(W, X, out):
+    """``out`` <- W^T X, four rows of X at a time: each row of ``out`` is loaded and stored once per four rows of X
+    (BLAS's thin kernel, once per row). Past X's last row the group reads that row again with weight 0 (X is finite:
+    the terms are 0)."""
+    m, n = X.shape
+    out[...] = 0
+    zero = out.dtype.type(0)
+    for i in range(0, m, 4):
+        i1, i2, i3 = min(i + 1, m - 1), min(i + 2, m - 1), min(i + 3, m - 1)
+        for k in range(W.shape[1]):
+            w0 = W[i, k]
+            w1 = W[i1, k] if i + 1 < m else zero
+            w2 = W[i2, k] if i + 2 < m else zero
+            w3 = W[i3, k] if i + 3 < m else zero
+            for j in range(n):
+                out[k, j] += w0 * X[i, j] + w1 * X[i1, j] + w2 * X[i2, j] + w3 * X[i3, j]
 
 
 def gram(W: np.ndarray) -> np.ndarray:

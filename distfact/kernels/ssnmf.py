@@ -43,7 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .masked import COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, kept_constants, observed_block, positions_at
-from .products import pattern_times_ht, wh_at_nonzeros, wt_times_pattern
+from .products import block_times_ht, pattern_times_ht, wh_at_nonzeros, wt_times_block, wt_times_pattern
 
 LOSSES = ("F", "D")
 
@@ -145,7 +145,7 @@ def observed_sums(X, W, H, mask, X_sums=None, F_loss: float | None = None) -> di
         p, d2 = mask.P.data, (x - wh) ** 2
         X_sq, X_total = block_sums(X) if X_sums is None else X_sums
         if F_loss is None:
-            sq_error = X_sq - 2.0 * np.vdot(_wt(W, X), H) + np.vdot(W.T @ W, H @ H.T) - np.sum(p * d2)
+            sq_error = X_sq - 2.0 * np.vdot(wt_times_block(W, X), H) + np.vdot(W.T @ W, H @ H.T) - np.sum(p * d2)
         else:
             sq_error = F_loss + np.sum((m - m * m) * d2)
         return {"M_sq_error": np.float64(max(sq_error, 0.0)), "M_sq_norm": np.float64(X_sq - np.sum(p * x * x)),
@@ -203,7 +203,7 @@ def term_update_parts(X, W, H, mask, loss: str, eps: float, HHt=None):
         den = np.broadcast_to(H.sum(axis=1), W.shape) if mask is None else np.asarray(mask @ H.T)
         return np.asarray(Q @ H.T), den
     if mask is None:
-        return np.asarray(X @ H.T), W @ (H @ H.T if HHt is None else HHt)
+        return block_times_ht(X, H), W @ (H @ H.T if HHt is None else HHt)
     if _dense_path(X, mask):
         return (mask * X) @ H.T, (mask * (W @ H)) @ H.T
     mask, _, _, mwh = _mask_terms(X, W, H, mask)
@@ -216,13 +216,8 @@ def _complement_update_parts(X, W, H, mask: Complement, loss: str, eps: float, H
         num = np.asarray(ratio(X, W, H, mask, eps) @ H.T)
         return num, np.maximum(H.sum(axis=1)[None, :] - mask.times_ht(1.0, H), 0.0)
     _, x, wh = mask.values(W, H)
-    num = np.asarray(X @ H.T) - mask.times_ht(x, H)
+    num = block_times_ht(X, H) - mask.times_ht(x, H)
     return num, np.maximum(W @ (H @ H.T if HHt is None else HHt) - mask.times_ht(wh, H), 0.0)
-
-
-def _wt(W, Z):
-    """W^T Z for dense or CSR Z (as a dense array)."""
-    return np.asarray((Z.T @ W).T) if sp.issparse(Z) else W.T @ Z
 
 
 def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
@@ -233,21 +228,22 @@ def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
     if isinstance(mask, Complement):
         if loss == "D":
             den = W.sum(axis=0)[:, None] - mask.wt_times(W, 1.0)
-            return {f"{prefix}_num": _wt(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": np.maximum(den, 0.0)}
+            return {f"{prefix}_num": wt_times_block(W, ratio(X, W, H, mask, eps)),
+                    f"{prefix}_den": np.maximum(den, 0.0)}
         _, x, wh = mask.values(W, H)
-        return {f"{prefix}_num": _wt(W, X) - mask.wt_times(W, x), f"{prefix}_WtW": W.T @ W,
+        return {f"{prefix}_num": wt_times_block(W, X) - mask.wt_times(W, x), f"{prefix}_WtW": W.T @ W,
                 f"{prefix}_den_adj": -mask.wt_times(W, wh)}
     if loss == "D":
-        den = W.sum(axis=0) if mask is None else _wt(W, mask)  # W^T 1 broadcasts over the columns
-        return {f"{prefix}_num": _wt(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": den}
+        den = W.sum(axis=0) if mask is None else wt_times_block(W, mask)  # W^T 1 broadcasts over the columns
+        return {f"{prefix}_num": wt_times_block(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": den}
     if mask is None:  # W^T (W H) = (W^T W) H, formed on the driver
-        return {f"{prefix}_num": _wt(W, X), f"{prefix}_WtW": W.T @ W}
+        return {f"{prefix}_num": wt_times_block(W, X), f"{prefix}_WtW": W.T @ W}
     if _dense_path(X, mask):
         return {f"{prefix}_num": W.T @ (mask * X), f"{prefix}_den": W.T @ (mask * (W @ H))}
     mask, _, _, mwh = _mask_terms(X, W, H, mask)
     r = W.shape[1]
-    return {f"{prefix}_num": _wt(W, _masked_x(X, mask)), f"{prefix}_WtW": np.zeros((r, r)),
-            f"{prefix}_den_adj": _wt(W, _on_support(mask, mwh))}
+    return {f"{prefix}_num": wt_times_block(W, _masked_x(X, mask)), f"{prefix}_WtW": np.zeros((r, r)),
+            f"{prefix}_den_adj": wt_times_block(W, _on_support(mask, mwh))}
 
 
 def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
