@@ -80,7 +80,7 @@ def block_times_ht(X, H: np.ndarray) -> np.ndarray:
 def wt_times_block(W: np.ndarray, X) -> np.ndarray:
     """W_b^T X_b (r x n), without densifying a sparse X_b. A thin product (``_thin``, and W^T X within
     ``THIN_OUTPUT_BYTES``) in :func:`_thin_wt_times`."""
-    if sp.issparse(X):
+    if is_sparse(X):
         return np.ascontiguousarray((X.T @ W).T)
     r = W.shape[1]
     if W.dtype == X.dtype and _thin(X, r, THIN_WT_RANK) and r * X.shape[1] * X.dtype.itemsize <= THIN_OUTPUT_BYTES:
