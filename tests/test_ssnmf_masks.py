@@ -194,6 +194,45 @@ def test_a_complement_blocks_kept_values_give_the_steps_of_gathering_them(model,
         np.testing.assert_array_equal(ours[1][name], theirs[1][name], err_msg=name)
 
 
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+@pytest.mark.parametrize("model", MODELS)
+def test_an_observed_blocks_kept_values_give_the_steps_of_gathering_them(model, layout, monkeypatch):
+    """The observed form (few entries observed, M's CSR): from its first step on, the block's local state keeps X_b's
+    values at M's entries (``kernels/ssnmf.py: Observed``; gathered by every term's kernel, every step, before:
+    issue 19), and a step's terms share W H at M's entries and M o X_b. The next step is bitwise the step of the
+    kernels given M's CSR itself (each term gathering x, forming W H and M o X_b), with X_b holding other values at
+    its unobserved entries than at the first step, and it does not gather."""
+    import distfact.kernels.masked as km
+    import distfact.kernels.ssnmf as ks
+
+    X, _, _, _ = problem(layout, seed=12)
+    X = np.nan_to_num(X.toarray() if layout == "csr" else X)
+    rng = np.random.default_rng(12)
+    u = rng.random(X.shape)
+    M = np.where(u < 0.1, 1.0, np.where(u < 0.15, 0.5, 0.0))  # about 15% observed, some with weight 0.5
+    method = SSNMFMethod(3, model, lam=0.5)
+    G = method.initial_global(X, rng, n_targets=2)
+    as_layout = sp.csr_matrix if layout == "csr" else np.asarray
+    local = {OBSERVED: sp.csr_matrix(M), "W": rng.random((X.shape[0], 3)), "Y": rng.random((X.shape[0], 2))}
+    first, _ = method.local_step(as_layout(with_values_at(X, M == 0, 0)), local, None, G)
+    assert set(KEPT_VALUES) <= first.keys() and len(first["x_at_P"]) == local[OBSERVED].nnz
+    X_next = as_layout(with_values_at(X, M == 0, 1))
+    with monkeypatch.context() as patched:  # the kernels on M's CSR, as before the Observed form
+        patched.setattr(ks, "block_mask", lambda X_b, local: (X_b, local[OBSERVED]))
+        theirs = method.local_step(X_next, {name: v for name, v in first.items() if name not in KEPT_VALUES}, None, G)
+
+    def no_gather(P, X):
+        raise AssertionError("gathered X_b at the mask's entries although the local state keeps them")
+
+    monkeypatch.setattr(km, "values_at", no_gather)
+    ours = method.local_step(X_next, first, None, G)
+    np.testing.assert_array_equal(ours[0]["x_at_P"], first["x_at_P"])
+    np.testing.assert_array_equal(ours[0]["W"], theirs[0]["W"])
+    assert ours[1].keys() == theirs[1].keys()
+    for name in ours[1]:
+        np.testing.assert_array_equal(ours[1][name], theirs[1][name], err_msg=name)
+
+
 def test_a_nan_mask_on_a_sparse_x_allocates_nothing_of_x_shape():
     """A sparse 10,000 x 10,000 X (an m x n float64 array: 800 MB) with 20,000 stored entries, 5 of them NaN:
     fitting it with mask="nan" allocates (tracemalloc's peak) far less than the m x n array."""

@@ -42,14 +42,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from .masked import COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, kept_constants, observed_block, positions_at
+from .masked import (COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, kept_constants, observed_block, positions_at,
+                     values_at)
 from .products import block_times_ht, pattern_times_ht, wh_at_nonzeros, wt_times_block, wt_times_pattern
 
 LOSSES = ("F", "D")
 
 
 def _dense_path(X, mask) -> bool:
-    return not sp.issparse(X) and (mask is None or not sp.issparse(mask))
+    return not sp.issparse(X) and (mask is None or not (sp.issparse(mask) or isinstance(mask, Observed)))
 
 
 def _on_support(S: sp.csr_matrix, values) -> sp.csr_matrix:
@@ -60,11 +61,12 @@ def _on_support(S: sp.csr_matrix, values) -> sp.csr_matrix:
 
 
 def _mask_values(X, W, H, mask):
-    """On the mask's stored entries (a CSR matrix), in its data order: its values m, x there, and W H there."""
+    """On the mask's stored entries (a CSR matrix, or an :class:`Observed`), in its data order: the CSR matrix, its
+    values m, x there, and W H there."""
+    if isinstance(mask, Observed):
+        return (mask.M, *mask.values(W, H))
     mask = sp.csr_matrix(mask)
-    rows = np.repeat(np.arange(mask.shape[0]), np.diff(mask.indptr))  # aligned with mask.data, zeros included
-    x = np.asarray(X[rows, mask.indices]).ravel()
-    return mask, mask.data, x, wh_at_nonzeros(mask, W, H)
+    return mask, mask.data, values_at(mask, X), wh_at_nonzeros(mask, W, H)
 
 
 def _mask_terms(X, W, H, mask):
@@ -110,6 +112,48 @@ class Complement:
         return wt_times_pattern(W, self.P, self.P.data * values)
 
 
+@dataclass(frozen=True, eq=False)
+class Observed:
+    """A block's data mask in ``kernels/masked.py``'s observed form, as the term kernels take it: ``M`` (CSR) holds
+    the weights m at the observed entries (every other entry has weight 0), ``x`` X_b's values there (gathered in
+    the block's first step and kept in its local state: :meth:`constants`). What every term of a step reads at M's
+    entries is formed once: W H there per (W, H) (:meth:`values`), M o X_b (:meth:`masked_x`) and m at its stored
+    entries."""
+
+    M: sp.csr_matrix
+    x: np.ndarray
+    _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def values(self, W, H):
+        """At M's entries, in M's data order: m, x and W H (formed once for the same W and H objects, as
+        :meth:`Complement.values`)."""
+        last = self._last.get("values")
+        if last is not None and last[0] is W and last[1] is H:
+            return last[2]
+        values = self.M.data, self.x, wh_at_nonzeros(self.M, W, H)
+        self._last["values"] = (W, H, values)
+        return values
+
+    def masked_x(self) -> tuple[sp.csr_matrix, np.ndarray]:
+        """(M o X_b as a CSR matrix without explicit zeros, m at its stored entries), formed once."""
+        if "masked_x" not in self._last:
+            MX = sp.csr_matrix((self.M.data * self.x, self.M.indices.copy(), self.M.indptr.copy()), shape=self.M.shape)
+            kept = MX.data != 0
+            MX.eliminate_zeros()
+            self._last["masked_x"] = MX, self.M.data[kept]
+        return self._last["masked_x"]
+
+    def constants(self) -> dict:
+        """What the block's local state keeps from its first step on (``masked.py: KEPT_VALUES``): x, and no
+        zeroed entries (the observed form reads X_b at M's entries only)."""
+        return dict(zip(KEPT_VALUES, (self.x, np.zeros(0, np.int64))))
+
+
+def _weights(mask):
+    """A data mask's weights as a matrix (M's CSR for an :class:`Observed`)."""
+    return mask.M if isinstance(mask, Observed) else mask
+
+
 def block_mask(X, local: dict):
     """(X_b, data mask) for the term kernels from a block's local state (or inputs), which holds the block's mask
     in the form of ``kernels/masked.py`` ({form: P}) or none: (X_b, None) without a mask; (X_b, P) for the
@@ -117,7 +161,8 @@ def block_mask(X, local: dict):
     when it holds a non-zero there) and with sorted indices when sparse, and the :class:`Complement` of P (its x
     and zeroed entries those the local state keeps, :meth:`Complement.constants`, when it does)."""
     if OBSERVED in local:
-        return X, local[OBSERVED]
+        M = local[OBSERVED]
+        return X, Observed(M, (kept_constants(local)["values"] or block_values(X, OBSERVED, M))[0])
     if COMPLEMENT not in local:
         return X, None
     P = local[COMPLEMENT]
@@ -162,6 +207,8 @@ def _masked_x(X, mask):
     """M o X as a CSR matrix with explicit zeros removed (X itself when M is all ones)."""
     if mask is None:
         return X
+    if isinstance(mask, Observed):
+        return mask.masked_x()[0]
     MX = sp.csr_matrix(sp.csr_matrix(mask).multiply(X))
     MX.eliminate_zeros()
     return MX
@@ -189,7 +236,7 @@ def ratio(X, W, H, mask, eps: float):
     wh = wh_at_nonzeros(MX, W, H)
     if mask is None:
         return _on_support(MX, MX.data / (eps + wh))
-    m = np.asarray(sp.csr_matrix(mask)[MX.nonzero()]).ravel()
+    m = mask.masked_x()[1] if isinstance(mask, Observed) else np.asarray(sp.csr_matrix(mask)[MX.nonzero()]).ravel()
     return _on_support(MX, MX.data / (eps + m * wh) * m)
 
 
@@ -200,7 +247,7 @@ def term_update_parts(X, W, H, mask, loss: str, eps: float, HHt=None):
         return _complement_update_parts(X, W, H, mask, loss, eps, HHt)
     if loss == "D":
         Q = ratio(X, W, H, mask, eps)
-        den = np.broadcast_to(H.sum(axis=1), W.shape) if mask is None else np.asarray(mask @ H.T)
+        den = np.broadcast_to(H.sum(axis=1), W.shape) if mask is None else np.asarray(_weights(mask) @ H.T)
         return np.asarray(Q @ H.T), den
     if mask is None:
         return block_times_ht(X, H), W @ (H @ H.T if HHt is None else HHt)
@@ -234,7 +281,7 @@ def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
         return {f"{prefix}_num": wt_times_block(W, X) - mask.wt_times(W, x), f"{prefix}_WtW": W.T @ W,
                 f"{prefix}_den_adj": -mask.wt_times(W, wh)}
     if loss == "D":
-        den = W.sum(axis=0) if mask is None else wt_times_block(W, mask)  # W^T 1 broadcasts over the columns
+        den = W.sum(axis=0) if mask is None else wt_times_block(W, _weights(mask))  # W^T 1 broadcasts over columns
         return {f"{prefix}_num": wt_times_block(W, ratio(X, W, H, mask, eps)), f"{prefix}_den": den}
     if mask is None:  # W^T (W H) = (W^T W) H, formed on the driver
         return {f"{prefix}_num": wt_times_block(W, X), f"{prefix}_WtW": W.T @ W}

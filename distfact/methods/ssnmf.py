@@ -129,7 +129,7 @@ class SSNMFMethod:
         """Line 5: W_b from both terms at the current H and B; then the new W_b's statistics. The terms' ||Z||^2
         (X_b's, Y_b's), constants, are computed in the block's first step and kept in its local state
         (``sq_norms``: 0 for a term whose loss does not take it; with a complement-form data mask ``X_sums``,
-        the block's ||X_b||^2 and sum X_b, and X_b's values at the mask's entries, ``Complement.constants``), and
+        the block's ||X_b||^2 and sum X_b; with either form X_b's values at the mask's entries, ``constants``), and
         each F F^T is formed once for both the update and the loss (small fits, issue 19)."""
         X_b, mask = k.block_mask(X_b, local)
         terms = self._terms(X_b, mask, local, G)
@@ -141,9 +141,9 @@ class SSNMFMethod:
         if "sq_norms" not in local:
             local["sq_norms"] = np.array([k.sq_norm(Z) if FFt is not None and term_mask is None else 0.0
                                           for (_, Z, _, term_mask, _, _), FFt in zip(terms, grams)])
-        if isinstance(mask, k.Complement):
-            if "X_sums" not in local:
-                local["X_sums"] = k.block_sums(X_b)
+        if isinstance(mask, k.Complement) and "X_sums" not in local:
+            local["X_sums"] = k.block_sums(X_b)
+        if isinstance(mask, (k.Complement, k.Observed)):
             local.update(mask.constants())
         return local, self._stats(X_b, mask, local, G, grams)
 
