@@ -4,15 +4,15 @@
 
 A small fit's local step is two products of its block with a factor of a few columns: X_b H^T (rows x r) and
 W_b^T X_b (r x n). ``kernels/products.py`` forms them in register-blocked numba loops (``_thin_times_ht``,
-``_thin_wt_times``) instead of numpy's BLAS products (``X @ H^T`` with H^T C-contiguous, ``W.T @ X``) where this
-benchmark found the loops faster (``_thin``: float64, ranks 2 to ``THIN_RANK`` / ``THIN_WT_RANK``, at least
-``THIN_COLUMNS`` columns); the column ``taken`` says whether ``block_times_ht`` / ``wt_times_block`` take them for
-the shape. Each shape and dtype: the loops (called directly) and BLAS alternated ``--repeats`` times, each time a
-batch of calls; medians of the thread's CPU time per call, BLAS on one thread (a small block's products run on one:
-fewer multiply-adds than ``PARALLEL_WORK``). Shapes: the small-fit benchmarks' blocks (``bench_small.py``: NMF's
-400 x 100 by rank 5, Stratified-NMF's strata of 100 x 100, Fairer-NMF's UCI Heart groups of 12 features, SSNMF's 500
-x 300 by rank 10), tails of the loops' groups of rows and of H's rows, rank 1 and rank 16. Results:
-benchmarks/results/thin_products.json.
+``_thin_wt_times``) instead of numpy's BLAS products where this benchmark found the loops faster (``thin_xht``,
+``thin_wt``); the column ``taken`` says whether ``block_times_ht`` / ``wt_times_block`` take them for the shape. Each
+shape and dtype: the loops (called directly, into a new output array, as the two functions call them) against the
+expressions the two functions use otherwise (``X @ H^T`` with H^T copied C-contiguous, ``W.T @ X``), alternated
+``--repeats`` times, each time a batch of calls; medians of the thread's CPU time per call, BLAS on one thread (the
+loops take blocks below ``THIN_WORK`` multiply-adds, which OpenBLAS runs on one thread anyway; the larger shapes
+show what BLAS's single thread gives up to them). Shapes: the small-fit benchmarks' blocks (``bench_small.py``: NMF's
+400 x 100 by rank 5, Stratified-NMF's strata of 100 x 100, Fairer-NMF's UCI Heart groups of 12 features, SSNMF's 500 x
+300 by rank 10), the ranks at the loops' limits (2, 8, 12, 16), rank 1. Results: benchmarks/results/thin_products.json.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_nmf import machine, write_results  # noqa: E402
 
-SHAPES = [(400, 100, 5), (100, 100, 5), (201, 12, 5), (96, 12, 3), (500, 300, 10), (1000, 300, 8), (333, 100, 1),
-          (400, 100, 16), (2000, 200, 10)]
+SHAPES = [(400, 100, 5), (100, 100, 5), (500, 100, 2), (300, 100, 8), (150, 100, 12), (201, 12, 5), (96, 12, 3),
+          (333, 100, 1), (400, 100, 16), (500, 300, 10), (2000, 200, 10)]
 
 
 def per_call(fn, calls: int) -> float:
@@ -47,8 +47,7 @@ def main() -> None:
 
     from threadpoolctl import threadpool_limits
 
-    from distfact.kernels.products import (THIN_OUTPUT_BYTES, THIN_RANK, THIN_WT_RANK, _thin, _thin_times_ht,
-                                           _thin_wt_times)
+    from distfact.kernels.products import _thin_times_ht, _thin_wt_times, thin_wt, thin_xht
 
     rng = np.random.default_rng(0)
     rows = []
@@ -56,11 +55,11 @@ def main() -> None:
         for (m, n, r) in SHAPES:
             for dtype in (np.float64, np.float32):
                 X, H, W = (rng.random(shape).astype(dtype) for shape in ((m, n), (r, n), (m, r)))
-                Ht, XHt, WtX = np.ascontiguousarray(H.T), np.empty((m, r), dtype), np.empty((r, n), dtype)
                 calls = max(20, int(2e7 / (m * n * r)))
-                pairs = {"X H^T": (lambda: _thin_times_ht(X, H, XHt), lambda: X @ Ht, _thin(X, r, THIN_RANK)),
-                         "W^T X": (lambda: _thin_wt_times(W, X, WtX), lambda: W.T @ X,
-                                   _thin(X, r, THIN_WT_RANK) and r * n * X.itemsize <= THIN_OUTPUT_BYTES)}
+                pairs = {"X H^T": (lambda: _thin_times_ht(X, H, np.empty((m, r), dtype)),
+                                   lambda: X @ np.ascontiguousarray(H.T), thin_xht(X, H)),
+                         "W^T X": (lambda: _thin_wt_times(W, X, np.empty((r, n), dtype)), lambda: W.T @ X,
+                                   thin_wt(W, X))}
                 for product, (loops, blas, taken) in pairs.items():
                     loops(), blas()  # compiled, warm
                     times = {"loops": [], "blas": []}
@@ -75,7 +74,7 @@ def main() -> None:
                     rows.append(row)
                     print(f"{m:5d} x {n:4d} r {r:2d} {row['dtype']:8s} {product}: loops {row['loops_us']:8.1f} us "
                           f"({row['loops_gflops']:5.1f} GF/s)  BLAS {row['blas_us']:8.1f} us "
-                          f"({row['blas_gflops']:5.1f} GF/s)  ratio {row['ratio']:.2f}{'  taken' if taken else ''}", flush=True)
+                          f"({row['blas_gflops']:5.1f} GF/s)  ratio {row['ratio']:.2f}{'  taken' * taken}", flush=True)
     write_results({"machine": machine(), "repeats": args.repeats, "results": rows}, args.out)
 
 

@@ -30,8 +30,9 @@ import warnings
 import numpy as np
 
 #: rows per group, columns, groups and rank of the warm-up data: enough for every method (a rank below each
-#: group's rows, several groups), small enough that a fit costs milliseconds once its kernels are compiled
-ROWS, COLUMNS, GROUPS, RANK = 12, 10, 3, 2
+#: group's rows, several groups; as many columns as the thin products' loops take, ``kernels/products.py``), small
+#: enough that a fit costs milliseconds once its kernels are compiled
+ROWS, COLUMNS, GROUPS, RANK = 12, 64, 3, 2
 #: iterations of each warm-up fit: every kernel a fit calls runs in its first iteration
 ITERATIONS = 2
 KERNELS = f"{__package__}.kernels."

@@ -169,16 +169,16 @@ def test_mu_updates_are_numpys_operations_bit_for_bit(dtype, shifted):
 def test_dense_x_times_ht_does_not_depend_on_where_ht_starts():
     """``block_times_ht`` copies H^T unaligned for BLAS (issue 19: BLAS's NN product, without the cost of an aligned
     copy): the product's bits must not depend on the copy's offset from a 64-byte boundary (X aligned, as blocks
-    are). The shapes are those BLAS takes (not the thin loops': a dozen columns, a rank above ``THIN_RANK``, more
-    work than ``PARALLEL_WORK``, float32)."""
+    are). The shapes are those BLAS takes (not the thin loops': a dozen columns, a rank above ``THIN_XHT_RANK``, more
+    work than ``THIN_WORK``, float32)."""
     from distfact.kernels.memory import aligned_copy
-    from distfact.kernels.products import THIN_RANK, _thin, block_times_ht
+    from distfact.kernels.products import block_times_ht, thin_xht
 
     rng = np.random.default_rng(12)
     for m, n, r, dtype in [(297, 12, 5, np.float64), (1500, 333, 17, np.float64), (4000, 300, 5, np.float64),
                            (400, 100, 5, np.float32), (2001, 250, 20, np.float32)]:
         X, H = aligned_copy(rng.random((m, n)).astype(dtype)), rng.random((r, n)).astype(dtype)
-        assert not _thin(X, r, THIN_RANK)
+        assert not thin_xht(X, H)
         expected = block_times_ht(X, H)
         for offset in range(0, 64, np.dtype(dtype).itemsize):
             buffer = np.empty(H.nbytes + 128, np.uint8)
@@ -188,59 +188,88 @@ def test_dense_x_times_ht_does_not_depend_on_where_ht_starts():
             assert np.array_equal(X @ Ht, expected), (m, n, r, dtype, offset)
 
 
-#: thin products (``kernels/products.py: _thin``) with every remainder of the loops' groups of four rows and two rows
-#: of H, and the largest ranks of each loop
-THIN_SHAPES = [(m, n, r) for m in (1, 2, 3, 4, 5, 7, 401) for n in (64, 101) for r in (2, 3, 5, 8)] + [(9, 64, 12)]
+#: thin products (``kernels/products.py``: ``thin_xht``, ``thin_wt``) with every remainder of the loops' groups of four
+#: rows (m = 6: a whole group, then two rows) and two rows of H, and the largest ranks of each loop
+THIN_SHAPES = [(m, n, r) for m in (0, 1, 2, 3, 4, 5, 6, 7, 201) for n in (64, 101) for r in (2, 3, 5, 8)] + \
+    [(9, 64, 12)]
 
 
 def test_thin_products_equal_float64_products_and_a_rows_bits_do_not_depend_on_its_block():
     """The thin products of small dense blocks (``kernels/products.py``: ``_thin_times_ht``, ``_thin_wt_times``, not
     BLAS) against numpy's: within the rounding of n (or m) terms, at shapes with every remainder of their groups of
-    four rows and two rows of H. A row of X H^T has the
-    same bits whatever rows come before it (a block may start anywhere: X[s:] gives rows s: of X's product), and
-    neither product's bits depend on where X and H start against a 64-byte boundary (as BLAS's do not)."""
-    from distfact.kernels.products import THIN_RANK, THIN_WT_RANK, _thin, block_times_ht, wt_times_block
+    four rows and two rows of H, and an empty block. A row of X H^T has the same bits whatever rows come before it
+    (a block may start anywhere: X[s:] gives rows s: of X's product), and neither product's bits depend on where X
+    and H start against a 64-byte boundary (as BLAS's do not) nor on X being read-only (a store's blocks)."""
+    from distfact.kernels.products import THIN_WT_RANK, block_times_ht, thin_wt, thin_xht, wt_times_block
 
     rng = np.random.default_rng(31)
-    dtype, eps = np.float64, np.finfo(np.float64).eps
+    eps = np.finfo(np.float64).eps
     for m, n, r in THIN_SHAPES:
         X, H, W = (rng.random(shape) for shape in ((m, n), (r, n), (m, r)))
-        assert _thin(X, r, THIN_RANK) and _thin(X, r, THIN_WT_RANK) == (r <= THIN_WT_RANK)
+        assert thin_xht(X, H) and thin_wt(W, X) == (r <= THIN_WT_RANK)
         XHt, WtX = block_times_ht(X, H), wt_times_block(W, X)
-        assert XHt.dtype == WtX.dtype == dtype and XHt.shape == (m, r) and WtX.shape == (r, n)
-        assert np.abs(XHt - X @ H.T).max() <= 2 * n * eps * (X @ H.T).max(), (m, n, r)
-        assert np.abs(WtX - W.T @ X).max() <= 2 * m * eps * (W.T @ X).max(), (m, n, r)
-        for s in range(1, min(m, 4)):
+        assert XHt.dtype == WtX.dtype == np.float64 and XHt.shape == (m, r) and WtX.shape == (r, n)
+        scale = max(n, m, 1) * eps * np.abs(X).sum(initial=1.0)
+        assert np.abs(XHt - X @ H.T).max(initial=0) <= 2 * n * eps * (X @ H.T).max(initial=0), (m, n, r)
+        assert np.abs(WtX - W.T @ X).max(initial=0) <= 2 * m * eps * (W.T @ X).max(initial=0) + (m == 0) * scale
+        for s in range(1, min(m, 5)):
             assert np.array_equal(block_times_ht(X[s:], H), XHt[s:]), (m, n, r, s)
-        for offset in (8, 24, 40):
+        read_only = X.copy()
+        read_only.flags.writeable = False
+        assert np.array_equal(block_times_ht(read_only, H), XHt) and np.array_equal(wt_times_block(W, read_only), WtX)
+        for offset in (0, 8, 24, 40):
             buffer = np.empty(X.nbytes + H.nbytes + 256, np.uint8)
             start = (-buffer.ctypes.data) % 64 + offset
-            X_at = buffer[start:start + X.nbytes].view(dtype).reshape(m, n)
-            H_at = buffer[start + X.nbytes + 64:start + X.nbytes + 64 + H.nbytes].view(dtype).reshape(r, n)
+            X_at = buffer[start:start + X.nbytes].view(np.float64).reshape(m, n)
+            H_at = buffer[start + X.nbytes + 64:start + X.nbytes + 64 + H.nbytes].view(np.float64).reshape(r, n)
             X_at[...], H_at[...] = X, H
             assert np.array_equal(block_times_ht(X_at, H_at), XHt), (m, n, r, offset)
             assert np.array_equal(wt_times_block(W, X_at), WtX), (m, n, r, offset)
 
 
 def test_products_outside_the_thin_loops_are_blas():
-    """What the thin loops do not take is numpy's product, the same bits: ranks above ``THIN_RANK`` (``THIN_WT_RANK``
-    for W^T X) or of 1, fewer than ``THIN_COLUMNS`` columns, W^T X beyond ``THIN_OUTPUT_BYTES``, float32, mixed
-    dtypes, a non-contiguous X."""
-    from distfact.kernels.products import (THIN_COLUMNS, THIN_OUTPUT_BYTES, THIN_RANK, THIN_WT_RANK, block_times_ht,
-                                           wt_times_block)
+    """What the thin loops do not take is numpy's product, the same bits (and numpy's ValueError for factors whose
+    shapes do not match X's): ranks above ``THIN_XHT_RANK`` (``THIN_WT_RANK`` for W^T X) or of 1, fewer than
+    ``THIN_COLUMNS`` columns, more than ``THIN_WORK`` multiply-adds, W^T X beyond ``THIN_OUTPUT_BYTES``, float32,
+    big-endian float64, mixed dtypes, a non-contiguous X."""
+    from distfact.kernels.products import (THIN_COLUMNS, THIN_OUTPUT_BYTES, THIN_WORK, THIN_WT_RANK, THIN_XHT_RANK,
+                                           block_times_ht, wt_times_block)
 
     rng = np.random.default_rng(32)
     wide = THIN_OUTPUT_BYTES // (8 * 4) + 1  # W^T X of rank 4 over this many columns: beyond THIN_OUTPUT_BYTES
-    cases = [(rng.random((50, 80)), THIN_RANK + 1, np.float64), (rng.random((50, 80)), 1, np.float64),
-             (rng.random((50, wide)), 1, np.float64), (rng.random((50, THIN_COLUMNS - 1)), 5, np.float64),
-             (rng.random((50, 80)).astype(np.float32), 5, np.float32), (rng.random((50, 80)), 3, np.float32),
-             (rng.random((80, 50)).T, 3, np.float64)]
-    for X, r, dtype in cases + [(rng.random((50, 80)), THIN_WT_RANK + 1, np.float64),
-                                (rng.random((50, wide)), 4, np.float64)]:  # W^T X alone: X H^T's loops take these
+    both_blas = [(rng.random((50, 80)), THIN_XHT_RANK + 1, np.float64), (rng.random((50, 80)), 1, np.float64),
+                 (rng.random((50, THIN_COLUMNS - 1)), 5, np.float64), (rng.random((THIN_WORK // 400 + 1, 100)), 4, float),
+                 (rng.random((50, 80)).astype(np.float32), 5, np.float32), (rng.random((50, 80)), 3, np.float32),
+                 (rng.random((50, 80)).astype(">f8"), 3, ">f8"), (rng.random((80, 50)).T, 3, np.float64)]
+    wt_blas = [(rng.random((50, 80)), THIN_WT_RANK + 1, np.float64), (rng.random((50, wide)), 4, np.float64)]
+    for X, r, dtype in both_blas + wt_blas:
         H, W = rng.random((r, X.shape[1])).astype(dtype), rng.random((X.shape[0], r)).astype(dtype)
         assert np.array_equal(wt_times_block(W, X), W.T @ X)
-        if any(X is case[0] for case in cases):
-            assert np.array_equal(block_times_ht(X, H), X @ np.ascontiguousarray(H.T))
+    for X, r, dtype in both_blas:
+        H = rng.random((r, X.shape[1])).astype(dtype)
+        assert np.array_equal(block_times_ht(X, H), X @ np.ascontiguousarray(H.T))
+    X = rng.random((10, 100))
+    with pytest.raises(ValueError):
+        wt_times_block(rng.random((3, 5)), X)
+    with pytest.raises(ValueError):
+        block_times_ht(X, rng.random((5, 80)))
+
+
+@pytest.mark.parametrize("solver,loss", CASES)
+def test_fits_through_the_thin_products_equal_the_transcription(solver, loss):
+    """A fit whose blocks take the thin loops (dense float64, rank 4, 80 columns, blocks of 30 rows: every product of
+    its local steps, statistics and pass 0) against the numpy transcription of the paper's updates: the same iterates
+    to rounding."""
+    from distfact.kernels.products import thin_wt, thin_xht
+
+    rng = np.random.default_rng(33)
+    X = rng.random((90, 4)) @ rng.random((4, 80)) + 0.01 * rng.random((90, 80))
+    W0, H0 = start_point(X, 4)
+    assert thin_xht(X[:30], H0) and thin_wt(W0[:30], X[:30])
+    model = distfact.NMF(4, solver=solver, beta_loss=loss, init="custom", max_iter=12, tol=0, block_rows=30)
+    W = model.fit_transform(X, W=W0, H=H0)
+    W_ref, H_ref = ORACLES[solver, loss](X, W0, H0, 12)
+    assert relative_diff(W, W_ref) < 1e-10 and relative_diff(model.components_, H_ref) < 1e-10
 
 
 @pytest.mark.parametrize("solver,loss", CASES)

@@ -20,7 +20,7 @@ from distfact.warmup import cached_kernels, compilations
 warnings.simplefilter("ignore")
 kernels = cached_kernels()
 rng = np.random.default_rng(1)
-dense = rng.random((90, 30))
+dense = rng.random((90, 70))  # wide enough for the thin products' loops (kernels/products.py: THIN_COLUMNS)
 dense[dense < 0.6] = 0.0
 groups, labels = np.repeat(["a", "b", "c"], 30), np.repeat([0, 1, 2], 30)
 for dtype in (np.float64, np.float32):

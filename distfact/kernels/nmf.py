@@ -15,8 +15,8 @@ import scipy.sparse as sp
 from .blas_threads import map_on_blas_threads
 from .memory import aligned, aligned_copy, empty_aligned
 from .prefetch import PREFETCH_DISTANCE, prefetch_row
-from .products import (PARALLEL_WORK, block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block,
-                       wh_at_nonzeros, wt_times_block)
+from .products import (block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block, wh_at_nonzeros,
+                       wt_times_block)
 
 #: Bytes of X per tile of the dense local step: a tile stays in the core's cache while both products
 #: (X_t H^T, then W_t^T X_t) read it, so that a pass reads X from memory once.
@@ -25,6 +25,8 @@ TILE_BYTES = 1 << 20
 #: which run side by side on BLAS's threads (``blas_threads``). The chunks depend on the block's shape
 #: only, so the sums are the same on any number of threads and on a cluster's workers.
 MAX_CHUNKS = 8
+#: Blocks with fewer multiply-adds (rows x columns x rank) than this run their chunks in the calling thread.
+PARALLEL_WORK = 1 << 22
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -314,14 +316,15 @@ def _tile_rows(X) -> int:
 
 def shares_products(X, Ws, Hs) -> bool:
     """Whether ``frobenius_local_many`` takes these models' local steps on the dense block X: each of them goes
-    through the tiled step alone (``_tiled``). On a block of one tile the models' products are small and numpy's
-    (multi-threaded BLAS on the whole block): shared, they were measured no faster (400 x 100, 10 models)."""
+    through the tiled step alone (``_tiled``). On a block of one tile the models' products are small (``products.py``:
+    BLAS's on the whole block, or the thin loops'): shared, they were measured no faster (400 x 100, 10 models)."""
     return isinstance(X, np.ndarray) and all(_tiled(X, W, H) for W, H in zip(Ws, Hs))
 
 
 def _tiled(X, *factors) -> bool:
     """Whether a dense block goes through ``_dense_frobenius_local``: more than one tile, and one precision (mixed
-    precisions take numpy's products in the wider type; one tile is numpy's products on the whole block)."""
+    precisions take numpy's products in the wider type; one tile is ``block_times_ht`` and ``wt_times_block`` on the
+    whole block)."""
     return X.shape[0] > _tile_rows(X) and np.result_type(X, *factors) == X.dtype
 
 

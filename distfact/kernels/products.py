@@ -14,11 +14,6 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-#: Blocks with fewer multiply-adds (rows x columns x rank) than this run their products in the calling thread (the
-#: dense local step's row chunks, ``kernels/nmf.py``; the thin products below).
-PARALLEL_WORK = 1 << 22
-
-
 def is_sparse(X) -> bool:
     """``scipy.sparse.issparse``, answered for a numpy array without scipy's abstract-class check (asked in every
     local step of a small fit, issue 19)."""
@@ -42,35 +37,51 @@ def block_column_sums(X) -> np.ndarray:
     return np.asarray(X.sum(axis=0, dtype=np.float64)).ravel()
 
 
-#: Thin products of a small float64 block (fewer than ``PARALLEL_WORK`` multiply-adds, so BLAS would run them on one
-#: thread) run in the register-blocked loops below where they beat OpenBLAS's kernels for a factor of a few columns
-#: (measured on an AMD EPYC core, ``benchmarks/bench_thin_products.py``): X H^T at ranks 2 to ``THIN_RANK`` and
-#: W^T X at ranks 2 to ``THIN_WT_RANK``, over at least ``THIN_COLUMNS`` columns (400 x 100 by rank 5: X H^T 18
-#: against 35 us, W^T X 30 against 37; 2,000 x 200 by rank 10: X H^T 0.42 against 0.61 ms). Elsewhere BLAS was as
-#: fast or faster: rank 1, a dozen columns (UCI Heart's), W^T X at rank 16, float32 (SGEMM runs at twice DGEMM's rate).
-THIN_RANK = 12
-THIN_WT_RANK = 8
+#: Thin products of a small float64 block run in the register-blocked loops below, not in BLAS, where every run of
+#: ``benchmarks/bench_thin_products.py`` on an AMD EPYC core found the loops faster (400 x 100 by rank 5: X H^T 18-22
+#: against 35-36 us, W^T X 22-30 against 29-37; X H^T at ranks 2 to 12 0.30-0.67 of BLAS's time, W^T X at rank 2 0.42,
+#: at rank 8 1.05): X H^T at ranks 2 to ``THIN_XHT_RANK``, W^T X at ranks 2 to ``THIN_WT_RANK`` within
+#: ``THIN_OUTPUT_BYTES``, over at least ``THIN_COLUMNS`` columns, below ``THIN_WORK`` multiply-adds (OpenBLAS threads a
+#: product from 2^18 on; the loops run on one). Left to BLAS, where the runs disagreed or BLAS won: rank 1, blocks of
+#: a dozen columns (UCI Heart's), float32 (SGEMM runs at twice DGEMM's rate here).
+THIN_XHT_RANK = 12
+THIN_WT_RANK = 5
 THIN_COLUMNS = 64
+THIN_WORK = 1 << 18
 #: W^T X's loop adds each group of rows into all of W^T X: kept within L1 (rank x columns x itemsize), or BLAS.
 THIN_OUTPUT_BYTES = 16 << 10
 
 
-def _thin(X, r: int, max_rank: int) -> bool:
+def _takes_thin_loops(X, r: int, max_rank: int) -> bool:
     """Whether a product of the dense block X with a factor of rank r (at most ``max_rank``) takes the thin loops:
     a small C-contiguous float64 X of at least ``THIN_COLUMNS`` columns."""
-    return (2 <= r <= max_rank and X.ndim == 2 and X.dtype.char == "d" and X.shape[1] >= THIN_COLUMNS
-            and X.shape[0] * X.shape[1] * r < PARALLEL_WORK and X.flags.c_contiguous)
+    return (2 <= r <= max_rank and X.ndim == 2 and X.dtype == np.float64 and X.shape[1] >= THIN_COLUMNS
+            and X.shape[0] * X.shape[1] * r < THIN_WORK and X.flags.c_contiguous)
+
+
+def thin_xht(X, H) -> bool:
+    """Whether ``block_times_ht(X, H)`` takes :func:`_thin_times_ht` (H of X's dtype and columns)."""
+    return H.dtype == X.dtype and H.ndim == 2 and H.shape[1] == X.shape[1] and _takes_thin_loops(X, H.shape[0],
+                                                                                                  THIN_XHT_RANK)
+
+
+def thin_wt(W, X) -> bool:
+    """Whether ``wt_times_block(W, X)`` takes :func:`_thin_wt_times` (W of X's dtype and rows, W^T X within
+    ``THIN_OUTPUT_BYTES``)."""
+    return (W.dtype == X.dtype and W.ndim == 2 and W.shape[0] == X.shape[0] and _takes_thin_loops(X, W.shape[1],
+                                                                                                    THIN_WT_RANK)
+            and W.shape[1] * X.shape[1] * X.itemsize <= THIN_OUTPUT_BYTES)
 
 
 def block_times_ht(X, H: np.ndarray) -> np.ndarray:
-    """X_b H^T (rows x r), X_b's dtype. A thin product (``_thin``) in :func:`_thin_times_ht`; other dense ones take
-    H^T C-contiguous: OpenBLAS's "NN" product of a thin right factor is faster than its "NT" one on a transposed view
-    on some CPUs (400 x 100 by rank 5: 17 against 47 us on a Xeon, issue 19; from a few thousand rows on, the two are
-    alike), for a copy of H (r x n). The copy is not aligned (an aligned one costs 6 us there): the product's bits do
-    not depend on where its right factor starts (tests/test_nmf.py)."""
+    """X_b H^T (rows x r), X_b's dtype. A thin product (:func:`thin_xht`) in :func:`_thin_times_ht`; other dense ones
+    take H^T C-contiguous: OpenBLAS's "NN" product of a thin right factor is faster than its "NT" one on a transposed
+    view on some CPUs (400 x 100 by rank 5: 17 against 47 us on a Xeon, issue 19; from a few thousand rows on, the
+    two are alike), for a copy of H (r x n). The copy is not aligned (an aligned one costs 6 us there): the product's
+    bits do not depend on where its right factor starts (tests/test_nmf.py)."""
     if is_sparse(X):
         return np.asarray(X @ H.T)
-    if H.dtype == X.dtype and _thin(X, H.shape[0], THIN_RANK):
+    if thin_xht(X, H):
         out = np.empty((X.shape[0], H.shape[0]), X.dtype)
         _thin_times_ht(X, np.ascontiguousarray(H), out)
         return out
@@ -78,13 +89,12 @@ def block_times_ht(X, H: np.ndarray) -> np.ndarray:
 
 
 def wt_times_block(W: np.ndarray, X) -> np.ndarray:
-    """W_b^T X_b (r x n), without densifying a sparse X_b. A thin product (``_thin``, and W^T X within
-    ``THIN_OUTPUT_BYTES``) in :func:`_thin_wt_times`."""
+    """W_b^T X_b (r x n), without densifying a sparse X_b. A thin product (:func:`thin_wt`) in
+    :func:`_thin_wt_times`."""
     if is_sparse(X):
         return np.ascontiguousarray((X.T @ W).T)
-    r = W.shape[1]
-    if W.dtype == X.dtype and _thin(X, r, THIN_WT_RANK) and r * X.shape[1] * X.dtype.itemsize <= THIN_OUTPUT_BYTES:
-        out = np.empty((r, X.shape[1]), X.dtype)
+    if thin_wt(W, X):
+        out = np.empty((W.shape[1], X.shape[1]), X.dtype)
         _thin_wt_times(np.ascontiguousarray(W), X, out)
         return out
     return W.T @ X
@@ -95,7 +105,8 @@ def _thin_times_ht(X, H, out):
     """``out`` <- X H^T, four rows of X by two rows of H at a time: eight sums share each load of X and H (BLAS's
     thin kernels reload them). Each entry is one row's dot product with one row of H, its terms summed in the
     vectorised loop's order (``reassoc``) whatever the entry's place in its group: past X's last row (and H's) the
-    group repeats it, so a row's bits do not depend on where its block starts."""
+    group repeats it, so within these loops a row's bits do not depend on where its block starts (a block that BLAS
+    takes instead gives BLAS's bits: other chunkings agree to rounding, as they do anyway)."""
     m, n = X.shape
     r = H.shape[0]
     zero = out.dtype.type(0)

@@ -103,7 +103,8 @@ class InProcessExecutor(Executor):
     def _serial(self) -> bool:
         """Blocks run one after the other when there is nothing to overlap: one thread or
         one block, or dense blocks given in memory, whose BLAS products use every core
-        (on 2 cores, one 2-thread product beats two 1-thread ones). Blocks of a store (read by every pass, or held),
+        (on 2 cores, one 2-thread product beats two 1-thread ones; a small block's thin products, too small for BLAS
+        to thread, run in one thread's loops: ``kernels/products.py``). Blocks of a store (read by every pass, or held),
         or CSR blocks (single-threaded kernels), run in parallel threads: a held store's blocks are cut as the store
         was written, not one a thread, and the masked and sweep kernels of a cross-validation are single-threaded
         (run in turn, ``select_rank`` on a held 6,000 x 400 store took 33 s against 21 s in threads).
