@@ -237,8 +237,9 @@ def test_products_outside_the_thin_loops_are_blas():
 
     rng = np.random.default_rng(32)
     wide = THIN_OUTPUT_BYTES // (8 * 4) + 1  # W^T X of rank 4 over this many columns: beyond THIN_OUTPUT_BYTES
+    above_work = rng.random((THIN_WORK // 400 + 1, 100))  # by rank 4: THIN_WORK multiply-adds or more
     both_blas = [(rng.random((50, 80)), THIN_XHT_RANK + 1, np.float64), (rng.random((50, 80)), 1, np.float64),
-                 (rng.random((50, THIN_COLUMNS - 1)), 5, np.float64), (rng.random((THIN_WORK // 400 + 1, 100)), 4, float),
+                 (rng.random((50, THIN_COLUMNS - 1)), 5, np.float64), (above_work, 4, np.float64),
                  (rng.random((50, 80)).astype(np.float32), 5, np.float32), (rng.random((50, 80)), 3, np.float32),
                  (rng.random((50, 80)).astype(">f8"), 3, ">f8"), (rng.random((80, 50)).T, 3, np.float64)]
     wt_blas = [(rng.random((50, 80)), THIN_WT_RANK + 1, np.float64), (rng.random((50, wide)), 4, np.float64)]
