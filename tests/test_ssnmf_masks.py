@@ -157,29 +157,51 @@ def test_values_at_missing_entries_never_change_a_complement_block(model, layout
         np.testing.assert_array_equal(ours[1][name], theirs[1][name], err_msg=name)
 
 
+def few_observed(shape, seed):
+    """Weights 0 but at about 10% of the entries 1 and 5% 0.5: every block in the observed form."""
+    u = np.random.default_rng(seed).random(shape)
+    return np.where(u < 0.1, 1.0, np.where(u < 0.15, 0.5, 0.0))
+
+
 @pytest.mark.parametrize("layout", ["dense", "csr"])
 @pytest.mark.parametrize("model", MODELS)
-def test_a_complement_blocks_kept_values_give_the_steps_of_gathering_them(model, layout, monkeypatch):
-    """From its first step on, a complement block's local state keeps X_b's values at the mask's entries and where
-    X_b reads as 0 (kernels/masked.py: KEPT_VALUES; gathered again every step before, a tenth of a fit with a fold's
-    mask, issue 19): the next step is bitwise the one that gathers them, with X_b holding other values at its
-    missing entries than at the first step."""
+@pytest.mark.parametrize("form", [COMPLEMENT, OBSERVED])
+def test_a_masked_blocks_kept_values_give_the_steps_of_gathering_them(form, model, layout, monkeypatch):
+    """From its first step on, a masked block's local state keeps X_b's values at the mask's entries (and, for the
+    complement, where X_b reads as 0) (kernels/masked.py: KEPT_VALUES; ``kernels/ssnmf.py: Complement``,
+    ``Observed``; gathered again every step before, by every term's kernel for the observed form: issue 19): the next
+    step is bitwise the one that gathers them, with X_b holding other values at its missing entries than at the
+    first step, and it does not gather. The observed form's values, and M o X_b it forms from them, are numpy's
+    gather and scipy's product."""
+    import distfact.kernels.masked as km
+    import distfact.kernels.ssnmf as ks
+
     X, _, _, _ = problem(layout, seed=11)
     X = np.nan_to_num(X.toarray() if layout == "csr" else X)
     rng = np.random.default_rng(11)
-    M = few_weights_not_one(X.shape, seed=11)
+    M = few_weights_not_one(X.shape, seed=11) if form == COMPLEMENT else few_observed(X.shape, seed=11)
+    P = sp.csr_matrix(1.0 - M if form == COMPLEMENT else M)
     method = SSNMFMethod(3, model, lam=0.5)
     G = method.initial_global(X, rng, n_targets=2)
     as_layout = sp.csr_matrix if layout == "csr" else np.asarray
-    local = {COMPLEMENT: sp.csr_matrix(1.0 - M), "W": rng.random((X.shape[0], 3)), "Y": rng.random((X.shape[0], 2))}
+    local = {form: P, "W": rng.random((X.shape[0], 3)), "Y": rng.random((X.shape[0], 2))}
     X_first = as_layout(with_values_at(X, M == 0, 0))
     first, _ = method.local_step(X_first, local, None, G)
-    assert set(KEPT_VALUES) <= first.keys()
+    assert set(KEPT_VALUES) <= first.keys() and len(first["x_at_P"]) == P.nnz
     held = X_first.toarray() if layout == "csr" else X_first
-    assert len(first["zeroed_at_P"]) == np.count_nonzero((M == 0) & (held != 0)) > 0
+    if form == COMPLEMENT:
+        assert len(first["zeroed_at_P"]) == np.count_nonzero((M == 0) & (held != 0)) > 0
+    else:
+        rows = np.repeat(np.arange(P.shape[0]), np.diff(P.indptr))
+        np.testing.assert_array_equal(first["x_at_P"], held[rows, P.indices])
+        MX, m = ks.block_mask(X_first, first)[1].masked_x()
+        expected = sp.csr_matrix(P.multiply(X_first))
+        expected.eliminate_zeros()
+        for ours, theirs in ((MX.indptr, expected.indptr), (MX.indices, expected.indices), (MX.data, expected.data),
+                             (m, np.asarray(P[expected.nonzero()]).ravel())):
+            np.testing.assert_array_equal(ours, theirs)
     X_next = as_layout(with_values_at(X, M == 0, 1))
     theirs = method.local_step(X_next, {name: v for name, v in first.items() if name not in KEPT_VALUES}, None, G)
-    import distfact.kernels.masked as km
 
     def no_gather(P, X):
         raise AssertionError("gathered X_b at the mask's entries although the local state keeps them")
@@ -188,45 +210,6 @@ def test_a_complement_blocks_kept_values_give_the_steps_of_gathering_them(model,
     ours = method.local_step(X_next, first, None, G)
     for name in KEPT_VALUES:
         np.testing.assert_array_equal(ours[0][name], theirs[0][name])
-    np.testing.assert_array_equal(ours[0]["W"], theirs[0]["W"])
-    assert ours[1].keys() == theirs[1].keys()
-    for name in ours[1]:
-        np.testing.assert_array_equal(ours[1][name], theirs[1][name], err_msg=name)
-
-
-@pytest.mark.parametrize("layout", ["dense", "csr"])
-@pytest.mark.parametrize("model", MODELS)
-def test_an_observed_blocks_kept_values_give_the_steps_of_gathering_them(model, layout, monkeypatch):
-    """The observed form (few entries observed, M's CSR): from its first step on, the block's local state keeps X_b's
-    values at M's entries (``kernels/ssnmf.py: Observed``; gathered by every term's kernel, every step, before:
-    issue 19), and a step's terms share W H at M's entries and M o X_b. The next step is bitwise the step of the
-    kernels given M's CSR itself (each term gathering x, forming W H and M o X_b), with X_b holding other values at
-    its unobserved entries than at the first step, and it does not gather."""
-    import distfact.kernels.masked as km
-    import distfact.kernels.ssnmf as ks
-
-    X, _, _, _ = problem(layout, seed=12)
-    X = np.nan_to_num(X.toarray() if layout == "csr" else X)
-    rng = np.random.default_rng(12)
-    u = rng.random(X.shape)
-    M = np.where(u < 0.1, 1.0, np.where(u < 0.15, 0.5, 0.0))  # about 15% observed, some with weight 0.5
-    method = SSNMFMethod(3, model, lam=0.5)
-    G = method.initial_global(X, rng, n_targets=2)
-    as_layout = sp.csr_matrix if layout == "csr" else np.asarray
-    local = {OBSERVED: sp.csr_matrix(M), "W": rng.random((X.shape[0], 3)), "Y": rng.random((X.shape[0], 2))}
-    first, _ = method.local_step(as_layout(with_values_at(X, M == 0, 0)), local, None, G)
-    assert set(KEPT_VALUES) <= first.keys() and len(first["x_at_P"]) == local[OBSERVED].nnz
-    X_next = as_layout(with_values_at(X, M == 0, 1))
-    with monkeypatch.context() as patched:  # the kernels on M's CSR, as before the Observed form
-        patched.setattr(ks, "block_mask", lambda X_b, local: (X_b, local[OBSERVED]))
-        theirs = method.local_step(X_next, {name: v for name, v in first.items() if name not in KEPT_VALUES}, None, G)
-
-    def no_gather(P, X):
-        raise AssertionError("gathered X_b at the mask's entries although the local state keeps them")
-
-    monkeypatch.setattr(km, "values_at", no_gather)
-    ours = method.local_step(X_next, first, None, G)
-    np.testing.assert_array_equal(ours[0]["x_at_P"], first["x_at_P"])
     np.testing.assert_array_equal(ours[0]["W"], theirs[0]["W"])
     assert ours[1].keys() == theirs[1].keys()
     for name in ours[1]:

@@ -2,8 +2,9 @@
 
 distfact's orientation, rows are samples: X_b (m_b x n) ~ W_b H, Y_b (m_b x k) ~ W_b B, with W_b >= 0
 (m_b x r, local; the paper's S^T), H >= 0 (r x n, global; the paper's A^T), B >= 0 (r x k, global;
-the paper's B^T). Weights: M_b (m_b x n, the paper's data mask W^T; a CSR matrix of its observed weights, a
-:class:`Complement`, or None for all ones, which is never built) and L_b (m_b x k, the paper's label mask; dense, or None for all ones).
+the paper's B^T). Weights: M_b (m_b x n, the paper's data mask W^T; an :class:`Observed` (the CSR matrix of its
+observed weights), a :class:`Complement`, or None for all ones, which is never built) and L_b (m_b x k, the
+paper's label mask; dense, or None for all ones).
 
 Each loss term, reconstruction R(X, W H; M) or supervision S(Y, W B; L), is Frobenius ("F",
 ||M o (X - W H)||_F^2) or I-divergence ("D", D(M o X || M o W H)). For the multiplicative update of W
@@ -19,7 +20,8 @@ I-divergence's log as log((x + eps) / (wh + eps)). A sparse X, or a sparse mask,
 its non-zeros (the zeros of X enter the I-divergence through sum(W H) = (1^T W)(H 1)).
 
 A data mask comes in either sparse form of ``kernels/masked.py`` (``block_mask`` reads it from a block's local
-state): "observed", P = M itself (few entries observed: the terms are evaluated on M's entries, as above), or
+state): "observed", P = M itself (few entries observed: the terms are evaluated on M's entries, as above), given
+to the kernels as an :class:`Observed`, or
 "complement", P holding p = 1 - m at the entries whose weight m is not 1 (few entries masked: X's NaN entries, a
 store's "complement" blocks), given to the kernels as a :class:`Complement`. With M = 1 - P every masked product
 is then the unmasked one less P's entries, O(entries of P x r) on top of the unmasked term, never a product with
@@ -42,15 +44,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from .masked import (COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, kept_constants, observed_block, positions_at,
-                     values_at)
+from .masked import COMPLEMENT, KEPT_VALUES, OBSERVED, block_values, kept_constants, observed_block, positions_at
 from .products import block_times_ht, pattern_times_ht, wh_at_nonzeros, wt_times_block, wt_times_pattern
 
 LOSSES = ("F", "D")
 
 
 def _dense_path(X, mask) -> bool:
-    return not sp.issparse(X) and (mask is None or not (sp.issparse(mask) or isinstance(mask, Observed)))
+    """A dense X with no mask or a dense one (a label mask); an :class:`Observed` data mask is evaluated on its
+    entries."""
+    return not sp.issparse(X) and not isinstance(mask, Observed)
 
 
 def _on_support(S: sp.csr_matrix, values) -> sp.csr_matrix:
@@ -60,23 +63,43 @@ def _on_support(S: sp.csr_matrix, values) -> sp.csr_matrix:
     return out
 
 
-def _mask_values(X, W, H, mask):
-    """On the mask's stored entries (a CSR matrix, or an :class:`Observed`), in its data order: the CSR matrix, its
-    values m, x there, and W H there."""
-    if isinstance(mask, Observed):
-        return (mask.M, *mask.values(W, H))
-    mask = sp.csr_matrix(mask)
-    return mask, mask.data, values_at(mask, X), wh_at_nonzeros(mask, W, H)
+def _mask_values(mask: "Observed", W, H):
+    """On an observed-form mask's stored entries, in its data order: M's CSR, its values m, x there, and W H there."""
+    return (mask.M, *mask.values(W, H))
 
 
-def _mask_terms(X, W, H, mask):
+def _mask_terms(mask: "Observed", W, H):
     """As :func:`_mask_values`, with m * (W H) in place of W H."""
-    mask, m, x, wh = _mask_values(X, W, H, mask)
+    mask, m, x, wh = _mask_values(mask, W, H)
     return mask, m, x, m * wh
 
 
 @dataclass(frozen=True, eq=False)
-class Complement:
+class _MaskEntries:
+    """What either sparse form of a block's data mask gives the term kernels at its stored entries (``pattern``, CSR):
+    the weights m there, X_b's values ``x`` there and W H there, and the constants the block's local state keeps."""
+
+    _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def values(self, W, H):
+        """At the pattern's entries, in its data order: the weights m, x and W H. Asked again for the same W and H
+        objects (a step's statistics, loss and observed sums at the new W_b; the kernels never change W or H in
+        place), the arrays of the first call: W H there is formed once."""
+        last = self._last.get("values")
+        if last is not None and last[0] is W and last[1] is H:
+            return last[2]
+        values = self.weights(), self.x, wh_at_nonzeros(self.pattern, W, H)
+        self._last["values"] = (W, H, values)
+        return values
+
+    def constants(self) -> dict:
+        """What the block's local state keeps from its first step on (``masked.py: KEPT_VALUES``): x and
+        ``zeroed_at``."""
+        return dict(zip(KEPT_VALUES, (self.x, self.zeroed_at)))
+
+
+@dataclass(frozen=True, eq=False)
+class Complement(_MaskEntries):
     """A block's data mask in ``kernels/masked.py``'s complement form, as the term kernels take it: ``P`` (CSR)
     holds p = 1 - m at the entries whose weight m is not 1 (every other entry has weight 1), ``x`` X_b's values
     there, X_b read as 0 at the entries of weight 0 (:func:`block_mask`), and ``zeroed_at`` where among P's entries
@@ -85,23 +108,13 @@ class Complement:
     P: sp.csr_matrix
     x: np.ndarray
     zeroed_at: np.ndarray
-    _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def values(self, W, H):
-        """At P's entries, in P's data order: the weights m, x and W H. Asked again for the same W and H objects
-        (a step's statistics, loss and observed sums at the new W_b; the kernels never change W or H in place),
-        the arrays of the first call: W H at P's entries is formed once."""
-        last = self._last.get("values")
-        if last is not None and last[0] is W and last[1] is H:
-            return last[2]
-        values = 1.0 - self.P.data, self.x, wh_at_nonzeros(self.P, W, H)
-        self._last["values"] = (W, H, values)
-        return values
+    @property
+    def pattern(self) -> sp.csr_matrix:
+        return self.P
 
-    def constants(self) -> dict:
-        """What the block's local state keeps from its first step on (``masked.py: KEPT_VALUES``): x and
-        ``zeroed_at``."""
-        return dict(zip(KEPT_VALUES, (self.x, self.zeroed_at)))
+    def weights(self) -> np.ndarray:
+        return 1.0 - self.P.data
 
     def times_ht(self, values, H) -> np.ndarray:
         """(P o Z) H^T for Z's ``values`` at P's entries."""
@@ -113,26 +126,23 @@ class Complement:
 
 
 @dataclass(frozen=True, eq=False)
-class Observed:
+class Observed(_MaskEntries):
     """A block's data mask in ``kernels/masked.py``'s observed form, as the term kernels take it: ``M`` (CSR) holds
     the weights m at the observed entries (every other entry has weight 0), ``x`` X_b's values there (gathered in
-    the block's first step and kept in its local state: :meth:`constants`). What every term of a step reads at M's
-    entries is formed once: W H there per (W, H) (:meth:`values`), M o X_b (:meth:`masked_x`) and m at its stored
-    entries."""
+    the block's first step and kept in its local state: :meth:`constants`; it zeroes no entry of X_b). What every
+    term of a step reads at M's entries is formed once: W H there per (W, H) (:meth:`values`), M o X_b and m at its
+    stored entries (:meth:`masked_x`)."""
 
     M: sp.csr_matrix
     x: np.ndarray
-    _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    zeroed_at = np.zeros(0, np.int64)
 
-    def values(self, W, H):
-        """At M's entries, in M's data order: m, x and W H (formed once for the same W and H objects, as
-        :meth:`Complement.values`)."""
-        last = self._last.get("values")
-        if last is not None and last[0] is W and last[1] is H:
-            return last[2]
-        values = self.M.data, self.x, wh_at_nonzeros(self.M, W, H)
-        self._last["values"] = (W, H, values)
-        return values
+    @property
+    def pattern(self) -> sp.csr_matrix:
+        return self.M
+
+    def weights(self) -> np.ndarray:
+        return self.M.data
 
     def masked_x(self) -> tuple[sp.csr_matrix, np.ndarray]:
         """(M o X_b as a CSR matrix without explicit zeros, m at its stored entries), formed once."""
@@ -142,11 +152,6 @@ class Observed:
             MX.eliminate_zeros()
             self._last["masked_x"] = MX, self.M.data[kept]
         return self._last["masked_x"]
-
-    def constants(self) -> dict:
-        """What the block's local state keeps from its first step on (``masked.py: KEPT_VALUES``): x, and no
-        zeroed entries (the observed form reads X_b at M's entries only)."""
-        return dict(zip(KEPT_VALUES, (self.x, np.zeros(0, np.int64))))
 
 
 def _weights(mask):
@@ -196,7 +201,7 @@ def observed_sums(X, W, H, mask, X_sums=None, F_loss: float | None = None) -> di
         return {"M_sq_error": np.float64(max(sq_error, 0.0)), "M_sq_norm": np.float64(X_sq - np.sum(p * x * x)),
                 "MX_sq_norm": np.float64(X_sq - np.sum((1.0 - m * m) * x * x)),
                 "MX_total": np.float64(X_total - np.sum(p * x))}
-    _, m, x, wh = _mask_values(X, W, H, mask)
+    _, m, x, wh = _mask_values(mask, W, H)
     mx = m * x
     return {"M_sq_error": np.float64(np.sum(m * (x - wh) ** 2)),
             "M_sq_norm": np.float64(np.sum(mx * x)), "MX_sq_norm": np.float64(np.sum(mx * mx)),
@@ -205,13 +210,7 @@ def observed_sums(X, W, H, mask, X_sums=None, F_loss: float | None = None) -> di
 
 def _masked_x(X, mask):
     """M o X as a CSR matrix with explicit zeros removed (X itself when M is all ones)."""
-    if mask is None:
-        return X
-    if isinstance(mask, Observed):
-        return mask.masked_x()[0]
-    MX = sp.csr_matrix(sp.csr_matrix(mask).multiply(X))
-    MX.eliminate_zeros()
-    return MX
+    return X if mask is None else mask.masked_x()[0]
 
 
 def ratio(X, W, H, mask, eps: float):
@@ -232,12 +231,10 @@ def ratio(X, W, H, mask, eps: float):
         if mask is None:
             return X / (eps + W @ H)
         return mask * X / (eps + mask * (W @ H)) * mask
-    MX = _masked_x(X, mask)
-    wh = wh_at_nonzeros(MX, W, H)
     if mask is None:
-        return _on_support(MX, MX.data / (eps + wh))
-    m = mask.masked_x()[1] if isinstance(mask, Observed) else np.asarray(sp.csr_matrix(mask)[MX.nonzero()]).ravel()
-    return _on_support(MX, MX.data / (eps + m * wh) * m)
+        return _on_support(X, X.data / (eps + wh_at_nonzeros(X, W, H)))
+    MX, m = mask.masked_x()
+    return _on_support(MX, MX.data / (eps + m * wh_at_nonzeros(MX, W, H)) * m)
 
 
 def term_update_parts(X, W, H, mask, loss: str, eps: float, HHt=None):
@@ -253,8 +250,8 @@ def term_update_parts(X, W, H, mask, loss: str, eps: float, HHt=None):
         return block_times_ht(X, H), W @ (H @ H.T if HHt is None else HHt)
     if _dense_path(X, mask):
         return (mask * X) @ H.T, (mask * (W @ H)) @ H.T
-    mask, _, _, mwh = _mask_terms(X, W, H, mask)
-    return np.asarray(_masked_x(X, mask) @ H.T), np.asarray(_on_support(mask, mwh) @ H.T)
+    M, _, _, mwh = _mask_terms(mask, W, H)
+    return np.asarray(_masked_x(X, mask) @ H.T), np.asarray(_on_support(M, mwh) @ H.T)
 
 
 def _complement_update_parts(X, W, H, mask: Complement, loss: str, eps: float, HHt):
@@ -287,10 +284,10 @@ def term_stats(X, W, H, mask, loss: str, eps: float, prefix: str) -> dict:
         return {f"{prefix}_num": wt_times_block(W, X), f"{prefix}_WtW": W.T @ W}
     if _dense_path(X, mask):
         return {f"{prefix}_num": W.T @ (mask * X), f"{prefix}_den": W.T @ (mask * (W @ H))}
-    mask, _, _, mwh = _mask_terms(X, W, H, mask)
+    M, _, _, mwh = _mask_terms(mask, W, H)
     r = W.shape[1]
     return {f"{prefix}_num": wt_times_block(W, _masked_x(X, mask)), f"{prefix}_WtW": np.zeros((r, r)),
-            f"{prefix}_den_adj": wt_times_block(W, _on_support(mask, mwh))}
+            f"{prefix}_den_adj": wt_times_block(W, _on_support(M, mwh))}
 
 
 def global_update(F, stats: dict, loss: str, eps: float, prefix: str):
@@ -341,7 +338,7 @@ def term_loss(X, W, H, mask, loss: str, eps: float, stats: dict | None = None, p
             return float(np.sum((x - wh) ** 2) - np.sum(wh ** 2) + np.vdot(W.T @ W, H @ H.T))
         return float(np.sum(x * np.log((x + eps) / (wh + eps)) - x) + W.sum(axis=0) @ H.sum(axis=1))
     else:
-        _, m, x, MWH = _mask_terms(X, W, H, mask)
+        _, m, x, MWH = _mask_terms(mask, W, H)
         MX = m * x
     if loss == "F":
         return float(np.sum((MX - MWH) ** 2))
