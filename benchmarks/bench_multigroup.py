@@ -11,7 +11,7 @@
     1e-3 Gaussian noise, so the data are numerically of rank r_l). Standardised as Section 8.1 (``center=True,
     scale=True``); 'auto' solver (Brent for two groups, Frank-Wolfe for more), defaults otherwise. Timed:
     ``MultigroupSVD.fit`` on the numpy array (the pass over X included), best of 3 (of up to 30 for runs under
-    a second in all: the machine's noise is larger than a 10 ms fit); the paper's figures are
+    a second in all: the machine's noise is larger than a 10 ms fit), after one untimed fit; the paper's figures are
     from a 32-core node. Goal: a third of Table 2 or less. The largest relative duality gap is reported.
 (b) A 10,000,000 x 100 dense float64 matrix (4 groups) in a Zarr store: the fit (``center=True, scale=True``,
     d = 8) against one raw read pass (every block read from the store, in two threads, nothing computed).
@@ -64,6 +64,9 @@ def table2(repeats=3):
     out = {}
     for name, (n, rows, ranks, paper) in TABLE.items():
         X, groups = REAL[name]()[:2] if name in REAL else synthetic(n, rows, ranks)
+        # untimed: the first fit of a process pays one-time costs (imports, first calls), which would use up the
+        # short cases' budget of a second below (heart, the first case, got 3 runs of up to 30)
+        distfact.MultigroupSVD(8, center=True, scale=True).fit(X, groups=groups)
         times = []
         while len(times) < repeats or (sum(times) < 1.0 and len(times) < 10 * repeats):  # short cases: more runs
             start = time.perf_counter()
@@ -104,21 +107,24 @@ def raw_read_seconds(store, threads=2):
 
 
 def big_store(m, n, directory):
+    """(b) in ``directory``: the store is written there and removed at the end, whatever happens."""
     path = os.path.join(directory, "mg10m.zarr")
-    start = time.perf_counter()
-    store = wide_store(m, n, 4, path, block_rows=(128 * 2**20) // (8 * n))
-    ingest = time.perf_counter() - start
-    read_1, _ = raw_read_seconds(store)
-    start = time.perf_counter()
-    model = distfact.MultigroupSVD(8, center=True, scale=True, n_threads=2).fit(store)
-    fit = time.perf_counter() - start
-    read_2, _ = raw_read_seconds(store)
+    try:
+        start = time.perf_counter()
+        store = wide_store(m, n, 4, path, block_rows=(128 * 2**20) // (8 * n))
+        ingest = time.perf_counter() - start
+        read_1, _ = raw_read_seconds(store)
+        start = time.perf_counter()
+        model = distfact.MultigroupSVD(8, center=True, scale=True, n_threads=2).fit(store)
+        fit = time.perf_counter() - start
+        read_2, _ = raw_read_seconds(store)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
     read = min(read_1, read_2)
     result = {"shape": [m, n], "store_gib": store.nbytes / 2**30, "n_blocks": store.n_blocks, "write_seconds": ingest,
               "raw_read_seconds": [read_1, read_2], "fit_seconds": fit, "n_passes": model.n_passes_,
               "goal_seconds": 2 * read + 1, "meets_goal": fit <= 2 * read + 1}
     print("10M x 100", result, flush=True)
-    shutil.rmtree(path, ignore_errors=True)
     return result
 
 
@@ -132,8 +138,12 @@ def main():
     results["table2"] = table2(repeats=1 if args.quick else 3)
     if args.table2_only:  # a partial run: it does not replace the results of a full one
         return
-    directory = args.dir or tempfile.mkdtemp(prefix="distfact-bench-")
-    results["big"] = big_store(100_000 if args.quick else 10_000_000, 100, directory)
+    m = 100_000 if args.quick else 10_000_000
+    if args.dir:
+        results["big"] = big_store(m, 100, args.dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="distfact-bench-") as directory:  # the folder goes too
+            results["big"] = big_store(m, 100, directory)
     write_results(results, os.path.join(os.path.dirname(__file__), "results",
                                         "multigroup-quick.json" if args.quick else "multigroup.json"))
 
