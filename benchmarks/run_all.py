@@ -1,6 +1,6 @@
 """Every benchmark of BENCHMARKS.md, one after another, each with its documented command.
 
-    python benchmarks/run_all.py                    # all of them: about two hours on the standard 2-core machine
+    python benchmarks/run_all.py                    # all of them: about 90 minutes on the standard 2-core machine
     python benchmarks/run_all.py --only small nmf   # some (names as in the table below)
     python benchmarks/run_all.py --list
 
@@ -30,10 +30,10 @@ BENCHMARKS = {
     "small": (["--repeats", "11", "--blas-threads", "1"], 8),  # 3 repeats: too few for the 1.5 targets on a noisy VM
     "nmf": ([], 12),
     "stratified": ([], 2),
-    "sweep": ([], 10),
+    "sweep": ([], 5),
     "startup": ([], 1),
     "overhead": ([], 2),
-    "select_rank": ([], 10),
+    "select_rank": ([], 12),
     "fairer": ([], 5),
     "wl1": ([], 6),
     "wl1_masks": ([], 2),
@@ -49,10 +49,17 @@ BENCHMARKS = {
     "result_shape": ([], 1),
     "append": ([], 3),
     "nightly": ([], 8),
-    "verify": ([], 15),
+    "verify": ([], 23),
     "cluster": ([], 8),
-    "first_fit": ([], 10),
+    "first_fit": ([], 13),
 }
+# environment variables of a benchmark's documented command
+ENVIRONMENT = {"masked": {"OPENBLAS_NUM_THREADS": "1"}, "masked_groups": {"OPENBLAS_NUM_THREADS": "1"}}
+
+
+def settings(name: str) -> str:
+    """A benchmark's environment variables as a command line's prefix ("KEY=value ...")."""
+    return "".join(f"{key}={value} " for key, value in ENVIRONMENT.get(name, {}).items())
 
 
 def commit() -> str:
@@ -81,7 +88,7 @@ def main(argv=None) -> int:
     if args.list:
         for name in names:
             extra, minutes = BENCHMARKS[name]
-            print(f"{name:15s} ~{minutes:3d} min  bench_{name}.py {' '.join(extra)}")
+            print(f"{name:15s} ~{minutes:3d} min  {settings(name)}bench_{name}.py {' '.join(extra)}")
         return 0
     record = HERE / "results" / "run_all.json"
     runs, here, env = earlier_runs(record), commit(), {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
@@ -89,11 +96,12 @@ def main(argv=None) -> int:
     for name in names:
         extra, _ = BENCHMARKS[name]
         command = [sys.executable, str(HERE / f"bench_{name}.py"), *extra]
-        print(f"== {name}: {' '.join(command[1:])}", flush=True)
+        print(f"== {name}: {settings(name)}{' '.join(command[1:])}", flush=True)
         load_before, start = os.getloadavg(), time.perf_counter()
-        status = subprocess.run(command, cwd=HERE.parent, env=env).returncode
+        status = subprocess.run(command, cwd=HERE.parent, env={**env, **ENVIRONMENT.get(name, {})}).returncode
         runs[name] = {"name": name, "commit": here, "date": time.strftime("%Y-%m-%d %H:%M"),
                       "command": [str(Path(command[1]).relative_to(HERE.parent)), *command[2:]],
+                      "environment": ENVIRONMENT.get(name, {}),
                       "seconds": round(time.perf_counter() - start, 1), "returncode": status,
                       "load_before": load_before, "load_after": os.getloadavg()}
         print(f"== {name}: exit {status} after {runs[name]['seconds']} s", flush=True)
