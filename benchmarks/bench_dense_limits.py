@@ -86,7 +86,8 @@ def main():
     floor = 2 * flops / (2 * 2000 ** 3 / median["square", 2])
     numpy_products = median["X H^T", 2] + median["W^T X", 2]
     print(f"GEMM floor {floor * 1e3:.1f} ms; numpy's two products on 2 threads {numpy_products * 1e3:.1f} ms; "
-          f"the local step on 2 threads {median['local step', 2] * 1e3:.1f} ms, on 1 {median['local step', 1] * 1e3:.1f} ms; "
+          f"the local step on 2 threads {median['local step', 2] * 1e3:.1f} ms, "
+          f"on 1 {median['local step', 1] * 1e3:.1f} ms; "
           f"one read of X on 2 threads {median['read', 2] * 1e3:.1f} ms")
     write_results({"machine": machine(), "shape": [M, N], "rank": RANK, "repeats": args.repeats,
                    "median_seconds": {f"{name}, {threads} thread{'s' if threads > 1 else ''}": value
