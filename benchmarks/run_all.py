@@ -31,6 +31,7 @@ BENCHMARKS = {
     "nmf": ([], 12),
     "stratified": ([], 2),
     "sweep": ([], 5),
+    "fixed_costs": ([], 2),
     "startup": ([], 1),
     "overhead": ([], 2),
     "select_rank": ([], 12),

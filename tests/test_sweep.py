@@ -15,6 +15,7 @@ import distfact.store.reading as reading
 from distfact import (NMF, SSNMF, FairerNMF, MultigroupSVD, StratifiedNMF, WeightedL1NMF, fit_many, from_arrays,
                       open as open_store)
 from distfact.engine.executor.spill import load_local
+from distfact.estimators.tables import make_tables
 
 from conftest import grouped_data
 
@@ -22,6 +23,7 @@ SWEEP_ONLY = ("sweep_passes_",)
 
 
 def fitted_attributes(model) -> dict:
+    make_tables(model)  # the tables made when first read are compared too
     return {name: value for name, value in vars(model).items()
             if name.endswith("_") and not name.startswith("__") and name not in SWEEP_ONLY}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import numbers
@@ -25,6 +26,7 @@ from ..engine.executor.base import joined_input
 from ..store.coerce import as_grouped
 from .masks import block_masks
 from .persistence import save_model
+from .tables import FittedTable
 
 logger = logging.getLogger("distfact")
 MAX_WORKER_LOSSES = 3
@@ -121,6 +123,14 @@ def data_fingerprint(data) -> dict:
     return {"shape": data.shape, "dtype": str(data.dtype), "layout": data.layout,
             "groups": [(g.name, g.row_start, g.row_stop, g.sq_norm, g.total) for g in data.meta.groups],
             "blocks": [(b.row_start, b.row_stop) for b in data.blocks], "checksum": data.meta.checksum()}
+
+
+@functools.cache
+def machine_memory() -> int:
+    """This machine's memory in bytes, asked once per process (0.3 ms a call: a small fit's fixed cost)."""
+    import psutil
+
+    return psutil.virtual_memory().total
 
 
 def with_input_tags(tags, signed: bool = False):
@@ -254,6 +264,8 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
     ``set_fit_request(groups=True)`` passes the rows' groups through ``Pipeline`` and the model-selection tools."""
 
     _fitted_private = ("_method",)
+    #: every estimator's tidy per-group metrics (``distfact.metrics.group_metric_frame``), made when first read
+    group_metrics_ = FittedTable()
     #: whether X may hold negative values (scikit-learn's ``positive_only`` tag is its negation)
     _signed_input = False
     #: fit's arguments that give the start of init='custom' (refused with any other init)
@@ -384,9 +396,7 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         Zarr beside X when they exceed ``local_memory_budget`` (default: a quarter of this machine's memory)."""
         budget = getattr(self, "local_memory_budget", None)
         if budget is None:
-            import psutil
-
-            budget = psutil.virtual_memory().total // 4
+            budget = machine_memory() // 4
         spill_dir = None
         if data.shape[0] * rank * np.dtype(local_dtype or data.dtype).itemsize > budget:
             spill_dir = (f"{os.path.abspath(data.path)}.locals-{uuid.uuid4().hex[:8]}" if data.path
@@ -465,6 +475,14 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         row asked for; (len(groups), n_features)), or None: its reconstruction is W H. What ``select_rank``
         scores the held-out entries against: W H + 1 o^T per group."""
         return None
+
+    def _set_table(self, name: str, make, *args, **kwargs) -> None:
+        """The fitted attribute ``name`` (a :class:`FittedTable` of the class) is ``make(*args, **kwargs)``, made
+        when first read; the arguments are copied now (a later change to arrays the estimator also holds, e.g.
+        ``group_errors_``, is not the table's)."""
+        self.__dict__.pop(name, None)  # an earlier fit's table, read already
+        self._table_makers = {**self.__dict__.get("_table_makers", {}),
+                              name: functools.partial(make, *copy.deepcopy(args), **copy.deepcopy(kwargs))}
 
     def _check_fitted(self):
         if not hasattr(self, "components_"):

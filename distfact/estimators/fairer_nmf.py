@@ -298,7 +298,7 @@ class FairerNMF(FactorEstimator):
         self.group_losses_ = method.relative_losses(relative[-1], data)
         self.loss_history_ = method.relative_losses(relative, data)
         self.objective_history_ = np.asarray(state.objectives)
-        self.group_metrics_ = group_metric_frame(self.group_names_, {
+        self._set_table("group_metrics_", group_metric_frame, self.group_names_, {
             "relative_error": self.group_errors_, "relative_loss": self.group_losses_,
             "objective": self.group_losses_})
         self._set_run_facts(method, data, state, fit.executor)

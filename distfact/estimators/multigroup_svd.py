@@ -18,7 +18,7 @@ from ..methods.multigroup_svd import passes, solvers
 from ..metrics import group_metric_frame, relative_error
 from ..store.coerce import as_grouped
 from ..store.grouped import GroupedMatrix
-from .base import FactorEstimator, check_iteration_params, survives_worker_loss
+from .base import FactorEstimator, FittedTable, check_iteration_params, survives_worker_loss
 from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
 
 
@@ -27,6 +27,14 @@ MASK_REFUSAL = ("the multigroup SVD takes no mask: it is computed from each grou
                 "pass, then eigenproblems), and an SVD with missing entries has no such closed form (it becomes an "
                 "iterative weighted low-rank problem); fit NMF, FairerNMF or StratifiedNMF with mask=..., or fill "
                 "the missing entries first (NMF(...).fit(X, mask=...).impute(X))")
+
+
+def loss_frame(group_names, losses: dict) -> pd.DataFrame:
+    """``group_losses_``: per group and rank, the marginal, incremental and reconstruction losses of ``losses``
+    (``solvers.group_losses``)."""
+    d = losses["marginal"].shape[1]
+    return pd.DataFrame({"group": np.repeat(group_names, d), "rank": np.tile(np.arange(1, d + 1), len(group_names)),
+                         **{kind: losses[kind].ravel() for kind in ("marginal", "incremental", "reconstruction")}})
 
 
 class MultigroupSVD(FactorEstimator):
@@ -135,6 +143,7 @@ class MultigroupSVD(FactorEstimator):
     """
 
     _fitted_private = ("_grams", "_basis", "_traces")  # what losses_of and svd_components use
+    group_losses_ = FittedTable()
     _signed_input = True
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "solver": [StrOptions({"auto", "fw", "brent", "sdp"})],
@@ -278,7 +287,7 @@ class MultigroupSVD(FactorEstimator):
         self.dual_objective_ = result.dual
         self.duality_gap_ = result.primal - result.dual
         self.group_names_ = list(data.group_names)
-        self.group_losses_ = self._loss_frame(losses)
+        self._set_table("group_losses_", loss_frame, self.group_names_, losses)
         self.singular_values_ = np.sqrt(np.maximum(losses["captured"], 0.0))
         self.explained_variance_ = losses["captured"] / data.group_sizes[:, None]
         self.group_sizes_ = np.asarray(data.group_sizes)
@@ -288,7 +297,7 @@ class MultigroupSVD(FactorEstimator):
         self.n_iter_ = result.n_iter
         self.objective_history_ = np.asarray(result.primal, dtype=np.float64)
         self.converged_ = bool(np.all(self.duality_gap_ <= self.tol * result.s.max(axis=1)))
-        self.group_metrics_ = group_metric_frame(self.group_names_, {
+        self._set_table("group_metrics_", group_metric_frame, self.group_names_, {
             "relative_error": relative_error(losses["reconstruction"], losses["sq_norms"][:, None]),
             "objective": result.s.T - losses["captured"],
             **{f"{kind}_loss": losses[kind] for kind in ("marginal", "incremental", "reconstruction")}}, ranked=True)
@@ -312,19 +321,13 @@ class MultigroupSVD(FactorEstimator):
             if not np.allclose(np.linalg.norm(V, axis=1), 1.0, atol=1e-8):
                 raise ValueError("components outside the span of the wide-data sketch: their losses are unknown")
         s = solvers.deflated_top_eigenvalues(self._grams, V)
-        return self._loss_frame(solvers.group_losses(self._grams, V, s, self._traces))
+        return loss_frame(self.group_names_, solvers.group_losses(self._grams, V, s, self._traces))
 
     def svd_components(self) -> np.ndarray:
         """The standard SVD's first d right singular vectors of the (centred/scaled) stacked data."""
         self._check_fitted()
         V = solvers.pooled_svd_components(self._grams, self.n_components_)
         return V if self._basis is None else V @ self._basis.T
-
-    def _loss_frame(self, losses: dict) -> pd.DataFrame:
-        d = losses["marginal"].shape[1]
-        return pd.DataFrame({"group": np.repeat(self.group_names_, d),
-                             "rank": np.tile(np.arange(1, d + 1), len(self.group_names_)),
-                             **{kind: losses[kind].ravel() for kind in ("marginal", "incremental", "reconstruction")}})
 
     # -- using the components ---------------------------------------------------------------------------
     def transform(self, X):

@@ -215,8 +215,8 @@ class NMF(FactorEstimator):
         self.reconstruction_err_ = float(np.sqrt(2.0 * max(state.objectives[-1], 0.0)))
         self.group_errors_ = relative_error(method.squared_errors(state.global_state, state.stats, data),
                                             method.observed_sq_norms(state.stats, data))
-        self.group_metrics_ = group_metric_frame(self.group_names_, {"relative_error": self.group_errors_,
-                                                                     "objective": self.group_losses_})
+        self._set_table("group_metrics_", group_metric_frame, self.group_names_,
+                        {"relative_error": self.group_errors_, "objective": self.group_losses_})
 
     # ------------------------------------------------------------ transform
     def transform(self, X, *, groups=None, client=None, max_iter=None, mask=None):

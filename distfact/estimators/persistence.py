@@ -49,6 +49,7 @@ from ..methods.nmf import NMFMethod
 from ..methods.ssnmf import SSNMFMethod
 from ..methods.stratified_nmf import StratifiedMU
 from ..methods.wl1_nmf import MaskedWeightedL1SCD, WeightedL1SCD
+from .tables import make_tables
 
 FORMAT = "distfact.model"
 FORMAT_VERSION = 1
@@ -81,6 +82,7 @@ def _encode_model(model) -> tuple[dict, dict]:
     if ESTIMATORS.get(name) is not type(model):
         raise TypeError(f"a {name} is not one of distfact's estimators; only those are saved")
     model._check_fitted()
+    make_tables(model)
     classes = {"estimator": name, "estimators": {}}
     tree = {"params": {key: _param(value) for key, value in model.get_params(deep=False).items()},
             **{section: {} for section in SECTIONS[1:]}}

@@ -333,7 +333,7 @@ class SSNMF(FactorEstimator):
         else:
             self.group_errors_ = metrics["relative_i_divergence"] = relative_to(parts[-1, :, 0], totals)
         self.objective_history_ = np.asarray(state.objectives)
-        self.group_metrics_ = group_metric_frame(self.group_names_, metrics)
+        self._set_table("group_metrics_", group_metric_frame, self.group_names_, metrics)
         self._set_run_facts(method, data, state, fit.executor)
 
     # ------------------------------------------------------------ transform

@@ -204,8 +204,8 @@ class StratifiedNMF(FactorEstimator):
         self.group_losses_ = self.group_loss_history_[-1]
         self.group_errors_ = relative_error(self.group_losses_, sq_norms)
         self.objective_history_ = F
-        self.group_metrics_ = group_metric_frame(self.group_names_, {"relative_error": self.group_errors_,
-                                                                     "objective": self.group_losses_})
+        self._set_table("group_metrics_", group_metric_frame, self.group_names_,
+                        {"relative_error": self.group_errors_, "objective": self.group_losses_})
         self._set_run_facts(method, data, state, fit.executor)
 
     def _warm_factors(self, data) -> dict:

@@ -292,7 +292,7 @@ class WeightedL1NMF(FactorEstimator):
         self.group_errors_ = per_group_sum(l1_errors)
         self.reconstruction_err_ = float(l1_errors.sum())
         self.objective_history_ = np.vstack(state.group_objectives).sum(axis=1)
-        self.group_metrics_ = group_metric_frame(self.group_names_, {
+        self._set_table("group_metrics_", group_metric_frame, self.group_names_, {
             "relative_error": relative_error(method.squared_errors(G, state.stats, data), method.group_sq_norms(data)),
             "relative_l1_error": self.group_errors_, "objective": state.group_objectives[-1]})
         self.timed_out_ = state.timed_out
