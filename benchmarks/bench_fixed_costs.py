@@ -13,7 +13,7 @@ Cases (each the median of 60 fits in one process, after one untimed fit):
 Each tree runs in ``--processes`` fresh processes (PYTHONPATH: the tree), this checkout's and the other's
 alternated; a figure is the median of the processes' medians, and with ``--before`` the ratio this / before per
 case and per pair of processes (the machine's speed moves within a run: a pair ran back to back). Results:
-benchmarks/results/fixed_costs.json.
+benchmarks/results/fixed_costs.json (with ``--before``: fixed_costs-ab.json).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
             entry.update(ratio=statistics.median(pairs), ratios=[round(ratio, 3) for ratio in pairs])
         results["cases"][case] = entry
         print(case, {key: round(value, 3) if isinstance(value, float) else value for key, value in entry.items()})
-    write_results(results, os.path.join(HERE, "results", "fixed_costs.json"))
+    write_results(results, os.path.join(HERE, "results", "fixed_costs-ab.json" if args.before else "fixed_costs.json"))
 
 
 if __name__ == "__main__":

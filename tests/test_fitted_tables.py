@@ -32,6 +32,9 @@ def test_a_fit_makes_its_tables_when_first_read():
     table = model.group_metrics_
     assert_same_table(table, expected_metrics(model, model.group_names_))
     assert vars(model)["group_metrics_"] is table and model.group_metrics_ is table  # made once
+    assert "_table_makers" not in vars(model)  # nor kept once made
+    later = copy.copy(model)  # a copy taken after the read has the same table
+    assert later.group_metrics_ is table
 
 
 def test_an_unfitted_estimator_has_no_table():

@@ -480,6 +480,8 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         """The fitted attribute ``name`` (a :class:`FittedTable` of the class) is ``make(*args, **kwargs)``, made
         when first read; the arguments are copied now (a later change to arrays the estimator also holds, e.g.
         ``group_errors_``, is not the table's)."""
+        if not isinstance(getattr(type(self), name, None), FittedTable):
+            raise TypeError(f"{type(self).__name__}.{name} is not a FittedTable")
         self.__dict__.pop(name, None)  # an earlier fit's table, read already
         self._table_makers = {**self.__dict__.get("_table_makers", {}),
                               name: functools.partial(make, *copy.deepcopy(args), **copy.deepcopy(kwargs))}

@@ -18,8 +18,9 @@ from ..methods.multigroup_svd import passes, solvers
 from ..metrics import group_metric_frame, relative_error
 from ..store.coerce import as_grouped
 from ..store.grouped import GroupedMatrix
-from .base import FactorEstimator, FittedTable, check_iteration_params, survives_worker_loss
+from .base import FactorEstimator, check_iteration_params, survives_worker_loss
 from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
+from .tables import FittedTable
 
 
 #: why the multigroup SVD takes no mask (fit's, select_rank's)

@@ -7,7 +7,8 @@ class FittedTable:
     """A fitted attribute that is a pandas DataFrame, made when first read from what ``fit`` gave
     :meth:`FactorEstimator._set_table`, then kept as the estimator's own attribute. pandas takes 0.4 ms or more to
     make a table of a few rows, a sizeable share of a small fit's fixed costs (BENCHMARKS.md, "Small fits' fixed
-    costs"), which every fit of a rank sweep or of the papers' thousands of small fits paid, read or not."""
+    costs"), which every fit of a rank sweep or of the papers' thousands of small fits paid, read or not. An error
+    in making it is raised where it is first read (or by ``save``), not by ``fit``."""
 
     def __set_name__(self, owner, name):
         self.name = name
@@ -15,10 +16,20 @@ class FittedTable:
     def __get__(self, model, owner=None):
         if model is None:
             return self
-        make = model.__dict__.get("_table_makers", {}).get(self.name)
-        if make is None:
+        makers = model.__dict__.get("_table_makers", {})
+        if self.name not in makers:
             raise AttributeError(f"'{type(model).__name__}' object has no attribute '{self.name}'")
-        table = model.__dict__[self.name] = make()  # an instance attribute: read as any other from now on
+        try:
+            table = makers[self.name]()
+        except AttributeError as exc:  # not to be read as "no such attribute"
+            raise RuntimeError(f"making {self.name} of a {type(model).__name__} failed: {exc}") from exc
+        model.__dict__[self.name] = table  # an instance attribute: read as any other from now on
+        # the maker and its copies of the fit's values go (a new dict: a shallow copy of the model keeps its own)
+        rest = {name: maker for name, maker in makers.items() if name != self.name}
+        if rest:
+            model.__dict__["_table_makers"] = rest
+        else:
+            del model.__dict__["_table_makers"]
         return table
 
 
