@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import numbers
@@ -26,7 +25,7 @@ from ..engine.executor.base import joined_input
 from ..store.coerce import as_grouped
 from .masks import block_masks
 from .persistence import save_model
-from .tables import FittedTable
+from .tables import FittedTable, set_table
 
 logger = logging.getLogger("distfact")
 MAX_WORKER_LOSSES = 3
@@ -476,15 +475,7 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         scores the held-out entries against: W H + 1 o^T per group."""
         return None
 
-    def _set_table(self, name: str, make, *args, **kwargs) -> None:
-        """The fitted attribute ``name`` (a :class:`FittedTable` of the class) is ``make(*args, **kwargs)``, made
-        when first read; the arguments are copied now (a later change to arrays the estimator also holds, e.g.
-        ``group_errors_``, is not the table's)."""
-        if not isinstance(getattr(type(self), name, None), FittedTable):
-            raise TypeError(f"{type(self).__name__}.{name} is not a FittedTable")
-        self.__dict__.pop(name, None)  # an earlier fit's table, read already
-        self._table_makers = {**self.__dict__.get("_table_makers", {}),
-                              name: functools.partial(make, *copy.deepcopy(args), **copy.deepcopy(kwargs))}
+    _set_table = set_table  # the results' tables, made when first read (estimators/tables.py)
 
     def _check_fitted(self):
         if not hasattr(self, "components_"):

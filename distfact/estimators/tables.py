@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+
 
 class FittedTable:
     """A fitted attribute that is a pandas DataFrame, made when first read from what ``fit`` gave
-    :meth:`FactorEstimator._set_table`, then kept as the estimator's own attribute. pandas takes 0.4 ms or more to
+    :func:`set_table`, then kept as the estimator's own attribute. pandas takes 0.4 ms or more to
     make a table of a few rows, a sizeable share of a small fit's fixed costs (BENCHMARKS.md, "Small fits' fixed
     costs"), which every fit of a rank sweep or of the papers' thousands of small fits paid, read or not. An error
     in making it is raised where it is first read (or by ``save``), not by ``fit``."""
@@ -31,6 +34,17 @@ class FittedTable:
         else:
             del model.__dict__["_table_makers"]
         return table
+
+
+def set_table(model, name: str, make, *args, **kwargs) -> None:
+    """The fitted attribute ``name`` (a :class:`FittedTable` of the model's class) is ``make(*args, **kwargs)``,
+    made when first read; the arguments are copied now (a later change to arrays the model also holds, e.g.
+    ``group_errors_``, is not the table's)."""
+    if not isinstance(getattr(type(model), name, None), FittedTable):
+        raise TypeError(f"{type(model).__name__}.{name} is not a FittedTable")
+    model.__dict__.pop(name, None)  # an earlier fit's table, read already
+    model._table_makers = {**model.__dict__.get("_table_makers", {}),
+                           name: functools.partial(make, *copy.deepcopy(args), **copy.deepcopy(kwargs))}
 
 
 def make_tables(model) -> None:
