@@ -9,7 +9,10 @@ per kernel, on its first fit.
 :func:`warm_up` makes those entries by running every registered method's small fits (and ``transform``) on a
 tiny grouped matrix, dense and CSR, float64 and float32, in memory and from a store on disk, for each
 combination of the method's choice parameters (solver, loss, model, ...). So the signatures compiled are those
-real fits use, whatever kernels the methods call: nothing here names a method or a kernel. It runs when the
+real fits use, whatever kernels the methods call: nothing here names a method or a kernel. A method whose
+declaration says its fits call no kernels of their own (``own_kernels=False``: the multigroup SVD's LAPACK and SDP
+solver) is left out: its fits would compile nothing the others' do not, and on three groups they cost as much as
+all the others' together. It runs when the
 package is built (``setup.py``: ``pip install .`` ships the cache for the machine it installs on) and as
 ``distfact warmup`` (after installing a wheel built elsewhere, or for a read-only installation, where it
 fills the user's cache directory). Numba checks every entry on load (its version, the source file's contents,
@@ -113,7 +116,8 @@ def _fit_and_transform(declaration, settings: dict, data, X) -> None:
 
 
 def warm_up(progress=None) -> dict:
-    """Compile every kernel signature the registered methods' fits use into numba's cache.
+    """Compile every kernel signature the registered methods' fits use into numba's cache (the fits of those
+    that call kernels of their own).
 
     Parameters
     ----------
@@ -140,6 +144,10 @@ def warm_up(progress=None) -> dict:
         inputs = [(from_arrays(X, groups, path), X) for k, (X, groups) in enumerate(_data())
                   for path in (None, f"{scratch}/{k}.zarr")]  # in memory and on disk
         for declaration in methods().values():
+            if not declaration.own_kernels:
+                if progress is not None:
+                    progress(f"{declaration.name}: no kernels of its own, no fits")
+                continue
             for settings in _settings(declaration):
                 for data, X in inputs:
                     try:

@@ -380,6 +380,7 @@ DECLARATION = MethodDeclaration(
     summary="consistent multigroup singular vectors: min-max group loss, signed data, one pass",
     metrics=("relative_error", "marginal_loss", "incremental_loss", "reconstruction_loss", "objective"),
     nested_ranks=True,
+    own_kernels=False,  # LAPACK and an SDP solver: its warm-up fits took 90 of the warm-up's 200 s, compiling nothing
     facts=_multigroup_facts,
     views="distfact.reports.multigroup_svd:views",
     paper_report=PaperReport("multigroup", "the multigroup low-rank paper's report (Figs. 2, 3): losses by rank "
