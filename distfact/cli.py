@@ -252,11 +252,12 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     _add_tls_option(p)
 
     sub.add_parser("warmup", help="compile the numba kernels into numba's cache now, not on a first fit",
-                   description="Runs every method's small fits so that numba compiles each kernel signature they "
-                               "use into its cache (beside the installed package, or NUMBA_CACHE_DIR, or a user "
-                               "cache directory where the package is read-only). `pip install .` does it when it "
-                               "builds distfact; run it after installing a wheel built on another machine, or as "
-                               "the user whose cache a read-only installation uses.")
+                   description="Runs the small fits of every method with numba kernels of its own so that numba "
+                               "compiles each kernel signature they use into its cache (beside the installed "
+                               "package, or NUMBA_CACHE_DIR, or a user cache directory where the package is "
+                               "read-only). `pip install .` does it when it builds distfact; run it after installing "
+                               "a wheel built on another machine, or as the user whose cache a read-only "
+                               "installation uses.")
 
     p = sub.add_parser("make-certs", help="make TLS certificates for a Dask cluster (ca.pem, cert.pem, key.pem)",
                        description="Writes a certificate authority and one certificate and key, signed by it, that the "

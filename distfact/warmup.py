@@ -6,17 +6,16 @@ in ``NUMBA_CACHE_DIR``, or a user cache directory where the package's directory 
 finds a signature there loads it in milliseconds; one that does not compiles it, a second to several seconds
 per kernel, on its first fit.
 
-:func:`warm_up` makes those entries by running every registered method's small fits (and ``transform``) on a
-tiny grouped matrix, dense and CSR, float64 and float32, in memory and from a store on disk, for each
-combination of the method's choice parameters (solver, loss, model, ...). So the signatures compiled are those
-real fits use, whatever kernels the methods call: nothing here names a method or a kernel. A method whose
-declaration says its fits call no kernels of their own (``own_kernels=False``: the multigroup SVD's LAPACK and SDP
-solver) is left out: its fits would compile nothing the others' do not, and on three groups they cost as much as
-all the others' together. It runs when the
-package is built (``setup.py``: ``pip install .`` ships the cache for the machine it installs on) and as
-``distfact warmup`` (after installing a wheel built elsewhere, or for a read-only installation, where it
-fills the user's cache directory). Numba checks every entry on load (its version, the source file's contents,
-the CPU): an entry that does not fit is ignored and the kernel compiled as without it.
+:func:`warm_up` makes those entries by running the small fits (and ``transform``) of every registered method
+whose fits call numba kernels of their own (its declaration's ``numba_kernels``; not the multigroup SVD, whose LAPACK
+and SDP solver compile nothing and whose SDP dominated the warm-up's time) on a tiny grouped matrix, dense and CSR,
+float64 and float32, in memory and from a store on disk, for each combination of the method's choice parameters
+(solver, loss, model, ...). So the signatures compiled are those real fits use, whatever kernels the methods call:
+nothing here names a method or a kernel. It runs when the package is built (``setup.py``: ``pip install .`` ships
+the cache for the machine it installs on) and as ``distfact warmup`` (after installing a wheel built elsewhere, or
+for a read-only installation, where it fills the user's cache directory). Numba checks every entry on load (its
+version, the source file's contents, the CPU): an entry that does not fit is ignored and the kernel compiled as
+without it.
 """
 
 from __future__ import annotations
@@ -144,7 +143,7 @@ def warm_up(progress=None) -> dict:
         inputs = [(from_arrays(X, groups, path), X) for k, (X, groups) in enumerate(_data())
                   for path in (None, f"{scratch}/{k}.zarr")]  # in memory and on disk
         for declaration in methods().values():
-            if not declaration.own_kernels:
+            if not declaration.numba_kernels:
                 if progress is not None:
                     progress(f"{declaration.name}: no kernels of its own, no fits")
                 continue

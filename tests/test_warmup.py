@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-# The estimators as a user calls them (arrays, not stores; every solver and model path, dense and CSR, float64 and
-# float32, transform and score included), in a fresh process; prints the kernels that compiled there.
+# The estimators as a user calls them (every solver and model path, dense and CSR, float64 and float32, transform and
+# score included; from arrays, and from stores for the methods the warm-up runs no fits of), in a fresh process;
+# prints the kernels that compiled there.
 USER_FITS = """
 import json, warnings
 import numpy as np, scipy.sparse as sp
@@ -37,10 +38,6 @@ for dtype in (np.float64, np.float32):
             distfact.SSNMF(3, model=model, max_iter=3, random_state=0).fit(X, y=labels).transform(X)
         distfact.SSNMFClassifier(3, max_iter=3, random_state=0).fit(X, labels).score(X, labels)
         distfact.MultigroupSVD(2).fit(X, groups=groups).transform(X)
-        # the warm-up runs no fits of a method declaring no kernels of its own (own_kernels=False): its fits, also
-        # from a store, must compile nothing
-        store = distfact.from_arrays(X, groups, f"store-{dtype.__name__}-{sp.issparse(X)}.zarr")
-        distfact.MultigroupSVD(2).fit(store).transform(store)
         holes = (rng.random(X.shape) > 0.15) * 1.0  # masked fits: few missing (complement form) and "nonzero"
         for mask in (holes, "nonzero") if sp.issparse(X) else (holes,):
             for solver, loss in (("mu", "frobenius"), ("hals", "frobenius"), ("mu", "kullback-leibler")):
@@ -50,6 +47,32 @@ for dtype in (np.float64, np.float32):
             distfact.StratifiedNMF(3, max_iter=3, random_state=0).fit(X, groups=groups, mask=mask)
             distfact.FairerNMF(3, max_iter=2, estimate_max_iter=3, n_estimates=1, random_state=0).fit(
                 X, groups=groups, mask=mask)
+# The warm-up runs no fits of a method that declares no numba kernels of its own (numba_kernels=False), so these
+# must compile nothing: its defaults from a store of each dtype and layout; each of its settings (as the warm-up
+# would have run them) from a store of three groups and of two, 20 columns wide (the multigroup SVD's SDP grows
+# with the columns: 8 s a fit at 70); the multigroup SVD's wide-data sketch.
+from distfact.registry import methods
+from distfact.warmup import _settings
+
+
+def fit_from(declaration, settings, store):
+    model = declaration.make(2, settings, random_state=0)
+    model.fit(store, **declaration.fit_arguments(model, {}, store, None)).transform(store)
+
+
+for declaration in (d for d in methods().values() if not d.numba_kernels):
+    for dtype in (np.float64, np.float32):
+        for X in (dense.astype(dtype), sp.csr_matrix(dense.astype(dtype))):
+            fit_from(declaration, {}, distfact.from_arrays(X, groups, f"{declaration.name}-{dtype.__name__}-"
+                                                                      f"{'csr' if sp.issparse(X) else 'dense'}.zarr"))
+    for name, rows in (("three", groups != ""), ("two", groups != "c")):
+        store = distfact.from_arrays(dense[rows][:, :20], groups[rows], f"{declaration.name}-{name}-groups.zarr")
+        for settings in _settings(declaration):
+            try:
+                fit_from(declaration, settings, store)
+            except ValueError:  # a setting these data do not take, as in the warm-up
+                pass
+distfact.MultigroupSVD(2, max_gram_features=8).fit(dense, groups=groups).transform(dense)
 print(json.dumps({"compiled": compilations(kernels), "kernels": len(kernels),
                   "loaded": sum(sum(d.stats.cache_hits.values()) for d in kernels.values())}))
 """

@@ -88,10 +88,10 @@ class MethodDeclaration:
     facts : ``facts(model) -> dict``, method facts added to ``metrics.json``.
     views : ``views(model, name) -> [(png name, png bytes)]``, the method's figures in every report of a fit.
     paper_report : its paper's report, if it has one.
-    own_kernels : its fits call numba kernels beyond those every method's fits call (the store's and the engine's).
+    numba_kernels : its fits call numba kernels beyond those every method's fits call (the store's and the engine's).
         The warm-up (``distfact/warmup.py``) runs the fits of a method that does; of one that does not, none, as
-        they compile nothing the others' do not (``tests/test_warmup.py`` fits every method in a fresh process
-        after the warm-up and fails on any compilation).
+        they compile nothing the others' do not (``tests/test_warmup.py`` fits every such method's settings in a
+        fresh process after the warm-up and fails on any compilation).
     """
 
     name: str
@@ -104,7 +104,7 @@ class MethodDeclaration:
     facts: Callable | str | None = None
     views: Callable | str | None = None
     paper_report: PaperReport | None = None
-    own_kernels: bool = True
+    numba_kernels: bool = True
 
     def parameters(self) -> dict[str, "Parameter"]:
         """The estimator's parameters that a user sets on the surfaces, by name."""
