@@ -52,24 +52,20 @@ for dtype in (np.float64, np.float32):
 # would have run them) from a store of three groups and of two, 20 columns wide (the multigroup SVD's SDP grows
 # with the columns: 8 s a fit at 70); the multigroup SVD's wide-data sketch.
 from distfact.registry import methods
-from distfact.warmup import _settings
-
-
-def fit_from(declaration, settings, store):
-    model = declaration.make(2, settings, random_state=0)
-    model.fit(store, **declaration.fit_arguments(model, {}, store, None)).transform(store)
-
+from distfact.warmup import _fit_and_transform, _settings
 
 for declaration in (d for d in methods().values() if not d.numba_kernels):
     for dtype in (np.float64, np.float32):
         for X in (dense.astype(dtype), sp.csr_matrix(dense.astype(dtype))):
-            fit_from(declaration, {}, distfact.from_arrays(X, groups, f"{declaration.name}-{dtype.__name__}-"
-                                                                      f"{'csr' if sp.issparse(X) else 'dense'}.zarr"))
+            store = distfact.from_arrays(X, groups, f"{declaration.name}-{dtype.__name__}-"
+                                                    f"{'csr' if sp.issparse(X) else 'dense'}.zarr")
+            _fit_and_transform(declaration, {}, store, X)
     for name, rows in (("three", groups != ""), ("two", groups != "c")):
-        store = distfact.from_arrays(dense[rows][:, :20], groups[rows], f"{declaration.name}-{name}-groups.zarr")
+        X = dense[rows][:, :20]
+        store = distfact.from_arrays(X, groups[rows], f"{declaration.name}-{name}-groups.zarr")
         for settings in _settings(declaration):
-            try:
-                fit_from(declaration, settings, store)
+            try:  # each fit as the warm-up would have run it
+                _fit_and_transform(declaration, settings, store, X)
             except ValueError:  # a setting these data do not take, as in the warm-up
                 pass
 distfact.MultigroupSVD(2, max_gram_features=8).fit(dense, groups=groups).transform(dense)
