@@ -769,3 +769,39 @@ def test_relative_store_path_is_made_absolute(tmp_path, monkeypatch):
     distfact.from_arrays(X, groups, "x.zarr")
     store = distfact.open("x.zarr/")
     assert store.path == str(tmp_path / "x.zarr")
+
+
+def test_the_deadline_is_an_instant_that_a_start_and_the_loop_share():
+    """``driver.fit``'s deadline is a ``time.perf_counter()`` instant, not a duration counted from the call: a start
+    that runs past it (as a start phase's own loop does, inside ``start``, up to the same deadline) leaves the loop
+    no iteration, however long the call took to get to its loop. Before it, the loop iterates; without one, it runs
+    ``max_iter``. (The window counted from the call once let WeightedL1NMF's fit run an iteration after its HALS
+    start had timed out.)"""
+    from distfact.engine import InProcessExecutor, fit as run_loop, initialise
+    from distfact.methods.nmf import NMFMethod
+
+    X, groups = grouped_data(m=60, n=10, seed=28)
+    data = distfact.from_arrays(X, groups, block_rows=20)
+    method = NMFMethod(2)
+
+    def fit(deadline, start_seconds=0.0):
+        executor = InProcessExecutor(data, n_threads=1)
+
+        def start():
+            global_state = initialise(method, data, executor, 0)
+            time.sleep(start_seconds)
+            return global_state
+
+        try:
+            return run_loop(method, data, executor, max_iter=50, start=start, deadline=deadline)
+        finally:
+            executor.close()
+
+    state = fit(time.perf_counter() + 0.05, start_seconds=0.1)  # the start ends past the deadline
+    assert state.timed_out and state.iteration == 0
+    state = fit(time.perf_counter() - 1.0)  # a deadline already passed when the loop is called
+    assert state.timed_out and state.iteration == 0
+    state = fit(None)
+    assert not state.timed_out and state.iteration == 50
+    state = fit(time.perf_counter() + 60.0)
+    assert not state.timed_out and state.iteration == 50

@@ -160,15 +160,16 @@ def initialise_keeping(method, data, executor, random_state, kept: tuple) -> dic
 @numpy_allocates_aligned()  # the arrays the loop makes in this thread need no aligned copies (kernels/memory.py)
 def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callable[[], dict],
         callback: Callable[[IterationInfo], None] | None = None, checkpointer=None,
-        resume: bool = False, time_limit: float | None = None, global_args: dict | None = None) -> FitState:
+        resume: bool = False, deadline: float | None = None, global_args: dict | None = None) -> FitState:
     """Run the loop from the newest checkpoint (``resume``) or else from ``start()``, which
     initialises the executor's local factors and returns the initial global state (or the
     pair (global state, statistics) when its last pass already produced pass 0's statistics).
 
-    ``time_limit``: seconds after which no new iteration starts (counted from this call).
+    ``deadline``: the ``time.perf_counter()`` after which no new iteration starts (None: none). An instant, not a
+    duration from this call: the loops of one fit (a start phase's loop runs inside ``start``) share it, so that
+    none starts an iteration once the start's loop has reached it.
     ``global_args``: the keyword arguments ``start`` gives ``method.initial_global`` (see :func:`initialise`);
     a resumed state is checked against the global state they give (:func:`check_restored`)."""
-    began = time.perf_counter()
     state = None
     if resume and checkpointer is not None:
         found = checkpointer.restore(executor, lambda saved: check_restored(saved, method, data, global_args or {}))
@@ -204,9 +205,9 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
     group_names = data.group_names  # for the error message of a non-finite objective
     while state.iteration < max_iter and not state.converged:
         started = time.perf_counter()
-        if time_limit is not None and started - began >= time_limit:
+        if deadline is not None and started >= deadline:
             state.timed_out = True
-            logger.info("time limit of %.3g s reached after %d iterations", time_limit, state.iteration)
+            logger.info("time limit reached after %d iterations", state.iteration)
             break
         iteration = state.iteration + 1
         try:

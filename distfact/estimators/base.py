@@ -219,10 +219,6 @@ class FitRun:
     method: object = None
     executor: object = None
 
-    def time_left(self) -> float | None:
-        """Seconds left until the deadline, for each loop (a tiny positive number once it passed)."""
-        return None if self.deadline is None else max(self.deadline - time.perf_counter(), 1e-9)
-
 
 def _stored_block_masks(data) -> list:
     """Per block, the mask ``data`` (a store with a mask of its own) holds, as a row solve's local inputs."""
@@ -362,7 +358,7 @@ class FactorEstimator(SavedEstimator, ClassNamePrefixFeaturesOutMixin, Transform
         state = run_loop(phase.method, fit.data, fit.executor, max_iter=phase.max_iter, start=start,
                          callback=self.callback if phase.callback else None,
                          checkpointer=self._checkpointer(phase.config, phase.checkpoint), resume=self.resume,
-                         time_limit=fit.time_left(), global_args=phase.global_args)
+                         deadline=fit.deadline, global_args=phase.global_args)
         warn_if_cut_short(phase, state)
         return state
 
