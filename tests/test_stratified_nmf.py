@@ -276,8 +276,8 @@ def test_inverse_transform_adds_each_rows_stratum_shift():
 
 
 def test_a_csr_block_with_a_column_outside_its_kept_columns_is_refused():
-    """The kept-column step gathers H^T's rows by renumbered column indices, unchecked inside the sweep: a block
-    storing a column its stratum's pass 0 did not see is refused before the sweep (no out-of-bounds read)."""
+    """The kept-column step adds into its statistic at renumbered column indices, unchecked inside the sweep: a block
+    storing a column its stratum's pass 0 did not see is refused before the sweep (no out-of-bounds write)."""
     from distfact.kernels.stratified import kept_columns_mu_step
 
     rng = np.random.default_rng(3)
@@ -287,3 +287,20 @@ def test_a_csr_block_with_a_column_outside_its_kept_columns_is_refused():
     np.testing.assert_allclose(AtW, A.T @ W_new, rtol=1e-12)
     with pytest.raises(ValueError, match="outside its stratum's kept columns"):
         kept_columns_mu_step(A, W, np.ascontiguousarray(H.T), H @ H.T, np.zeros(2), np.array([0, 2]))
+
+
+def test_the_kept_column_step_is_the_whole_width_step_at_the_kept_columns():
+    """The kept-column step reads H^T at the stored columns and adds at their places among the kept ones: the new W
+    and the kept rows of (W^T A)^T are the whole-width sweep's bits, and the unstored kept columns' rows are 0."""
+    from distfact.kernels import nmf as k
+    from distfact.kernels.stratified import kept_columns_mu_step
+
+    rng = np.random.default_rng(4)
+    A = sp.hstack([sp.random(40, 30, density=0.1, random_state=5), sp.csr_matrix((40, 30))], format="csr")
+    kept = np.union1d(np.unique(A.indices), [31, 45]).astype(np.int64)  # two kept columns this block does not store
+    W, H, shift = rng.random((40, 6)), rng.random((6, 60)), rng.random(6)
+    W_new, AtW = kept_columns_mu_step(A, W, np.ascontiguousarray(H.T), H @ H.T, shift, kept)
+    W_whole, WtA, _ = k.frobenius_local(A, W, H, H @ H.T, "mu", shift=shift)
+    assert np.array_equal(W_new, W_whole)
+    assert np.array_equal(AtW, WtA.T[kept])
+    assert not AtW[np.searchsorted(kept, [31, 45])].any()

@@ -99,10 +99,13 @@ def hals_h_update(H, WtX, WtW):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
+def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt, use_mu, eps):
     """Fused CSR local step, one row at a time while its entries are in cache: gather
     x_i H^T, update row i of W (MU from the precomputed W H H^T, or a HALS sweep over
     its r entries), scatter x_ij w_i into (W^T X)^T. Returns (W_new, (W^T X)^T).
+    Entry p reads row ``indices[p]`` of H^T and adds into row ``scatter[p]`` of (W^T X)^T (``n_out`` rows):
+    ``scatter`` is ``indices`` itself for the whole width, and a block's columns renumbered into its stratum's kept
+    columns for Stratified-NMF (``kernels/stratified.py``), which then reads H^T itself, not a gathered copy.
     ``fastmath`` lets LLVM vectorise the length-r loops (finite data is validated at ingest; reassociation
     moves results by rounding only). Indices, not row views, in the loops over entries (a view costs a
     reference count: 7-10% of the step); the rows of H^T and (W^T X)^T an entry reads are prefetched a few entries
@@ -111,7 +114,7 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
     same bits there (with ``fastmath``'s reassociation)."""
     m, r = W.shape
     W_new = np.empty_like(W)
-    WtX_T = np.zeros((Ht.shape[0], r), dtype=W.dtype)
+    WtX_T = np.zeros((n_out, r), dtype=W.dtype)
     xh = np.empty(r, dtype=W.dtype)
     ahead = indices.shape[0] - PREFETCH_DISTANCE
     for i in range(m):
@@ -145,14 +148,14 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps):
                 w[k] = value if value > 0.0 else 0.0
         for p in range(start, stop - 1, 2):  # two entries at a time, as the gather
             if p + 1 < ahead:
-                prefetch_row(WtX_T, indices[p + PREFETCH_DISTANCE])
-                prefetch_row(WtX_T, indices[p + 1 + PREFETCH_DISTANCE])
-            x0, j0, x1, j1 = data[p], indices[p], data[p + 1], indices[p + 1]
+                prefetch_row(WtX_T, scatter[p + PREFETCH_DISTANCE])
+                prefetch_row(WtX_T, scatter[p + 1 + PREFETCH_DISTANCE])
+            x0, j0, x1, j1 = data[p], scatter[p], data[p + 1], scatter[p + 1]
             for k in range(r):
                 WtX_T[j0, k] += x0 * w[k]
                 WtX_T[j1, k] += x1 * w[k]
         if (stop - start) % 2:
-            x, j = data[stop - 1], indices[stop - 1]
+            x, j = data[stop - 1], scatter[stop - 1]
             for k in range(r):
                 WtX_T[j, k] += x * w[k]
     return W_new, WtX_T
@@ -398,8 +401,9 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
             WHHt = W @ HHt
             if shift is not None:
                 WHHt += shift
-        W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.data, W, np.ascontiguousarray(H.T),
-                                            np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype))
+        W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.indices, H.shape[1], X.data, W,
+                                            np.ascontiguousarray(H.T), np.ascontiguousarray(HHt), WHHt,
+                                            solver == "mu", floor_eps(W.dtype))
         WtX = aligned_copy(WtX_T.T)  # aligned already: the pass need not copy it again
         WtW = gram(W_new)
     elif not _tiled(X, W, H, HHt):

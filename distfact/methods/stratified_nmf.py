@@ -95,14 +95,16 @@ class StratifiedMU:
         W = rows.uniform(self.n_components) / np.sqrt(self.n_components)
         return W if inputs is None else {**inputs, "W": W}
 
-    def with_derived(self, H, v, colsum=None, w_moved=False, Mt1=None, kept=None, like=None):
+    def with_derived(self, H, v, colsum=None, w_moved=False, Mt1=None, kept=None, like=None, Hv=None):
         """Global state: H and v plus what the blocks need from them. ``w_moved``: W has been
         updated since H was (line 8 is due at the next global step). ``colsum`` (and, masked, ``Mt1``):
         the constants of pass 0. ``kept``: (kept, kept_starts), every stratum's kept columns (CSR blocks,
-        unmasked: ``kernels/stratified.py``), known from pass 0's statistics; their blocks gather H^T's rows.
-        ``like``: a state of the same H whose H H^T (and H^T) are taken, not made again."""
+        unmasked: ``kernels/stratified.py``), known from pass 0's statistics; their blocks read H^T, not H.
+        ``like``: a state of the same H whose H H^T (and H^T) are taken, not made again; ``Hv``: v H^T, if made
+        already (each of these s x r and r x r products reads an r x n array: a few ms on a sparse corpus)."""
         same = like is not None and like["H"] is H
-        state = {"H": H, "HHt": like["HHt"] if same else H @ H.T, "v": v, "Hv": v @ H.T, "w_moved": w_moved}
+        state = {"H": H, "HHt": like["HHt"] if same else H @ H.T, "v": v, "Hv": v @ H.T if Hv is None else Hv,
+                 "w_moved": w_moved}
         if colsum is not None:
             state["colsum"] = colsum
         if Mt1 is not None:
@@ -211,16 +213,17 @@ class StratifiedMU:
 
     def final_global(self, G, stats):
         """The state after the last iteration's line 8. The objective evaluates it first and leaves it in ``G`` (as
-        ``G["line8"]``: the new H and what the blocks need of it alone), where the next global step and the end of the
-        fit find it: line 8 is O(s r n) on the driver, against O(nnz r) for the pass (``G`` is the state the pass
-        ran from, and ``stats`` that pass's: line 8 of ``G`` is a function of them)."""
+        ``G["line8"]``: the new H, what the blocks need of it alone, and v H^T of G's v), where the next global step
+        and the end of the fit find it: line 8 is O(s r n) on the driver, against O(nnz r) for the pass (``G`` is the
+        state the pass ran from, and ``stats`` that pass's: line 8 of ``G`` is a function of them)."""
         if not G["w_moved"]:
             return G
         line8 = G.get("line8")
         after = self.with_derived(self.h_update(G, stats) if line8 is None else line8["H"], G["v"], G.get("colsum"),
-                                  w_moved=False, Mt1=G.get("Mt1"), kept=self.stratum_kept_columns(G, stats), like=line8)
+                                  w_moved=False, Mt1=G.get("Mt1"), kept=self.stratum_kept_columns(G, stats), like=line8,
+                                  Hv=None if line8 is None else line8.get("Hv"))
         if line8 is None:  # added to G after the driver aligned it: aligned here, as the next global step takes it
-            G["line8"] = aligned({name: after[name] for name in ("H", "HHt", "Ht") if name in after})
+            G["line8"] = aligned({name: after[name] for name in ("H", "HHt", "Ht", "Hv") if name in after})
         return after
 
     @staticmethod
