@@ -291,16 +291,21 @@ def test_a_csr_block_with_a_column_outside_its_kept_columns_is_refused():
 
 def test_the_kept_column_step_is_the_whole_width_step_at_the_kept_columns():
     """The kept-column step reads H^T at the stored columns and adds at their places among the kept ones: the new W
-    and the kept rows of (W^T A)^T are the whole-width sweep's bits, and the unstored kept columns' rows are 0."""
+    and the kept rows of (W^T A)^T are the whole-width sweep's bits, A^T W at the kept columns to rounding (scipy's
+    product), and the unstored kept columns' rows are 0. Kept columns the block does not store come before, among
+    and after its own, so that a column's place among the kept ones is not its index."""
     from distfact.kernels import nmf as k
     from distfact.kernels.stratified import kept_columns_mu_step
 
     rng = np.random.default_rng(4)
-    A = sp.hstack([sp.random(40, 30, density=0.1, random_state=5), sp.csr_matrix((40, 30))], format="csr")
-    kept = np.union1d(np.unique(A.indices), [31, 45]).astype(np.int64)  # two kept columns this block does not store
+    A = sp.hstack([sp.csr_matrix((40, 3)), sp.random(40, 27, density=0.1, random_state=5), sp.csr_matrix((40, 30))],
+                  format="csr")
+    unstored = [1, 31, 45]
+    kept = np.union1d(np.unique(A.indices), unstored).astype(np.int64)
     W, H, shift = rng.random((40, 6)), rng.random((6, 60)), rng.random(6)
     W_new, AtW = kept_columns_mu_step(A, W, np.ascontiguousarray(H.T), H @ H.T, shift, kept)
     W_whole, WtA, _ = k.frobenius_local(A, W, H, H @ H.T, "mu", shift=shift)
     assert np.array_equal(W_new, W_whole)
     assert np.array_equal(AtW, WtA.T[kept])
-    assert not AtW[np.searchsorted(kept, [31, 45])].any()
+    np.testing.assert_allclose(AtW, A[:, kept].T @ W_new, rtol=1e-12)
+    assert not AtW[np.searchsorted(kept, unstored)].any()

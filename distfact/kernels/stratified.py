@@ -54,7 +54,8 @@ def kept_columns_mu_step(A, W, Ht, HHt, shift, kept):
     The fused CSR sweep of ``kernels/nmf.py`` reading H^T at the block's columns and adding into (W^T A)^T at their
     places among ``kept``: the same products in the same order as on the whole width, so W_new and the kept rows
     of (W^T A)^T are the same bits; the other columns' statistic, all zeros, is never made. H^T is read where it is
-    (a copy of its kept rows per block was 30% of a sparse pass, issue 19)."""
+    (issue 19: a copy of its kept rows per block took the stratified benchmark's 20 blocks, one after another, from
+    88 to 125 ms)."""
     positions = np.full(Ht.shape[0], -1, dtype=A.indices.dtype)
     positions[kept] = np.arange(kept.size, dtype=positions.dtype)
     columns = positions[A.indices]
