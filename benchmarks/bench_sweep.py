@@ -9,7 +9,7 @@ interleaved, medians of the repeats. Cases:
 
   store   20,000 x 2,000 float64 dense store on disk (320 MB of X, blocks of 2,500 rows, read by every pass),
           10 iterations: where reading X matters
-  memory  the same X in memory (the sweep shares its products: one per tile for all the ranks), 10 iterations
+  memory  the same X in memory (the sweep shares its products: one per chunk for all the ranks), 10 iterations
   small   400 x 100 in memory, 4 groups, 300 iterations: the engine's per-pass cost; also the sweep's arithmetic
           alone (``numpy_floor``: a direct numpy loop of the ten models' MU updates stacked side by side, one
           product of each kind per group's block for all ten, on one BLAS thread, no objective), about the least

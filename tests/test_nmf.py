@@ -124,6 +124,32 @@ def test_csr_local_step_on_rows_of_every_length(solver):
     assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
 
 
+@pytest.mark.parametrize("solver", ["mu", "hals", None])
+def test_several_models_local_step_equals_each_models_numpy_step(solver):
+    """``frobenius_local_many`` (a sweep's shared products: one chunk of X a tile, several tiles to a chunk here)
+    against each model's step in numpy: the MU or HALS update of W_b (HALS: the dense path's sweep given numpy's
+    X H^T), W_b^T X_b and W_b^T W_b; ``solver`` None (pass 0): W_b as given and its statistics."""
+    from distfact.kernels import nmf as k
+
+    rng = np.random.default_rng(5)
+    X = rng.random((1_300, 2_000))  # 20 tiles of 65 rows; 7 chunks of 195 rows
+    ranks = [1, 4, 7]
+    assert k.shares_products(X, [np.empty((1_300, r)) for r in ranks], [np.empty((r, 2_000)) for r in ranks])
+    Ws = [rng.random((1_300, r)) + 0.1 for r in ranks]
+    Hs = [rng.random((r, 2_000)) + 0.1 for r in ranks]
+    HHts = [H @ H.T for H in Hs]
+    steps = k.frobenius_local_many(X, Ws, Hs, HHts, solver)
+    for (W_new, WtX, WtW), W, H, HHt in zip(steps, Ws, Hs, HHts):
+        if solver is None:
+            assert W_new is W
+        elif solver == "mu":
+            assert relative_diff(W_new, W * (X @ H.T) / np.maximum(W @ HHt, np.finfo(float).eps)) < 1e-12
+        else:
+            assert relative_diff(W_new, k.w_update(W, X @ H.T, HHt, "hals")) < 1e-12
+        assert relative_diff(WtX, W_new.T @ X) < 1e-12
+        assert relative_diff(WtW, W_new.T @ W_new) < 1e-12
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shifted", [False, True])
 def test_mu_updates_are_numpys_operations_bit_for_bit(dtype, shifted):

@@ -18,9 +18,10 @@ longer run (its factors do not move, its statistics are the last ones it had) an
 the blocks. The loop ends when every model has stopped. Every step of model i runs the method's own code on
 the same inputs, aligned alike, as when it is fitted alone, so each model's result is bitwise that of its fit
 alone (tests/test_sweep.py). With ``shared_products`` (``fit_many``'s default) the local steps of the running
-models go, where their method offers it (e.g. NMF's Frobenius MU and HALS on large dense blocks: ``local_steps``), through one
-call that forms one product per tile of X for all of them; those models' results are then equal to their fits
-alone to rounding, not bitwise. The engine only groups the calls; the products are the method's.
+models, and their pass 0's statistics, go where their method offers it (e.g. NMF's Frobenius MU and HALS on large
+dense blocks: ``local_step_many``, ``block_stats_many``) through one call that forms each product of X for all of
+them; those models' results are then equal to their fits alone to rounding, not bitwise. The engine only groups the
+calls; the products are the method's.
 
 Starts: each model's start runs as it does alone, against a :class:`ModelView` of the executor, which acts on
 the model's part of every block's local state; ``init_local`` calls are gathered and made in one go
@@ -96,10 +97,10 @@ class PerModel:
     """A block hook (``block_stats`` or ``local_step``) of every model the pass ships a global state to: what the
     blocks run. ``shipped_states``: model index (as a string) -> the part of its global state its blocks use.
 
-    ``shared_products``: the local steps of two or more running models go, where their methods offer it, through
-    the methods' ``local_steps(methods, X_b, locals, block, Gs)`` in one call (a list of (new local state,
-    statistics) in the models' order, or None for a block it does not take): the method may then form one
-    product of X_b for all of them, whose results equal the models' own steps to rounding only."""
+    ``shared_products``: the hook of two or more models goes, where their methods offer it, through the methods'
+    ``<hook>_many(methods, X_b, locals, block, Gs)`` in one call (a list, in the models' order, of what each
+    model's hook returns, or None for a block it does not take): the method may then form one product of X_b for
+    all of them, whose results equal the models' own hooks' to rounding only."""
 
     methods: tuple
     hook: str
@@ -108,7 +109,7 @@ class PerModel:
     def __call__(self, X_b, local, block, shipped_states: dict):
         update = self.hook == "local_step"
         stats, parts = {}, split_models(local)  # split once: k models cost O(k) name lookups, not O(k^2)
-        joint = self._joint_steps(X_b, parts, block, shipped_states) if update and self.shared_products else None
+        joint = self._joint(X_b, parts, block, shipped_states) if self.shared_products else None
         for n, (key, G) in enumerate(shipped_states.items()):
             i = int(key)
             out = joint[n] if joint is not None else getattr(self.methods[i], self.hook)(X_b, parts.get(i), block, G)
@@ -117,11 +118,11 @@ class PerModel:
             stats.update(_prefixed(i, out))
         return (join_models(parts), stats) if update else stats
 
-    def _joint_steps(self, X_b, parts: dict, block, shipped_states: dict) -> list | None:
-        """The running models' local steps in one call of their methods' common ``local_steps`` (None if there
-        is one model, if not every method offers the same one, or if it declines the block)."""
+    def _joint(self, X_b, parts: dict, block, shipped_states: dict) -> list | None:
+        """The models' hooks in one call of their methods' common ``<hook>_many`` (None if there is one model, if
+        not every method offers the same one, or if it declines the block)."""
         methods = [self.methods[int(key)] for key in shipped_states]
-        hooks = {getattr(type(method), "local_steps", None) for method in methods}
+        hooks = {getattr(type(method), self.hook + "_many", None) for method in methods}
         if len(methods) < 2 or len(hooks) > 1 or None in hooks:
             return None
         return hooks.pop()(methods, X_b, [parts.get(int(key)) for key in shipped_states], block,
@@ -169,9 +170,10 @@ class ManyModels:
     deadlines : sequence of float or None, optional
         Each model's ``time.perf_counter()`` after which it starts no iteration (None: none).
     shared_products : bool
-        Run the running models' local steps through their methods' ``local_steps`` where offered (see
-        :class:`PerModel`): one product of each block for all the models, each model then equal to its fit
-        alone to rounding. False: every step is the model's own, bitwise its fit alone.
+        Run the models' local steps and pass 0's statistics through their methods' ``local_step_many`` and
+        ``block_stats_many`` where offered (see :class:`PerModel`): one product of each block for all the models,
+        each model then equal to its fit alone to rounding. False: every step is the model's own, bitwise its fit
+        alone.
     """
 
     def __init__(self, methods, max_iters, deadlines=None, shared_products: bool = False):
@@ -183,7 +185,7 @@ class ManyModels:
         sweeps_columns = [hasattr(method, "column_step") for method in self.methods]
         if any(sweeps_columns) and not all(sweeps_columns):
             raise ValueError("the methods of one ManyModels either all sweep X by columns (column_step) or none do")
-        self.block_stats = PerModel(self.methods, "block_stats")
+        self.block_stats = PerModel(self.methods, "block_stats", shared_products)
         self.local_step = PerModel(self.methods, "local_step", shared_products)
         if all(sweeps_columns):
             self.column_step = PerModelColumns(self.methods)

@@ -146,21 +146,34 @@ class NMFMethod:
         return W_new, {"WtX": WtX, "WtW": WtW, "sq_err": np.float64(sq_err[0])}  # from the same tiles of X_b
 
     @staticmethod
-    def local_steps(methods, X_b, locals_, block, Gs):
-        """Several models' ``local_step`` on one block with one product per tile of X_b for all of them
+    def local_step_many(methods, X_b, locals_, block, Gs):
+        """Several models' ``local_step`` on one block with one product per chunk of X_b for all of them
         (``engine/many.py``: the running models of a sweep; ``kernels/nmf.py: frobenius_local_many``), or None
-        where it does not apply: it takes NMF's own method (not a subclass's) with the Frobenius loss, one
-        solver (MU or HALS) for all, float64 (float32's statistics need each model's residual), unmasked local
-        states and a dense block of several tiles (``kernels/nmf.py: shares_products``). Each model's results
+        where it does not apply (``_share_products``; also one solver, MU or HALS, for all). Each model's results
         equal its ``local_step``'s to rounding."""
         solvers = {method.solver for method in methods}
-        if (len(solvers) > 1 or any(type(method) is not NMFMethod or method.kl or method.dtype != "float64"
-                                    for method in methods)
-                or any(not isinstance(W_b, np.ndarray) for W_b in locals_)
-                or not k.shares_products(X_b, locals_, [G["H"] for G in Gs])):
+        if len(solvers) > 1 or not NMFMethod._share_products(methods, X_b, locals_, Gs):
             return None
         steps = k.frobenius_local_many(X_b, locals_, [G["H"] for G in Gs], [G["HHt"] for G in Gs], solvers.pop())
         return [(W_new, {"WtX": WtX, "WtW": WtW}) for W_new, WtX, WtW in steps]
+
+    @staticmethod
+    def block_stats_many(methods, X_b, locals_, block, Gs):
+        """Several models' ``block_stats`` (pass 0) on one block with one W^T X product per chunk for all of them,
+        or None where it does not apply (``_share_products``). Each model's statistics equal its
+        ``block_stats``'s to rounding."""
+        if not NMFMethod._share_products(methods, X_b, locals_, Gs):
+            return None
+        return [{"WtX": WtX, "WtW": WtW} for _, WtX, WtW in k.frobenius_local_many(X_b, locals_, None, None, None)]
+
+    @staticmethod
+    def _share_products(methods, X_b, locals_, Gs) -> bool:
+        """Whether several models' steps on X_b can share its products: NMF's own method (not a subclass's) with
+        the Frobenius loss, float64 (float32's statistics need each model's residual), unmasked local states and
+        a dense block of several tiles (``kernels/nmf.py: shares_products``)."""
+        return (all(type(method) is NMFMethod and not method.kl and method.dtype == "float64" for method in methods)
+                and all(isinstance(W_b, np.ndarray) for W_b in locals_)
+                and k.shares_products(X_b, locals_, [G["H"] for G in Gs]))
 
     def _masked_local_step(self, X_b, local, block, G):
         """A masked block: W_b by weighted MU (or HALS) over its observed entries, then its statistics."""
