@@ -124,16 +124,18 @@ def test_csr_local_step_on_rows_of_every_length(solver):
     assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
 
 
+@pytest.mark.parametrize("ranks", [[1, 4, 7], [20, 25, 30]])
 @pytest.mark.parametrize("solver", ["mu", "hals", None])
-def test_several_models_local_step_equals_each_models_numpy_step(solver):
-    """``frobenius_local_many`` (a sweep's shared products: one chunk of X a tile, several tiles to a chunk here)
-    against each model's step in numpy: the MU or HALS update of W_b (HALS: the dense path's sweep given numpy's
-    X H^T), W_b^T X_b and W_b^T W_b; ``solver`` None (pass 0): W_b as given and its statistics."""
+def test_several_models_local_step_equals_each_models_numpy_step(solver, ranks):
+    """``frobenius_local_many`` (a sweep's shared products) against each model's step in numpy: the MU or HALS
+    update of W_b (HALS: the dense path's sweep given numpy's X H^T), W_b^T X_b and W_b^T W_b; ``solver`` None
+    (pass 0): W_b as given and its statistics. X_b is 20 tiles of 65 rows in 7 chunks (6 of 195 rows, one of
+    130): at a summed rank of 12, three tiles to a chunk; at 75, one tile a chunk."""
     from distfact.kernels import nmf as k
 
     rng = np.random.default_rng(5)
-    X = rng.random((1_300, 2_000))  # 20 tiles of 65 rows; 7 chunks of 195 rows
-    ranks = [1, 4, 7]
+    X = rng.random((1_300, 2_000))
+    assert (sum(ranks) >= k.WHOLE_CHUNK_RANK) == (ranks[0] == 20)
     assert k.shares_products(X, [np.empty((1_300, r)) for r in ranks], [np.empty((r, 2_000)) for r in ranks])
     Ws = [rng.random((1_300, r)) + 0.1 for r in ranks]
     Hs = [rng.random((r, 2_000)) + 0.1 for r in ranks]

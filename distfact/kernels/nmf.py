@@ -27,6 +27,9 @@ TILE_BYTES = 1 << 20
 MAX_CHUNKS = 8
 #: Blocks with fewer multiply-adds (rows x columns x rank) than this run their chunks in the calling thread.
 PARALLEL_WORK = 1 << 22
+#: Several models' shared step (``frobenius_local_many``) runs each chunk as one tile when their summed rank is at
+#: least this (see ``_dense_frobenius_local``); below it, in tiles of ``TILE_BYTES`` as one model's step.
+WHOLE_CHUNK_RANK = 64
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -165,7 +168,8 @@ def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt
 def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, product, XHt, WH,
                           mask_indptr, mask_indices, mask_p, X_masked, corrections, WtPx_T, WtPwh_T, block_sums,
                           segments):
-    """Rows lo:hi of the dense local step, ``tile`` rows at a time while they are in cache: X_t H^T,
+    """Rows lo:hi of the dense local step, ``tile`` rows at a time (while they are in cache, but for several
+    models' chunks taken whole, ``_dense_frobenius_local``): X_t H^T,
     W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
     and W_t^T X_t added into WtX (r x n) in tile order. Scratch: ``product`` (r x n), ``XHt`` (tile x r),
     ``WH`` (tile x n, or no rows). With ``WH``, returns ||X - W_new H||^2 over the rows accumulated in
@@ -333,14 +337,17 @@ def _tiled(X, *factors) -> bool:
 
 def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, block_sums=False, segments=None):
     """The dense local step in cache-sized row tiles (``_dense_frobenius_rows``), its chunks on BLAS's threads.
-    ``solver`` None: W is not updated (HHt is not used, nor H without a mask), only W^T X is summed. Returns (W_new, W_new^T X,
-    W_new^T W_new, the residual or 0). ``segments``: several models' factors side by side (see
-    ``_dense_frobenius_rows``; no mask, no residual, and W_new^T W_new is then not formed: None); each chunk is
-    then one tile. The summed rank R makes W_t^T X_t an R x n sum that a 1 MiB tile would add into for every 65
-    rows of 2,000 (1.76 MB at R = 110), and products as wide as R run faster with a chunk's rows as their inner
-    dimension (29 against 23 GF/s on one thread at R = 110, 650 rows): reading a chunk twice costs less (one
-    5,000 x 2,000 block, ranks 2, 4, ..., 20, MU: medians of 9 of 153-183 ms with 1 MiB tiles, 122-132 ms with
-    one tile a chunk).
+    ``solver`` None: W is not updated (HHt is not used, nor H without a mask), only W^T X is summed. Returns (W_new,
+    W_new^T X, W_new^T W_new, the residual or 0). ``segments``: several models' factors side by side (see
+    ``_dense_frobenius_rows``; no mask, no residual, and W_new^T W_new is then not formed: None).
+
+    Several models whose summed rank R is at least ``WHOLE_CHUNK_RANK`` take each chunk as one tile, read twice
+    (from cache or memory) rather than once: a 1 MiB tile adds its W_t^T X_t into an R x n sum for every 65 rows
+    of 2,000 (1.76 MB at R = 110), and products as wide as R run faster with a chunk's rows as their inner
+    dimension (a 650 x 2,000 chunk on one thread at R = 110: 29 GF/s as one tile, 23 as 65-row tiles). One
+    5,000 x 2,000 block, MU, two threads, three runs' medians of 9 (``/tmp`` script): ranks 2, 4, ..., 20 (R =
+    110) 153-183 ms in 1 MiB tiles, 122-132 ms one tile a chunk; at R = 6 and 20 one tile a chunk was 10-25%
+    slower, at R = 28 to 60 within the noise of either.
 
     ``mask``: (indptr, indices, p) of a complement-form mask P (p in X's dtype; ``solver`` "mu" or None): the
     weighted MU step over X with 0 at P's entries of weight 0 (``kernels/masked.py``), which then also returns
@@ -351,7 +358,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
     n_tiles = -(-m // tile)
     chunk = tile * -(-n_tiles // MAX_CHUNKS)
     many = segments is not None
-    if many:
+    if many and segments[-1] >= WHOLE_CHUNK_RANK:
         tile = chunk
     if solver is None:  # H is used by a mask's terms only
         HHt = np.empty((0, 0), dtype)
@@ -425,13 +432,14 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
 
 def frobenius_local_many(X, Ws, Hs, HHts, solver: str | None):
     """``frobenius_local`` (no shift, no residual) of several models on one dense block of more than one tile
-    (``shares_products``), with one product per chunk for all of them: X_c [H_1; ...; H_k]^T and
-    [W_1 ... W_k]_c^T X_c (``_dense_frobenius_local`` on the models' factors side by side), each model's update
-    of W_c on its columns in between. X_b is read from memory once, and the products are as wide as the models'
-    ranks together. ``solver`` None: no update (pass 0's statistics, ``frobenius_stats``; Hs and HHts are not
-    read). Each model's results equal its ``frobenius_local``'s (or ``frobenius_stats``'s) to rounding (the
-    products' sums are grouped otherwise), not bitwise. Returns, per model, (W_b, W_b^T X_b, W_b^T W_b), each
-    array its own (C-contiguous, aligned; W_b is the model's own array when not updated)."""
+    (``shares_products``), with one product per tile for all of them: X_t [H_1; ...; H_k]^T and
+    [W_1 ... W_k]_t^T X_t (``_dense_frobenius_local`` on the models' factors side by side; a tile is a chunk from
+    a summed rank of ``WHOLE_CHUNK_RANK`` on), each model's update of W_t on its columns in between. The products
+    are as wide as the models' ranks together. ``solver`` None: no update (pass 0's statistics,
+    ``frobenius_stats``; Hs and HHts are not read). Each model's results equal its ``frobenius_local``'s (or
+    ``frobenius_stats``'s) to rounding (the products' sums are grouped otherwise), not bitwise. Returns, per model,
+    (W_b, W_b^T X_b, W_b^T W_b), each array its own (C-contiguous, aligned; W_b is the model's own array when not
+    updated)."""
     segments = np.concatenate(([0], np.cumsum([W.shape[1] for W in Ws])))
     H = HHt = None
     if solver is not None:
