@@ -346,7 +346,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
     of 2,000 (1.76 MB at R = 110), and products as wide as R run faster with a chunk's rows as their inner
     dimension (a 650 x 2,000 chunk on one thread at R = 110: 29 GF/s as one tile, 23 as 65-row tiles). One
     5,000 x 2,000 block, MU, two threads, three runs' medians of 9 (``/tmp`` script): ranks 2, 4, ..., 20 (R =
-    110) 153-183 ms in 1 MiB tiles, 122-132 ms one tile a chunk; at R = 6 and 20 one tile a chunk was 10-25%
+    110) 153-183 ms in 1 MiB tiles, 122-132 ms one tile a chunk; at R = 6 and 20 one tile a chunk was 6-29%
     slower; at R = 28 to 60 the runs disagreed (R = 40: 10% faster, 32: 15% slower by their medians).
 
     ``mask``: (indptr, indices, p) of a complement-form mask P (p in X's dtype; ``solver`` "mu" or None): the
