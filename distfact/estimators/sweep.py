@@ -62,7 +62,7 @@ def fit_many(estimator, X, *, groups=None, ranks=None, seeds=None, masks=None, c
         Also return each model's W (n_samples x rank, X's row order, gathered as ``fit_transform`` gathers it).
     shared_products : bool
         True (default): where the models' method offers it, their local steps on a block run as one, with one
-        product of each chunk of X for all the models together (X [H_1; ...; H_k]^T and [W_1 ... W_k]^T X, each
+        product of each tile of X for all the models together (X [H_1; ...; H_k]^T and [W_1 ... W_k]^T X, each
         model's update of W on its columns in between), which costs about as much as the products at the summed
         rank rather than k separate products; so do their statistics of the start (pass 0). Offered by NMF with
         the Frobenius loss (MU or HALS) on unmasked float64 dense blocks of more than one tile of the local step

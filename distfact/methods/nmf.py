@@ -147,7 +147,7 @@ class NMFMethod:
 
     @staticmethod
     def local_step_many(methods, X_b, locals_, block, Gs):
-        """Several models' ``local_step`` on one block with one product per chunk of X_b for all of them
+        """Several models' ``local_step`` on one block with one product per tile of X_b for all of them
         (``engine/many.py``: the running models of a sweep; ``kernels/nmf.py: frobenius_local_many``), or None
         where it does not apply (``_share_products``; also one solver, MU or HALS, for all). Each model's results
         equal its ``local_step``'s to rounding."""
@@ -159,7 +159,7 @@ class NMFMethod:
 
     @staticmethod
     def block_stats_many(methods, X_b, locals_, block, Gs):
-        """Several models' ``block_stats`` (pass 0) on one block with one W^T X product per chunk for all of them,
+        """Several models' ``block_stats`` (pass 0) on one block with one W^T X product per tile for all of them,
         or None where it does not apply (``_share_products``). Each model's statistics equal its
         ``block_stats``'s to rounding."""
         if not NMFMethod._share_products(methods, X_b, locals_, Gs):
