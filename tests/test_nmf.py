@@ -499,3 +499,55 @@ def test_float32_errors_are_accurate_at_small_relative_error(sparse, solver, los
         assert model.group_errors_[g] == pytest.approx(rel, rel=1e-3)
         direct = frobenius_half if loss == "frobenius" else kl_divergence
         assert model.group_losses_[g] == pytest.approx(direct(X64[rows], W[rows], H), rel=1e-3, abs=1e-6)
+
+
+@pytest.mark.parametrize("m,n,r", [(3000, 2000, 20), (60000, 50, 3), (303, 13, 5)])
+def test_float32_statistics_in_float64_sums_hold_the_formula_within_its_bound(m, n, r):
+    """float32 blocks with ``sums64`` (tiled: 1 MiB tiles of 131 and 5,242 rows; and one tile): W_b^T X_b and
+    W_b^T W_b in float64, the same W_b as without, and the statistics formula of ||X_b - W_b H||^2 within
+    FLOAT32_FORMULA_ERROR ||X_b||^2 of its float64 recomputation at a relative error of about 0.3."""
+    from distfact.kernels import nmf as k
+    from distfact.methods.nmf import FLOAT32_FORMULA_ERROR
+
+    rng = np.random.default_rng(5)
+    W0, H0 = rng.random((m, r)), rng.random((r, n))
+    X = np.abs(W0 @ H0 * (1 + 0.3 * rng.standard_normal((m, n)))).astype(np.float32)
+    W, H = W0.astype(np.float32), H0.astype(np.float32)
+    assert k._tiled(X, W, H) == (m > 303)
+    W_new, WtX, WtW = k.frobenius_local(X, W, H, H @ H.T, "mu", sums64=True)
+    assert WtX.dtype == WtW.dtype == np.float64 and W_new.dtype == np.float32
+    assert np.array_equal(W_new, k.frobenius_local(X, W, H, H @ H.T, "mu")[0])
+    X64, W64, H64 = X.astype(np.float64), W_new.astype(np.float64), H.astype(np.float64)
+    np.testing.assert_allclose(WtX, W64.T @ X64, rtol=1e-5)
+    np.testing.assert_allclose(WtW, W64.T @ W64, rtol=1e-12)
+    sq_norm, exact = np.vdot(X64, X64), np.sum((X64 - W64 @ H64) ** 2)
+    formula = sq_norm - 2 * np.vdot(WtX, H64) + np.vdot(WtW, H64 @ H64.T)
+    assert abs(formula - exact) <= FLOAT32_FORMULA_ERROR * sq_norm
+
+
+def test_float32_fit_takes_residuals_only_near_an_exact_fit():
+    """float32 dense blocks: pass 0 computes residuals; the passes after it take the errors from the statistics
+    (no residual product) while every group's loss is well above the formula's error, else from the residuals,
+    for the rest of the fit; the losses match a float64 recomputation either way (the formula's to 1e-6)."""
+    from distfact.methods.nmf import NMFMethod
+    from distfact.store.ingest import from_arrays
+
+    rng = np.random.default_rng(8)
+    m, n, r = 2000, 600, 4
+    W0, H0 = rng.random((m, r)).astype(np.float32), rng.random((r, n)).astype(np.float32)
+    method = NMFMethod(r, dtype="float32")
+    for noise, near in ((0.3, False), (1e-4, True)):
+        X = np.abs(W0 @ H0 * (1 + noise * rng.standard_normal((m, n)))).astype(np.float32)
+        data = from_arrays(X)
+        G = method.with_derived(H0, data)
+        assert G["residuals"] is False
+        stats = method.block_stats(X, W0, None, G)
+        assert "sq_err" in stats
+        for _ in range(2):
+            G = {**method.global_step(G, [stats], data), "H": H0, "HHt": H0 @ H0.T}  # the same H, to compare
+            assert G["residuals"] is near
+            W_new, stats = method.local_step(X, W0, None, G)
+            assert ("sq_err" in stats) is near
+            exact = 0.5 * np.sum((X.astype(np.float64) - W_new.astype(np.float64) @ H0.astype(np.float64)) ** 2)
+            # the residuals' W H rounds to float32: 6e-8 of wh is 6e-4 of a residual of 1e-4 (random, summed)
+            assert method.objective(G, [stats], data)[0] == pytest.approx(exact, rel=1e-5 if near else 1e-6)

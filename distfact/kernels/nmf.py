@@ -27,6 +27,9 @@ TILE_BYTES = 1 << 20
 MAX_CHUNKS = 8
 #: Blocks with fewer multiply-adds (rows x columns x rank) than this run their chunks in the calling thread.
 PARALLEL_WORK = 1 << 22
+#: With float64 sums (float32 data, ``frobenius_local``'s ``sums64``), W_t^T X_t is summed in float32 over at most
+#: this many rows at a time: the float32 round-off of each sum grows with its length.
+SUM64_ROWS = 128
 #: Several models' shared step (``frobenius_local_many``) runs each chunk as one tile when their summed rank is at
 #: least this (see ``_dense_frobenius_local``); below it, in tiles of ``TILE_BYTES`` as one model's step.
 WHOLE_CHUNK_RANK = 64
@@ -165,15 +168,16 @@ def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt
 
 
 @numba.njit(nogil=True, cache=True)
-def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, product, XHt, WH,
+def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, WtX64, product, XHt, WH,
                           mask_indptr, mask_indices, mask_p, X_masked, corrections, WtPx_T, WtPwh_T, block_sums,
                           segments):
     """Rows lo:hi of the dense local step, ``tile`` rows at a time (while they are in cache, but for several
     models' chunks taken whole, ``_dense_frobenius_local``): X_t H^T,
     W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
-    and W_t^T X_t added into WtX (r x n) in tile order. Scratch: ``product`` (r x n), ``XHt`` (tile x r),
-    ``WH`` (tile x n, or no rows). With ``WH``, returns ||X - W_new H||^2 over the rows accumulated in
-    float64 (else 0).
+    and W_t^T X_t added into WtX (r x n) in tile order, or with ``WtX64`` (float64, r x n; else no rows) into
+    WtX64, each product of ``SUM64_ROWS`` rows of the tile summed in float64 (WtX is then not written).
+    Scratch: ``product`` (r x n), ``XHt`` (tile x r), ``WH`` (tile x n, or no rows). With ``WH``, returns
+    ||X - W_new H||^2 over the rows accumulated in float64 (else 0).
 
     Several models at once (``frobenius_local_many``): W's columns (and H's rows) are the models' side by
     side, model s at columns ``segments[s]:segments[s + 1]``, HHt their H H^T's block-diagonal matrix; each
@@ -216,7 +220,12 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
                 for s in range(segments.shape[0] - 1):
                     a, b = segments[s], segments[s + 1]
                     hals_sweep(w[:, a:b], xh[:, a:b], HHt[a:b, a:b])
-        if start == lo:
+        if WtX64.shape[0] > 0:
+            for a in range(0, stop - start, SUM64_ROWS):
+                b = min(a + SUM64_ROWS, stop - start)
+                np.dot(w[a:b].T, X_t[a:b], product)
+                WtX64 += product
+        elif start == lo:
             np.dot(w.T, X_t, WtX)
         else:
             np.dot(w.T, X_t, product)
@@ -335,11 +344,13 @@ def _tiled(X, *factors) -> bool:
     return X.shape[0] > _tile_rows(X) and np.result_type(X, *factors) == X.dtype
 
 
-def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, block_sums=False, segments=None):
+def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, block_sums=False, segments=None,
+                           sums64=False):
     """The dense local step in cache-sized row tiles (``_dense_frobenius_rows``), its chunks on BLAS's threads.
     ``solver`` None: W is not updated (HHt is not used, nor H without a mask), only W^T X is summed. Returns (W_new,
     W_new^T X, W_new^T W_new, the residual or 0). ``segments``: several models' factors side by side (see
-    ``_dense_frobenius_rows``; no mask, no residual, and W_new^T W_new is then not formed: None).
+    ``_dense_frobenius_rows``; no mask, no residual, and W_new^T W_new is then not formed: None). ``sums64``: W_new^T X
+    summed tile by tile in float64 and W_new^T W_new formed in float64 (float32 data; see ``frobenius_local``).
 
     Several models whose summed rank R is at least ``WHOLE_CHUNK_RANK`` take each chunk as one tile, read twice
     (from cache or memory) rather than once: a 1 MiB tile adds its W_t^T X_t into an R x n sum for every 65 rows
@@ -374,15 +385,16 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
 
     def rows(lo):
         hi = min(lo + chunk, m)
-        WtX = empty_aligned((r, n), dtype)
-        product = empty_aligned((r if hi - lo > tile else 0, n), dtype)
+        WtX = empty_aligned((0 if sums64 else r, n), dtype)
+        WtX64 = np.zeros((r, n) if sums64 else (0, 0))
+        product = empty_aligned((r if hi - lo > tile or sums64 else 0, n), dtype)
         WH = empty_aligned((min(tile, hi - lo) if residual else 0, n), dtype)
         WtP = np.zeros((2, n if mask is not None else 0, r), dtype)
         sums = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile, W_new, WtX,
-                                     product, empty_aligned((min(tile, hi - lo), r), dtype), WH, indptr, indices, p,
-                                     empty_aligned((masked_rows, n), dtype), np.empty((masked_rows, 2 * r), dtype),
-                                     WtP[0], WtP[1], block_sums, segments)
-        return WtX, WtP, np.array(sums)
+                                     WtX64, product, empty_aligned((min(tile, hi - lo), r), dtype), WH, indptr,
+                                     indices, p, empty_aligned((masked_rows, n), dtype),
+                                     np.empty((masked_rows, 2 * r), dtype), WtP[0], WtP[1], block_sums, segments)
+        return WtX64 if sums64 else WtX, WtP, np.array(sums)
 
     starts = list(range(0, m, chunk))
     parts = (map_on_blas_threads(rows, starts) if m * n * r >= PARALLEL_WORK
@@ -392,16 +404,20 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
         WtX += WtX_part
         WtP += WtP_part
         sums += sums_part
-    out = (W_new, WtX, None if many else gram(W_new), sums[0])
+    out = (W_new, WtX, None if many else gram(W_new.astype(np.float64) if sums64 else W_new), sums[0])
     if mask is None:
         return out
     return (*out, np.ascontiguousarray(WtP[0].T), np.ascontiguousarray(WtP[1].T), sums[1], sums[2], sums[3:])
 
 
-def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = False):
+def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = False, sums64: bool = False):
     """Local step for ||X - WH||_F^2: update W_b by MU or HALS, return (W_b, W_b^T X_b, W_b^T W_b), and
     with ``residual`` also ||X_b - W_b H||^2 accumulated in float64 (see ``residual_sq_norm``).
     ``shift``: MU only, added to the denominator (see ``mu_w_update``).
+
+    ``sums64`` (dense float32 blocks): W_b^T X_b and W_b^T W_b in float64, the first summed tile by tile in
+    float64 (each tile's product in float32), so that the statistics formula of the error
+    (``residual_sq_norm``) holds to about 1e-10 of ||X_b||^2 without the residual's third product.
 
     Dense blocks: both products tile by tile while the tile is in cache, so X_b is read from memory
     once (``_dense_frobenius_local``); the residual is a third product on the same tiles.
@@ -423,8 +439,11 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
     elif not _tiled(X, W, H, HHt):
         W_new = w_update(W, block_times_ht(X, H), HHt, solver, shift)
         WtX, WtW = wt_times_block(W_new, X), gram(W_new)
+        if sums64:  # a block of one tile, of up to 2^18 / n rows: summed in float64 as a whole
+            W64 = W_new.astype(np.float64)
+            WtX, WtW = W64.T @ X, gram(W64)
     else:
-        W_new, WtX, WtW, sq_err = _dense_frobenius_local(X, W, H, HHt, solver, shift, residual)
+        W_new, WtX, WtW, sq_err = _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, sums64=sums64)
     if not residual:
         return W_new, WtX, WtW
     return W_new, WtX, WtW, residual_sq_norm(X, W_new, H) if sq_err is None else sq_err
@@ -472,7 +491,8 @@ def w_update(W, XHt, HHt, solver, shift=None):
 
 def residual_sq_norm(X, W, H) -> float:
     """||X_b - W_b H||_F^2 accumulated in float64. For float32 data, where the statistics formula
-    ||X||^2 - 2<W^T X, H> + <W^T W, H H^T> cancels to noise once the relative error is below ~1e-3."""
+    ||X||^2 - 2<W^T X, H> + <W^T W, H H^T> cancels to noise once the relative error is below ~1e-3 (from sums in
+    float32), or below ~1e-2 with ``frobenius_local``'s ``sums64`` (``methods/nmf.py: FLOAT32_FORMULA_ERROR``)."""
     if sp.issparse(X):
         W64, H64 = W.astype(np.float64), H.astype(np.float64)
         x = X.data.astype(np.float64)

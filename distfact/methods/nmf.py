@@ -15,7 +15,10 @@ Order (global first, then local, as in Lee & Seung's reference loop):
 Errors come from the statistics, without another pass (DESIGN §1):
     ||X_l - W_l H||_F^2 = ||X_l||_F^2 - 2 <W_l^T X_l, H> + <W_l^T W_l, H H^T>
     D_KL(X_l || W_l H) = sum_nz x log(x / wh) - sum(X_l) + (W_l^T 1) . (H 1)
-(for float32 data the first cancels to noise below a relative error of ~1e-3, so the pass also
+(for float32 data the first needs W^T X and W^T W summed in float64: a dense block's W_b^T X_b is then summed
+in float64 over products of 128 rows (``kernels/nmf.py: frobenius_local``'s ``sums64``), which leaves an error
+below FLOAT32_FORMULA_ERROR ||X_l||^2, measured up to 4e-9. Where that is not small against the loss (a group's
+relative error below about 0.14 at the default tol; see ``_residuals_needed``), and on CSR blocks, the pass
 accumulates ||X_b - W_b H||^2 directly in float64: one more product per dense block, O(nnz r) for CSR.)
 Stopping rule: every group's loss changed by less than ``tol`` relative to its previous value.
 
@@ -67,6 +70,13 @@ from ..metrics import frobenius_sq_errors
 from .stopping import group_sums, groups_relative_change_below
 
 SOLVERS = ("mu", "hals")
+#: float32 data: the error of the statistics formula of ||X_l - W_l H||^2 with float64 sums (``sums64``), relative
+#: to ||X_l||^2: a bound 5x the largest measured (4e-9; shapes 303 x 13 to 300,000 x 10 and 20,000 x 2,000, ranks
+#: 1 to 20, relative errors 1e-4 to 1: ``tests/test_nmf.py`` checks it on three of them)
+FLOAT32_FORMULA_ERROR = 2e-8
+#: ... and the precision the losses need, relative to themselves, with the stopping rule's tol at 1e-4 or above
+LOSS_PRECISION = 1e-6
+_FLOAT64 = np.dtype(np.float64)
 LOSSES = ("frobenius", "kullback-leibler")
 
 
@@ -110,9 +120,12 @@ class NMFMethod:
         W = (global_state["scale"] * np.abs(rows.standard_normal(self.n_components))).astype(self.dtype)
         return W if inputs is None else {**inputs, "W": W}
 
-    def with_derived(self, H, data=None, scale=None):
-        """Global state: H plus what every block needs from it, computed once on the driver."""
+    def with_derived(self, H, data=None, scale=None, residuals=False):
+        """Global state: H plus what every block needs from it, computed once on the driver; for float32 data,
+        also whether the next pass computes its dense blocks' residuals (``_residuals_needed``)."""
         state = {"H": H, "HHt": H @ H.T, "scale": self.init_scale(data) if scale is None else scale}
+        if self._float32:
+            state["residuals"] = residuals
         return state
 
     # -- pass ---------------------------------------------------------------
@@ -139,11 +152,17 @@ class NMFMethod:
             WtX, WtW = k.frobenius_stats(X_b, W_new)
             stats = {"WtX": WtX, "WtW": WtW, "WtR": WtR, "Wsum": Wsum, "xlogx": xlogx}
             return W_new, self._with_residual(stats, X_b, W_new, G)
-        float32 = _single_precision(self.dtype)
-        W_new, WtX, WtW, *sq_err = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver, residual=float32)
-        if not float32:
+        if not _single_precision(self.dtype):
+            W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver)
             return W_new, {"WtX": WtX, "WtW": WtW}
-        return W_new, {"WtX": WtX, "WtW": WtW, "sq_err": np.float64(sq_err[0])}  # from the same tiles of X_b
+        dense = isinstance(X_b, np.ndarray)
+        residual = G.get("residuals", True) or not dense  # a checkpoint of an earlier version: residuals
+        W_new, WtX, WtW, *sq_err = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver, residual=residual,
+                                                     sums64=dense)
+        stats = {"WtX": WtX, "WtW": WtW}
+        if residual:
+            stats["sq_err"] = np.float64(sq_err[0])  # from the same tiles of X_b
+        return W_new, stats
 
     @staticmethod
     def local_step_many(methods, X_b, locals_, block, Gs):
@@ -169,8 +188,8 @@ class NMFMethod:
     @staticmethod
     def _share_products(methods, X_b, locals_, Gs) -> bool:
         """Whether several models' steps on X_b can share its products: NMF's own method (not a subclass's) with
-        the Frobenius loss, float64 (float32's statistics need each model's residual), unmasked local states and
-        a dense block of several tiles (``kernels/nmf.py: shares_products``)."""
+        the Frobenius loss, float64 (float32's come with float64 sums or residuals, each model's own), unmasked
+        local states and a dense block of several tiles (``kernels/nmf.py: shares_products``)."""
         return (all(type(method) is NMFMethod and not method.kl and method.dtype == "float64" for method in methods)
                 and all(isinstance(W_b, np.ndarray) for W_b in locals_)
                 and k.shares_products(X_b, locals_, [G["H"] for G in Gs]))
@@ -222,6 +241,8 @@ class NMFMethod:
         """H update from the statistics summed over all groups."""
         total = group_sums(stats)
         H = G["H"]
+        if self._float32 and not self.kl:  # float64 sums (``sums64``) update H in its dtype
+            total["WtX"], total["WtW"] = (total[name].astype(H.dtype, copy=False) for name in ("WtX", "WtW"))
         if "WtM" in total:
             H = km.kl_h_update(H, total["WtR"], total["WtM"])
         elif "WtMW_cols" in total:
@@ -234,7 +255,19 @@ class NMFMethod:
             H = k.mu_h_update(H, total["WtX"], total["WtW"])
         else:
             H = k.hals_h_update(H, total["WtX"], total["WtW"])
-        return self.with_derived(H, scale=G["scale"])
+        residuals = self._float32 and self._residuals_needed(G, stats, data)
+        return self.with_derived(H, scale=G["scale"], residuals=residuals)
+
+    def _residuals_needed(self, G, stats, data) -> bool:
+        """float32 data: whether the passes from the next on compute their dense blocks' residuals: once a group's
+        loss, from this pass, is below ||X_l||^2 FLOAT32_FORMULA_ERROR / precision, where the statistics
+        formula's error could exceed ``precision`` of the loss (LOSS_PRECISION, and at most tol / 100 for the
+        stopping rule). Then for the rest of the fit: a loss goes down, and one formula for the losses compared."""
+        if G.get("residuals", True) or self.kl or "Mxx" in stats[0]:  # KL and masked fits: their own residuals
+            return G.get("residuals", True)
+        precision = min(LOSS_PRECISION, 0.01 * self.tol) if self.tol > 0 else LOSS_PRECISION
+        floor = FLOAT32_FORMULA_ERROR / precision
+        return bool(np.any(self.squared_errors(G, stats, data) < floor * data.group_sq_norms))
 
     # -- objective and stopping ------------------------------------------------
     @staticmethod
@@ -246,7 +279,8 @@ class NMFMethod:
             return np.array([max(float(s["sq_err"]), 0.0) for s in stats])
         if "Mxx" in stats[0]:
             return km.sq_errors(G, stats)
-        return frobenius_sq_errors(data.group_sq_norms, [(s["WtX"], s["WtW"]) for s in stats], G["H"], G["HHt"])
+        HHt = G["HHt"] if G["HHt"].dtype is _FLOAT64 else None  # float32 data: H H^T formed in float64
+        return frobenius_sq_errors(data.group_sq_norms, [(s["WtX"], s["WtW"]) for s in stats], G["H"], HHt)
 
     @staticmethod
     def observed_sq_norms(stats, data) -> np.ndarray:
