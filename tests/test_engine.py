@@ -755,6 +755,62 @@ def test_blas_limit_is_restored_after_overlapping_fits():
     assert blas_threads() == before
 
 
+def test_pieces_on_cores_hold_blas_at_one_thread_and_run_the_pieces_on_the_cores():
+    """Within ``pieces_on_cores`` (held twice, overlapping): BLAS at one thread, ``map_on_blas_threads``' pieces on
+    as many threads as the process has cores, in order; BLAS's limits restored when the last hold ends."""
+    import threading
+    import time
+
+    from threadpoolctl import threadpool_info
+
+    from distfact.kernels.blas_threads import map_on_blas_threads, pieces_on_cores, usable_cores
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    def piece(i):
+        time.sleep(0.05)  # long enough for every thread of the pool to take one
+        return i, threading.get_ident()
+
+    before = blas_threads()
+    with pieces_on_cores():
+        with pieces_on_cores():
+            assert set(blas_threads()) == {1}
+            results = map_on_blas_threads(piece, list(range(6)))
+        assert set(blas_threads()) == {1}  # the first hold still runs
+    assert blas_threads() == before
+    assert [i for i, _ in results] == list(range(6))
+    assert len({thread for _, thread in results}) == min(usable_cores(), 6)
+
+
+def test_a_fit_in_pieces_holds_blas_at_one_thread_for_its_loop_with_the_same_factors():
+    """A dense fit whose local steps run in pieces (Frobenius NMF, blocks in memory run in turn) holds BLAS at one
+    thread while it iterates, and its factors are those of the fit with BLAS at one thread (pieces in turn),
+    bitwise; a KL fit (whole-block BLAS products) does not hold it."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    rng = np.random.default_rng(31)
+    X = rng.random((3000, 2000))
+    groups = np.repeat(["a", "b"], 1500)
+    before, seen = blas_threads(), {}
+
+    def fit(loss, name):
+        model = distfact.NMF(2, beta_loss=loss, random_state=0, max_iter=3, tol=0, block_rows=1500,
+                             callback=lambda info: seen.setdefault(name, set()).update(blas_threads()))
+        return model.fit_transform(X, groups=groups), model.components_
+
+    W, H = fit("frobenius", "held")
+    assert seen["held"] == {1} and blas_threads() == before
+    with threadpool_limits(1, user_api="blas"):
+        W1, H1 = fit("frobenius", "one thread")
+    assert np.array_equal(W, W1) and np.array_equal(H, H1)
+    fit("kullback-leibler", "kl")
+    assert seen["kl"] == set(before) and max(before) > 1  # (a machine of 2 cores or more, as CI's)
+
+
 def test_random_start_does_not_depend_on_the_chunking():
     X, groups = grouped_data(m=9000, n=6, seed=27)  # more rows than one random tile
     fits = [distfact.NMF(2, random_state=3, max_iter=5, tol=0, block_rows=rows).fit_transform(X, groups=groups)

@@ -12,6 +12,7 @@ of their mathematics, and the executor decides where the passes run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from ..kernels.blas_threads import pieces_on_cores
 from ..kernels.memory import ReusedBuffers, aligned, aligned_holding, numpy_allocates_aligned
 from .finite import NonFiniteError, all_finite, check_global, check_objective
 
@@ -48,6 +50,9 @@ class IterativeMethod(Protocol):
     # global_state) -> (piece, statistics as arrays over groups)``, run as a second pass after the
     # row pass, and ``assemble_columns(global_state, pieces) -> global_state``; the column pass's
     # statistics join the row pass's, group by group.
+    # Optional: ``passes_on_cores(data) -> bool``, whether every pass does its arithmetic in pieces on the cores
+    # (``kernels/blas_threads.py``) and the driver's steps make small products only: an in-process fit whose blocks
+    # run in turn then holds BLAS at one thread throughout (:func:`_blas_for_pieces`).
 
 
 def shipped(method, global_state: dict) -> dict:
@@ -157,6 +162,17 @@ def initialise_keeping(method, data, executor, random_state, kept: tuple) -> dic
     return global_state
 
 
+def _blas_hold(method, data, executor):
+    """``kernels/blas_threads.py: pieces_on_cores`` for the loop where the method's passes run in pieces on the cores
+    (its ``passes_on_cores``) and the executor runs the blocks in turn in this process, so that no BLAS call of
+    the driver between passes wakes BLAS's threads to spin on the cores the pieces need; else nothing. (Not for
+    the start: NNDSVDa's passes are whole-block BLAS products.) The callback runs within it too."""
+    declared = getattr(method, "passes_on_cores", None)
+    if getattr(executor, "blocks_in_turn_here", False) and declared is not None and declared(data):
+        return pieces_on_cores()
+    return contextlib.nullcontext()
+
+
 @numpy_allocates_aligned()  # the arrays the loop makes in this thread need no aligned copies (kernels/memory.py)
 def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callable[[], dict],
         callback: Callable[[IterationInfo], None] | None = None, checkpointer=None,
@@ -199,49 +215,50 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
     # the first global step's inputs aligned as every later one's: a fresh start's global state (made here) and a
     # restored state (read from disk)
     state.global_state, state.stats = aligned(state.global_state), aligned(state.stats)
-    columns = hasattr(method, "column_step")
-    reused = ReusedBuffers()  # the global state's aligned copies, made into the same allocations every iteration
-    ship = _shipping(method)
-    group_names = data.group_names  # for the error message of a non-finite objective
-    while state.iteration < max_iter and not state.converged:
-        started = time.perf_counter()
-        if deadline is not None and started >= deadline:
-            state.timed_out = True
-            logger.info("time limit reached after %d iterations", state.iteration)
-            break
-        iteration = state.iteration + 1
-        try:
-            # what a step leaves as it was (the same object) was checked already
-            state.global_state = aligned_checked(method.global_step(state.global_state, state.stats, data), reused,
-                                                 iteration)
-            block_args = ship(state.global_state)  # the global state itself: aligned just now
-            state.stats = executor.run_pass(method.local_step, block_args, update=True,
-                                            args_aligned=block_args is state.global_state)
-            if columns:
-                pieces, column_stats = executor.run_column_pass(method.column_step, ship(state.global_state))
-                state.global_state = aligned_checked(method.assemble_columns(state.global_state, pieces), reused,
+    with _blas_hold(method, data, executor):
+        columns = hasattr(method, "column_step")
+        reused = ReusedBuffers()  # the global state's aligned copies, made into the same allocations every iteration
+        ship = _shipping(method)
+        group_names = data.group_names  # for the error message of a non-finite objective
+        while state.iteration < max_iter and not state.converged:
+            started = time.perf_counter()
+            if deadline is not None and started >= deadline:
+                state.timed_out = True
+                logger.info("time limit reached after %d iterations", state.iteration)
+                break
+            iteration = state.iteration + 1
+            try:
+                # what a step leaves as it was (the same object) was checked already
+                state.global_state = aligned_checked(method.global_step(state.global_state, state.stats, data), reused,
                                                      iteration)
-                state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
-            value, per_group = method.objective(state.global_state, state.stats, data)
-            check_objective(value, per_group, group_names, iteration)
-        except NonFiniteError as exc:
-            raise exc.at(iteration, group_names) from None
-        state.objectives.append(value)
-        state.group_objectives.append(per_group)
-        state.iteration = iteration
-        state.converged = method.converged(state.objectives, state.group_objectives)
-        seconds = time.perf_counter() - started
-        logger.info("iteration %d: objective %.6g (%.3f s)", state.iteration, value, seconds)
-        if callback is not None:
-            callback(IterationInfo(state.iteration, max_iter, value, per_group, seconds, executor.n_passes))
-        # the last state is always saved, so that a later phase of the same fit can resume after it
-        finished = state.converged or state.iteration >= max_iter
-        if checkpointer is not None and (checkpointer.due(state.iteration) or finished):
-            checkpointer.save(state.iteration, {
-                "global_state": state.global_state, "stats": state.stats,
-                "objectives": np.asarray(state.objectives, dtype=np.float64),
-                "group_objectives": np.stack(state.group_objectives), "converged": state.converged,
-                "n_passes": executor.n_passes}, executor)
+                block_args = ship(state.global_state)  # the global state itself: aligned just now
+                state.stats = executor.run_pass(method.local_step, block_args, update=True,
+                                                args_aligned=block_args is state.global_state)
+                if columns:
+                    pieces, column_stats = executor.run_column_pass(method.column_step, ship(state.global_state))
+                    state.global_state = aligned_checked(method.assemble_columns(state.global_state, pieces), reused,
+                                                         iteration)
+                    state.stats = [{**row, **column} for row, column in zip(state.stats, column_stats)]
+                value, per_group = method.objective(state.global_state, state.stats, data)
+                check_objective(value, per_group, group_names, iteration)
+            except NonFiniteError as exc:
+                raise exc.at(iteration, group_names) from None
+            state.objectives.append(value)
+            state.group_objectives.append(per_group)
+            state.iteration = iteration
+            state.converged = method.converged(state.objectives, state.group_objectives)
+            seconds = time.perf_counter() - started
+            logger.info("iteration %d: objective %.6g (%.3f s)", state.iteration, value, seconds)
+            if callback is not None:
+                callback(IterationInfo(state.iteration, max_iter, value, per_group, seconds, executor.n_passes))
+            # the last state is always saved, so that a later phase of the same fit can resume after it
+            finished = state.converged or state.iteration >= max_iter
+            if checkpointer is not None and (checkpointer.due(state.iteration) or finished):
+                checkpointer.save(state.iteration, {
+                    "global_state": state.global_state, "stats": state.stats,
+                    "objectives": np.asarray(state.objectives, dtype=np.float64),
+                    "group_objectives": np.stack(state.group_objectives), "converged": state.converged,
+                    "n_passes": executor.n_passes}, executor)
     return state
 
 

@@ -191,6 +191,10 @@ class ManyModels:
             self.column_step = PerModelColumns(self.methods)
         self.records = [ModelRecord() for _ in self.methods]
 
+    def passes_on_cores(self, data) -> bool:
+        """Whether every model's passes run in pieces on the cores (the driver's ``passes_on_cores``)."""
+        return all(getattr(method, "passes_on_cores", lambda data: False)(data) for method in self.methods)
+
     @property
     def running(self) -> list[int]:
         """The models not stopped yet."""

@@ -54,7 +54,9 @@ class NMF(FactorEstimator):
         Continue from the newest committed checkpoint in ``checkpoint_dir``, if any. Without it, a
         ``checkpoint_dir`` that already holds checkpoints is refused.
     callback : callable or None
-        Called after every iteration with a :class:`distfact.engine.IterationInfo`.
+        Called after every iteration with a :class:`distfact.engine.IterationInfo`. (A Frobenius fit of large
+        dense blocks in memory holds BLAS at one thread while it iterates, callback included: its passes run in
+        pieces on the cores.)
     n_threads : int or None
         Threads of the in-process scheduler (default: all cores).
     local_memory_budget : int or None

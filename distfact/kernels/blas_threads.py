@@ -5,7 +5,8 @@ is in cache) makes products too small for multi-threaded BLAS; running the piece
 with single-threaded BLAS, uses the cores instead. The pieces are fixed by the caller, never by the
 number of threads, so that results do not depend on where or how a block runs. Where BLAS is already
 held at one thread (blocks running in parallel threads, or on the workers of a cluster) the pieces run
-one after the other in the calling thread.
+one after the other in the calling thread. A fit whose driver makes small products only may hold BLAS at one thread
+for its whole run and have the pieces on the cores (:func:`pieces_on_cores`).
 
 The driver's own sweeps between passes (no BLAS in them) run on the cores whatever BLAS's limit
 (:func:`map_on_cores`), in pieces fixed by the caller likewise.
@@ -14,6 +15,7 @@ The driver's own sweeps between passes (no BLAS in them) run on the cores whatev
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import threading
 
@@ -21,6 +23,8 @@ _state = threading.Lock()
 _blas = None  # threadpoolctl's controller of the loaded BLAS libraries, made at first use
 _pool = None
 _in_piece = threading.local()  # set in the pool's threads while they run a piece: a call from there runs inline
+_held_for_pieces = 0  # fits holding BLAS at one thread while their pieces run on the cores (``pieces_on_cores``)
+_pieces_limiter = None  # threadpoolctl's limit of BLAS to one thread while they do
 
 
 def usable_cores() -> int:
@@ -48,7 +52,10 @@ def blas_threads() -> int:
 
 def map_on_blas_threads(fn, items: list) -> list:
     """``[fn(item) for item in items]``, in order, computed on as many threads as BLAS has (BLAS held at
-    one thread meanwhile). The first exception, in item order, is raised once every piece has ended."""
+    one thread meanwhile), or within :func:`pieces_on_cores` on the cores. The first exception, in item order, is
+    raised once every piece has ended."""
+    if _held_for_pieces:
+        return map_on_cores(fn, items)
     n_threads = min(blas_threads(), len(items))
     if n_threads <= 1:
         return [fn(item) for item in items]
@@ -57,6 +64,29 @@ def map_on_blas_threads(fn, items: list) -> list:
         return _on_threads(fn, items, n_threads)
     finally:
         limiter.restore_original_limits()
+
+
+@contextlib.contextmanager
+def pieces_on_cores():
+    """BLAS held at one thread, and :func:`map_on_blas_threads`' pieces run on the cores, for a fit that does its
+    heavy work in such pieces and between them makes small products only (a fit of the tiled dense NMF step,
+    ``methods/nmf.py: passes_on_cores``; ``engine/driver.py``). Without it, the driver's products between two
+    passes (r x n: large enough for OpenBLAS to thread) wake BLAS's worker threads, which then spin for a while
+    (OpenBLAS's thread timeout) on the cores the next pass's pieces need: an MU iteration on 20,000 x 2,000 in
+    float64, rank 20, took 108-110 ms against 69-73 held (``benchmarks/bench_nmf.py``'s steady clock)."""
+    global _held_for_pieces, _pieces_limiter
+    controller = _controller()
+    with _state:  # counted: overlapping fits restore BLAS's limits when the last ends
+        if not _held_for_pieces:
+            _pieces_limiter = controller.limit(limits=1)
+        _held_for_pieces += 1
+    try:
+        yield
+    finally:
+        with _state:
+            _held_for_pieces -= 1
+            if not _held_for_pieces:
+                _pieces_limiter.restore_original_limits()
 
 
 def map_on_cores(fn, items: list) -> list:

@@ -327,7 +327,17 @@ def _sq_diff_sum(A, B):
 
 
 def _tile_rows(X) -> int:
-    return max(1, TILE_BYTES // (X.shape[1] * X.dtype.itemsize))
+    return _rows_a_tile(X.shape[1], X.dtype)
+
+
+def _rows_a_tile(n: int, dtype) -> int:
+    return max(1, TILE_BYTES // (n * np.dtype(dtype).itemsize))
+
+
+def steps_in_pieces(rows: int, n: int, r: int, dtype) -> bool:
+    """Whether the Frobenius local step of a dense block of ``rows`` x ``n`` at rank r (factors in the block's dtype)
+    runs in pieces on BLAS's threads (``_dense_frobenius_local``): more than one tile, and enough work to split."""
+    return rows > _rows_a_tile(n, dtype) and rows * n * r >= PARALLEL_WORK
 
 
 def shares_products(X, Ws, Hs) -> bool:

@@ -128,6 +128,15 @@ class NMFMethod:
             state["residuals"] = residuals
         return state
 
+    def passes_on_cores(self, data) -> bool:
+        """Whether each pass of the fit does its arithmetic in pieces on the cores and the driver makes small
+        products only (r x n): the Frobenius loss, no mask, and dense blocks whose local step runs in pieces
+        (``kernels/nmf.py: steps_in_pieces``). The driver then holds BLAS at one thread for the fit
+        (``kernels/blas_threads.py: pieces_on_cores``)."""
+        return (not self.kl and data.mask_kind is None and not data.is_sparse
+                and all(k.steps_in_pieces(block.n_rows, data.shape[1], self.n_components, data.dtype)
+                        for block in data.blocks))
+
     # -- pass ---------------------------------------------------------------
     def block_stats(self, X_b, W_b, block, G):
         """Statistics of the block for (W_b, H) (pass 0)."""

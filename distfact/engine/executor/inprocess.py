@@ -96,6 +96,11 @@ class InProcessExecutor(Executor):
             self._end_pool(cancel=True)
             raise
 
+    @property
+    def blocks_in_turn_here(self) -> bool:
+        """Whether the passes run the blocks one after the other in this process (see ``_serial``)."""
+        return self._in_turn
+
     def describe(self) -> dict:
         mode = "loop" if self._in_turn else "threads"
         return {"scheduler": "in-process", "mode": mode, "threads": self.n_threads}
