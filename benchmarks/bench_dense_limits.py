@@ -12,6 +12,9 @@ the settings alternated ``--repeats`` times, medians of wall time:
   local step    distfact's dense MU local step on the whole of X (``kernels/nmf.py: frobenius_local``: both
                 products tile by tile, X read from memory once), its row chunks in one thread (BLAS held at one)
                 and on BLAS's two threads (the default)
+  held          the local step on two threads within ``kernels/blas_threads.py: pieces_on_cores``, as a fit's
+                loop runs it: right after numpy's products on two threads, the plain "local step" shares the cores
+                with OpenBLAS's worker thread, spinning
 
 Prints a table and writes benchmarks/results/dense_limits.json.
 """
@@ -47,6 +50,7 @@ def main():
     args = parser.parse_args()
     from threadpoolctl import threadpool_limits
 
+    from distfact.kernels.blas_threads import pieces_on_cores
     from distfact.kernels.nmf import frobenius_local
 
     rng = np.random.default_rng(0)
@@ -58,9 +62,13 @@ def main():
     def read(threads):
         return lambda: on_threads(lambda lo, hi: X[lo:hi].sum(), threads)
 
+    def held():
+        with pieces_on_cores():
+            frobenius_local(X, W, H, HHt, "mu")
+
     def settings(threads):
         return {"read": read(threads), "X H^T": lambda: X @ Ht, "W^T X": lambda: W.T @ X, "square": lambda: A @ A,
-                "local step": lambda: frobenius_local(X, W, H, HHt, "mu")}
+                "local step": lambda: frobenius_local(X, W, H, HHt, "mu"), **({"held": held} if threads == 2 else {})}
 
     times = {(name, threads): [] for threads in (1, 2) for name in settings(threads)}
     for _ in range(args.repeats):
@@ -76,7 +84,7 @@ def main():
         seconds = median[name, threads]
         if name == "read":
             return f"{X.nbytes / seconds / 1e9:.1f} GB/s"
-        work = {"square": 2 * 2000 ** 3, "local step": 2 * flops}.get(name, flops)
+        work = {"square": 2 * 2000 ** 3, "local step": 2 * flops, "held": 2 * flops}.get(name, flops)
         return f"{work / seconds / 1e9:.1f} GF/s"
 
     print(f"X {M} x {N} float64 ({X.nbytes / 1e6:.0f} MB), rank {RANK}; medians of {args.repeats}")
@@ -87,7 +95,8 @@ def main():
     numpy_products = median["X H^T", 2] + median["W^T X", 2]
     print(f"GEMM floor {floor * 1e3:.1f} ms; numpy's two products on 2 threads {numpy_products * 1e3:.1f} ms; "
           f"the local step on 2 threads {median['local step', 2] * 1e3:.1f} ms, "
-          f"on 1 {median['local step', 1] * 1e3:.1f} ms; "
+          f"on 1 {median['local step', 1] * 1e3:.1f} ms, held {median['held', 2] * 1e3:.1f} ms "
+          f"({rate('held', 2)}); "
           f"one read of X on 2 threads {median['read', 2] * 1e3:.1f} ms")
     write_results({"machine": machine(), "shape": [M, N], "rank": RANK, "repeats": args.repeats,
                    "median_seconds": {f"{name}, {threads} thread{'s' if threads > 1 else ''}": value
