@@ -502,7 +502,8 @@ def w_update(W, XHt, HHt, solver, shift=None):
 def residual_sq_norm(X, W, H) -> float:
     """||X_b - W_b H||_F^2 accumulated in float64. For float32 data, where the statistics formula
     ||X||^2 - 2<W^T X, H> + <W^T W, H H^T> cancels to noise once the relative error is below ~1e-3 (from sums in
-    float32), or below ~1e-2 with ``frobenius_local``'s ``sums64`` (``methods/nmf.py: FLOAT32_FORMULA_ERROR``)."""
+    float32), or, with ``frobenius_local``'s ``sums64``, where it is not small against the loss
+    (``methods/nmf.py: FLOAT32_FORMULA_ERROR``)."""
     if sp.issparse(X):
         W64, H64 = W.astype(np.float64), H.astype(np.float64)
         x = X.data.astype(np.float64)
