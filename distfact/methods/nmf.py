@@ -278,6 +278,8 @@ class NMFMethod:
         statistics formula's error could exceed ``precision`` of the loss (LOSS_PRECISION, and at most tol / 100
         for the stopping rule). Then for the rest of the fit: a loss goes down, and one formula for the losses
         compared."""
+        if data.is_sparse:  # CSR blocks compute their residuals in every pass
+            return True
         if G.get("residuals", True) or self.kl or "Mxx" in stats[0]:  # KL and masked fits: their own residuals
             return G.get("residuals", True)
         precision = min(LOSS_PRECISION, 0.01 * self.tol) if self.tol > 0 else LOSS_PRECISION
