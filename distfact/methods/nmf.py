@@ -76,8 +76,8 @@ SOLVERS = ("mu", "hals")
 #: to ||X_l||^2, times sqrt(n_eff), n_eff = (sum t)^2 / sum t^2 over the terms t = (W_l^T X_l)_kj H_kj of
 #: <W_l^T X_l, H> (the products' round-off averages over that many terms): 5 eps_32 sqrt(128), 128 the rows of a
 #: float32 product (``kernels/nmf.py: SUM64_ROWS``). Measured errors were 0.25 to 0.82 of eps_32 sqrt(128) /
-#: sqrt(n_eff) over 14 shapes (2,000 x 3,000 to 300,000 x 10, ranks 1 to 20, columns of Zipf popularity, rows of
-#: Zipf norms; ``tests/test_nmf.py`` checks five)
+#: sqrt(n_eff) over 14 cases (12 shapes, 2,000 x 3,000 to 300,000 x 10, ranks 1 to 20, columns of Zipf popularity,
+#: rows of Zipf norms; ``tests/test_nmf.py`` checks five)
 FLOAT32_FORMULA_ERROR = 5 * float(np.finfo(np.float32).eps) * 128 ** 0.5
 #: ... and the precision the losses need, relative to themselves, with the stopping rule's tol at 1e-4 or above
 LOSS_PRECISION = 1e-6
