@@ -52,7 +52,7 @@ class IterativeMethod(Protocol):
     # statistics join the row pass's, group by group.
     # Optional: ``passes_on_cores(data) -> bool``, whether every pass does its arithmetic in pieces on the cores
     # (``kernels/blas_threads.py``) and the driver's steps make small products only: an in-process fit whose blocks
-    # run in turn then holds BLAS at one thread throughout (:func:`_blas_for_pieces`).
+    # run in turn then holds BLAS at one thread for the loop (:func:`_blas_hold`).
 
 
 def shipped(method, global_state: dict) -> dict:

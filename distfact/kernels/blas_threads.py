@@ -6,7 +6,8 @@ with single-threaded BLAS, uses the cores instead. The pieces are fixed by the c
 number of threads, so that results do not depend on where or how a block runs. Where BLAS is already
 held at one thread (blocks running in parallel threads, or on the workers of a cluster) the pieces run
 one after the other in the calling thread. A fit whose driver makes small products only may hold BLAS at one thread
-for its whole run and have the pieces on the cores (:func:`pieces_on_cores`).
+for its whole loop and have its pieces on as many threads as BLAS had (:func:`pieces_on_cores`). Every hold of BLAS
+at one thread goes through one counted limit (:func:`hold_one_thread`).
 
 The driver's own sweeps between passes (no BLAS in them) run on the cores whatever BLAS's limit
 (:func:`map_on_cores`), in pieces fixed by the caller likewise.
@@ -23,8 +24,9 @@ _state = threading.Lock()
 _blas = None  # threadpoolctl's controller of the loaded BLAS libraries, made at first use
 _pool = None
 _in_piece = threading.local()  # set in the pool's threads while they run a piece: a call from there runs inline
-_held_for_pieces = 0  # fits holding BLAS at one thread while their pieces run on the cores (``pieces_on_cores``)
-_pieces_limiter = None  # threadpoolctl's limit of BLAS to one thread while they do
+_holds = 0  # holds of BLAS at one thread (``hold_one_thread``)
+_hold_limiter = None  # threadpoolctl's limit to one thread while there is one
+_fit_holding = threading.local()  # ``threads``: BLAS's threads before this thread's ``pieces_on_cores``, else 0
 
 
 def usable_cores() -> int:
@@ -52,41 +54,62 @@ def blas_threads() -> int:
 
 def map_on_blas_threads(fn, items: list) -> list:
     """``[fn(item) for item in items]``, in order, computed on as many threads as BLAS has (BLAS held at
-    one thread meanwhile), or within :func:`pieces_on_cores` on the cores. The first exception, in item order, is
-    raised once every piece has ended."""
-    if _held_for_pieces:
-        return map_on_cores(fn, items)
-    n_threads = min(blas_threads(), len(items))
+    one thread meanwhile: :func:`hold_one_thread`), or within this thread's :func:`pieces_on_cores` on as many as BLAS
+    had when it began. The first exception, in item order, is raised once every piece has ended."""
+    held = getattr(_fit_holding, "threads", 0)
+    n_threads = min(held or blas_threads(), len(items))
     if n_threads <= 1:
         return [fn(item) for item in items]
-    limiter = _controller().limit(limits=1)
+    if held:
+        return _on_threads(fn, items, n_threads)
+    hold_one_thread()
     try:
         return _on_threads(fn, items, n_threads)
     finally:
-        limiter.restore_original_limits()
+        release_one_thread()
+
+
+def hold_one_thread() -> None:
+    """Limit BLAS to one thread until the matching :func:`release_one_thread`. Counted, one limit for the process:
+    BLAS's limits of before the first hold come back when the last hold ends, in whatever order the holds
+    (parallel-block executors, :func:`map_on_blas_threads`' calls, fits in :func:`pieces_on_cores`) end."""
+    global _holds, _hold_limiter
+    controller = _controller()
+    with _state:
+        if not _holds:
+            _hold_limiter = controller.limit(limits=1)
+        _holds += 1
+
+
+def release_one_thread() -> None:
+    global _holds, _hold_limiter
+    with _state:
+        _holds -= 1
+        if not _holds:
+            _hold_limiter.restore_original_limits()
+            _hold_limiter = None
 
 
 @contextlib.contextmanager
 def pieces_on_cores():
-    """BLAS held at one thread, and :func:`map_on_blas_threads`' pieces run on the cores, for a fit that does its
-    heavy work in such pieces and between them makes small products only (a fit of the tiled dense NMF step,
-    ``methods/nmf.py: passes_on_cores``; ``engine/driver.py``). Without it, the driver's products between two
-    passes (r x n: large enough for OpenBLAS to thread) wake BLAS's worker threads, which then spin for a while
-    (OpenBLAS's thread timeout) on the cores the next pass's pieces need: an MU iteration on 20,000 x 2,000 in
-    float64, rank 20, took 108-110 ms against 69-73 held (``benchmarks/bench_nmf.py``'s steady clock)."""
-    global _held_for_pieces, _pieces_limiter
-    controller = _controller()
-    with _state:  # counted: overlapping fits restore BLAS's limits when the last ends
-        if not _held_for_pieces:
-            _pieces_limiter = controller.limit(limits=1)
-        _held_for_pieces += 1
+    """BLAS held at one thread (:func:`hold_one_thread`), and :func:`map_on_blas_threads`' pieces called from this
+    thread run on as many threads as BLAS had: for a fit that does its heavy work in such pieces and between them
+    makes small products only (a fit of the tiled dense NMF step, ``methods/nmf.py: passes_on_cores``;
+    ``engine/driver.py``). Without it, the driver's products between two passes (r x n: large enough for OpenBLAS
+    to thread) wake BLAS's worker threads, which then spin for a while (OpenBLAS's thread timeout) on the cores the
+    next pass's pieces need: an MU iteration on 20,000 x 2,000 in float64, rank 20, took 108-110 ms against 66-73
+    held. Where BLAS is on one thread already (the user's limit, another fit's hold), it does nothing."""
+    threads = blas_threads()
+    if threads <= 1 or getattr(_fit_holding, "threads", 0):
+        yield
+        return
+    hold_one_thread()
+    _fit_holding.threads = threads
     try:
         yield
     finally:
-        with _state:
-            _held_for_pieces -= 1
-            if not _held_for_pieces:
-                _pieces_limiter.restore_original_limits()
+        _fit_holding.threads = 0
+        release_one_thread()
 
 
 def map_on_cores(fn, items: list) -> list:

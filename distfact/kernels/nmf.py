@@ -425,9 +425,10 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
     with ``residual`` also ||X_b - W_b H||^2 accumulated in float64 (see ``residual_sq_norm``).
     ``shift``: MU only, added to the denominator (see ``mu_w_update``).
 
-    ``sums64`` (dense float32 blocks): W_b^T X_b and W_b^T W_b in float64, the first summed tile by tile in
-    float64 (each tile's product in float32), so that the statistics formula of the error
-    (``residual_sq_norm``) holds to about 1e-10 of ||X_b||^2 without the residual's third product.
+    ``sums64`` (dense float32 blocks): W_b^T X_b and W_b^T W_b in float64, the first summed in float64 over
+    products of ``SUM64_ROWS`` rows in float32 (a block of one tile: in float64), so that the statistics formula
+    of the error (``residual_sq_norm``) holds without the residual's third product, to the bound of
+    ``methods/nmf.py: FLOAT32_FORMULA_ERROR``.
 
     Dense blocks: both products tile by tile while the tile is in cache, so X_b is read from memory
     once (``_dense_frobenius_local``); the residual is a third product on the same tiles.
@@ -448,10 +449,11 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
         WtW = gram(W_new)
     elif not _tiled(X, W, H, HHt):
         W_new = w_update(W, block_times_ht(X, H), HHt, solver, shift)
-        WtX, WtW = wt_times_block(W_new, X), gram(W_new)
         if sums64:  # a block of one tile, of up to 2^18 / n rows: summed in float64 as a whole
             W64 = W_new.astype(np.float64)
             WtX, WtW = W64.T @ X, gram(W64)
+        else:
+            WtX, WtW = wt_times_block(W_new, X), gram(W_new)
     else:
         W_new, WtX, WtW, sq_err = _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, sums64=sums64)
     if not residual:

@@ -135,10 +135,11 @@ class NMFMethod:
 
     def passes_on_cores(self, data) -> bool:
         """Whether each pass of the fit does its arithmetic in pieces on the cores and the driver makes small
-        products only (r x n): the Frobenius loss, no mask, and dense blocks whose local step runs in pieces
+        products only (r x n): the Frobenius loss, no mask (given to ``fit``, which sets ``x_total``, or stored with
+        the data), and dense blocks whose local step runs in pieces
         (``kernels/nmf.py: steps_in_pieces``). The driver then holds BLAS at one thread for the fit
         (``kernels/blas_threads.py: pieces_on_cores``)."""
-        return (not self.kl and data.mask_kind is None and not data.is_sparse
+        return (not self.kl and self.x_total is None and data.mask_kind is None and not data.is_sparse
                 and all(k.steps_in_pieces(block.n_rows, data.shape[1], self.n_components, data.dtype)
                         for block in data.blocks))
 
@@ -241,7 +242,8 @@ class NMFMethod:
 
     @property
     def _float32(self) -> bool:
-        """float32 data: the errors come from ||X_b - W_b H||^2 accumulated in float64 (see ``residual_sq_norm``)."""
+        """float32 data: the errors come from statistics summed in float64, or from ||X_b - W_b H||^2 accumulated in
+        float64 (see the module's docstring)."""
         return _single_precision(self.dtype)
 
     def _with_residual(self, stats, X_b, W_b, G):
@@ -293,9 +295,9 @@ class NMFMethod:
     # -- objective and stopping ------------------------------------------------
     @staticmethod
     def squared_errors(G, stats, data) -> np.ndarray:
-        """||X_l - W_l H||_F^2 per group, from the statistics (clipped at 0 against round-off);
-        for float32 data, from the residuals accumulated in float64. Masked: sum m (x - wh)^2 over the
-        observed entries."""
+        """||X_l - W_l H||_F^2 per group, from the statistics (clipped at 0 against round-off; for float32 data
+        summed in float64, H H^T formed in float64), or from the residuals accumulated in float64 where the pass
+        computed them. Masked: sum m (x - wh)^2 over the observed entries."""
         if "sq_err" in stats[0]:
             return np.array([max(float(s["sq_err"]), 0.0) for s in stats])
         if "Mxx" in stats[0]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import os
-import threading
 
 import scipy.sparse as sp
 
+from ...kernels.blas_threads import hold_one_thread, release_one_thread
 from ...kernels.memory import ReusedBuffers, aligned, aligned_holding
 from ..finite import all_finite, check_block
 from ..reduce import by_group, merge, tree_reduce
@@ -16,33 +16,6 @@ from .base import (Executor, checkpoint_one, init_one, map_local_one, map_one, r
                    stacked_rows)
 from .spill import materialise
 
-
-class _SingleThreadBLAS:
-    """A process-wide 'BLAS on one thread' held while any parallel-block executor is open
-    (reference-counted: overlapping fits restore the original limits only when the last ends)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._count = 0
-        self._limiter = None
-
-    def acquire(self):
-        with self._lock:
-            if self._count == 0:
-                from threadpoolctl import ThreadpoolController
-
-                self._limiter = ThreadpoolController().limit(limits=1, user_api="blas")
-            self._count += 1
-
-    def release(self):
-        with self._lock:
-            self._count -= 1
-            if self._count == 0:
-                self._limiter.restore_original_limits()
-                self._limiter = None
-
-
-SINGLE_THREAD_BLAS = _SingleThreadBLAS()
 
 #: A store on disk whose X takes at most this many bytes in memory (``GroupedMatrix.nbytes``) is read once, when
 #: the executor starts, and its blocks held as X given in memory is (its CSC column blocks too, from the first
@@ -77,7 +50,7 @@ class InProcessExecutor(Executor):
             # Blocks run in parallel threads: one BLAS thread each avoids oversubscription, and
             # the driver's small products between passes must not leave BLAS threads spinning
             # on the cores the blocks need. (Workers of a distributed cluster run BLAS single-threaded too.)
-            SINGLE_THREAD_BLAS.acquire()
+            hold_one_thread()
 
     def _held_blocks(self, data) -> list | None:
         """X's blocks held in memory for the whole fit, each aligned here once (they are read and staged aligned: no
@@ -230,5 +203,5 @@ class InProcessExecutor(Executor):
         self._end_pool()
         self._remove_spill()
         if self._holds_blas:
-            SINGLE_THREAD_BLAS.release()
+            release_one_thread()
             self._holds_blas = False
