@@ -22,6 +22,21 @@ def pytest_collection_modifyitems(items):
     items.sort(key=position)
 
 
+def blas_threads() -> list[int]:
+    """BLAS's number of threads now, one entry per loaded BLAS library."""
+    from threadpoolctl import threadpool_info
+
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+def skip_unless_two_cores() -> None:
+    """Skip a test of threads that needs 2 cores or more (as CI's machine has)."""
+    from distfact.kernels.blas_threads import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("needs 2 cores or more (as CI's machine)")
+
+
 def grouped_data(m=120, n=30, n_groups=3, density=None, seed=0, dtype=np.float64):
     """Non-negative X with scattered group labels (so the store has to reorder rows)."""
     rng = np.random.default_rng(seed)

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 import distfact
 from cluster_fits import ITERATIVE, METHODS, estimator, fit_inputs
-from conftest import grouped_data
+from conftest import blas_threads, grouped_data, skip_unless_two_cores
 from distfact.engine import tree_reduce
 from distfact.engine.executor.distributed import DistributedExecutor, block_work, contiguous_placement
 from distfact.engine.reduce import merge, tree_reduce_arrivals
@@ -737,12 +737,7 @@ def test_a_fresh_run_refuses_a_directory_with_checkpoints(tmp_path):
 
 
 def test_blas_limit_is_restored_after_overlapping_fits():
-    from threadpoolctl import threadpool_info
-
     from distfact.engine import InProcessExecutor
-
-    def blas_threads():
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
     before = blas_threads()
     X, groups = grouped_data(m=60, n=10, density=0.5, seed=26)
@@ -763,16 +758,11 @@ def test_pieces_on_cores_hold_blas_at_one_thread_and_run_this_threads_pieces_on_
     import threading
     import time
 
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
-    from distfact.kernels.blas_threads import (hold_one_thread, map_on_blas_threads, pieces_on_cores,
-                                               release_one_thread, usable_cores)
+    from distfact.kernels.blas_threads import hold_one_thread, map_on_blas_threads, pieces_on_cores, release_one_thread
 
-    if usable_cores() < 2:
-        pytest.skip("needs 2 cores or more (as CI's machine)")
-
-    def blas_threads():
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    skip_unless_two_cores()
 
     def piece(i):
         time.sleep(0.05)  # long enough for every thread of the pool to take one
@@ -806,15 +796,9 @@ def test_a_fit_in_pieces_holds_blas_at_one_thread_for_its_loop_with_the_same_fac
     """A dense fit whose local steps run in pieces (Frobenius NMF, blocks in memory run in turn) holds BLAS at one
     thread while it iterates, and its factors are those of the fit under the user's limit of one BLAS thread
     (no hold, pieces in turn), bitwise; a KL fit and a masked fit (whole-block BLAS products) do not hold it."""
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
-    from distfact.kernels.blas_threads import usable_cores
-
-    if usable_cores() < 2:
-        pytest.skip("needs 2 cores or more (as CI's machine)")
-
-    def blas_threads():
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    skip_unless_two_cores()
 
     rng = np.random.default_rng(31)
     X = rng.random((3000, 2000))

@@ -158,8 +158,8 @@ class StratifiedNMF(FactorEstimator):
     def _prepare(self, fit):
         """The method, and the mask (``fit.inputs["mask"]``) cut per block: ``inputs["mask_blocks"]`` (None
         without a mask) and its digest ``inputs["mask_digest"]``."""
-        fit.method = StratifiedMU(fit.rank, int(self.v_updates), float(self.eps), self.tol)
         blocks, digest = block_masks(fit.data, fit.inputs.get("mask"))
+        fit.method = StratifiedMU(fit.rank, int(self.v_updates), float(self.eps), self.tol, blocks is not None)
         fit.inputs.update(mask_blocks=blocks, mask_digest=digest)
         self._masked_fit = blocks is not None  # for _outputs, which sees the executor only
 
@@ -172,7 +172,8 @@ class StratifiedNMF(FactorEstimator):
     def _phases(self, fit):
         """One loop, from the random or given start."""
         method = fit.method
-        config = {"estimator": "StratifiedNMF", "method": method.__dict__, "init": self.init,
+        described = {name: value for name, value in method.__dict__.items() if name != "masked"}  # in "mask"
+        config = {"estimator": "StratifiedNMF", "method": described, "init": self.init,
                   "random_state": self.random_state, "data": data_fingerprint(fit.data)}
         if fit.inputs["mask_digest"] is not None:  # (unmasked fits keep their configuration, and checkpoints)
             config["mask"] = fit.inputs["mask_digest"]

@@ -139,9 +139,7 @@ class NMFMethod:
         the data), and dense blocks whose local step runs in pieces
         (``kernels/nmf.py: steps_in_pieces``). The driver then holds BLAS at one thread for the fit
         (``kernels/blas_threads.py: pieces_on_cores``)."""
-        return (not self.kl and self.x_total is None and data.mask_kind is None and not data.is_sparse
-                and all(k.steps_in_pieces(block.n_rows, data.shape[1], self.n_components, data.dtype)
-                        for block in data.blocks))
+        return not self.kl and self.x_total is None and dense_steps_in_pieces(data, self.n_components, self.dtype)
 
     # -- pass ---------------------------------------------------------------
     def block_stats(self, X_b, W_b, block, G):
@@ -339,6 +337,14 @@ class NMFMethod:
         if self.kl:
             return k.kl_solve_w(X_b, W_b, H, max_iter, tol)
         return k.frobenius_solve_w(X_b, W_b, H, self.solver, max_iter, tol)
+
+
+def dense_steps_in_pieces(data, rank: int, dtype) -> bool:
+    """Whether every block's Frobenius step (``kernels/nmf.py: frobenius_local``) on these data, with factors of
+    ``dtype``, runs in pieces on the cores: dense blocks of X's precision, no mask stored with the data, each block
+    large enough (``steps_in_pieces``)."""
+    return (not data.is_sparse and data.mask_kind is None and np.result_type(data.dtype, dtype) == data.dtype
+            and all(k.steps_in_pieces(block.n_rows, data.shape[1], rank, data.dtype) for block in data.blocks))
 
 
 @functools.lru_cache(maxsize=None)

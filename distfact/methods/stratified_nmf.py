@@ -74,6 +74,7 @@ from ..kernels import nmf as k
 from ..kernels import stratified as ks
 from ..kernels.memory import aligned, aligned_copy
 from ..kernels.products import block_column_sums, gram
+from .nmf import dense_steps_in_pieces
 from .stopping import relative_decrease_below
 
 
@@ -83,6 +84,8 @@ class StratifiedMU:
     v_updates: int = 2
     eps: float = 1e-9
     tol: float | None = None
+    #: a mask given to ``fit`` (its blocks' local states carry it): set by the estimator, not part of the configuration
+    masked: bool = False
 
     # -- initialisation (Section IV) ---------------------------------------------
     def initial_global(self, data, rng):
@@ -124,6 +127,12 @@ class StratifiedMU:
         if "Mt1" in G:
             state["v"] = G["v"]
         return state
+
+    def passes_on_cores(self, data) -> bool:
+        """Whether each pass does its arithmetic in pieces on the cores (line 7 on dense float64 blocks, unmasked:
+        ``methods/nmf.py: dense_steps_in_pieces``) and the driver makes small products only (s x n and r x n; its
+        sweeps run on the cores without BLAS): the driver then holds BLAS at one thread for the loop."""
+        return not self.masked and dense_steps_in_pieces(data, self.n_components, np.float64)
 
     # -- pass ------------------------------------------------------------------------
     def block_stats(self, A_b, W_b, block, G):
