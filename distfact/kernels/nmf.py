@@ -360,7 +360,8 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
     ``solver`` None: W is not updated (HHt is not used, nor H without a mask), only W^T X is summed. Returns (W_new,
     W_new^T X, W_new^T W_new, the residual or 0). ``segments``: several models' factors side by side (see
     ``_dense_frobenius_rows``; no mask, no residual, and W_new^T W_new is then not formed: None). ``sums64``: W_new^T X
-    summed tile by tile in float64 and W_new^T W_new formed in float64 (float32 data; see ``frobenius_local``).
+    summed in float64 over products of ``SUM64_ROWS`` rows, W_new^T W_new formed in float64 (float32 data; see
+    ``frobenius_local``).
 
     Several models whose summed rank R is at least ``WHOLE_CHUNK_RANK`` take each chunk as one tile, read twice
     (from cache or memory) rather than once: a 1 MiB tile adds its W_t^T X_t into an R x n sum for every 65 rows
@@ -407,7 +408,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
         return WtX64 if sums64 else WtX, WtP, np.array(sums)
 
     starts = list(range(0, m, chunk))
-    parts = (map_on_blas_threads(rows, starts) if m * n * r >= PARALLEL_WORK
+    parts = (map_on_blas_threads(rows, starts) if steps_in_pieces(m, n, r, dtype)
              else [rows(lo) for lo in starts])
     WtX, WtP, sums = parts[0]
     for WtX_part, WtP_part, sums_part in parts[1:]:  # in chunk order, whatever ran them
