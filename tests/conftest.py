@@ -1,3 +1,4 @@
+import functools
 import os
 import subprocess
 import sys
@@ -12,6 +13,27 @@ import scipy.sparse as sp
 # longest first: with -n 2 --dist loadfile --no-loadscope-reorder they start first, so that neither process is
 # left alone on one of them at the end (xdist's default order, most tests first, started test_nightly.py late)
 LONGEST_FILES = ("test_nightly.py", "test_warmup.py", "test_sweep.py", "test_fairer_nmf.py", "test_select_rank.py")
+
+
+@functools.cache
+def _blas_libraries():
+    import scipy.linalg  # noqa: F401  (loads scipy's BLAS, as distfact/kernels/blas_threads.py does before looking)
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas").lib_controllers
+
+
+@pytest.fixture(autouse=True)
+def blas_limits_restored():
+    """Every test leaves BLAS's thread limits as it found them. An executor left open, or a hold of BLAS at one thread
+    not released, would keep BLAS at one thread for the rest of the test process, and a later test of threads would
+    fail far from the cause (CI's run of b946566: a test file's executor never closed)."""
+    libraries = _blas_libraries()
+    before = [library.num_threads for library in libraries]
+    yield
+    after = [library.num_threads for library in libraries]
+    assert after == before, (f"BLAS's thread limits went from {before} to {after} during this test: an executor not "
+                             "closed, or a hold of BLAS at one thread not released")
 
 
 def pytest_collection_modifyitems(items):

@@ -750,6 +750,27 @@ def test_blas_limit_is_restored_after_overlapping_fits():
     assert blas_threads() == before
 
 
+def test_an_executor_as_a_context_manager_closes_on_error_and_twice_is_harmless():
+    """``with`` an executor releases what it holds (here BLAS at one thread, for parallel blocks) when the body
+    raises; a second close changes nothing (one hold, released once)."""
+    from distfact.engine import InProcessExecutor
+
+    skip_unless_two_cores()
+    before = blas_threads()
+    X, groups = grouped_data(m=60, n=10, density=0.5, seed=27)
+    data = distfact.from_arrays(sp.csr_matrix(X), groups, block_rows=10)  # CSR blocks: in parallel threads
+    with pytest.raises(KeyError):
+        with InProcessExecutor(data, n_threads=2) as executor:
+            assert set(blas_threads()) == {1}
+            raise KeyError("in the body")
+    assert blas_threads() == before and max(before) > 1
+    with InProcessExecutor(data, n_threads=2) as other:
+        executor.close()  # closed already: must not release the other executor's hold
+        assert set(blas_threads()) == {1}
+    other.close()
+    assert blas_threads() == before
+
+
 def test_pieces_on_cores_hold_blas_at_one_thread_and_run_this_threads_pieces_on_blas_threads():
     """Within ``pieces_on_cores``: BLAS at one thread; ``map_on_blas_threads``' pieces called from this thread on as
     many threads as BLAS had, in order; from another thread, in turn (BLAS is at one thread). The holds are counted

@@ -63,13 +63,13 @@ def test_group_error_estimates_are_independent_nmf_runs_sharing_passes():
     X, groups = grouped_data(m=80, n=10, n_groups=2, seed=42)
     data = distfact.from_arrays(X, groups, block_rows=9)
     method = GroupErrorEstimate(2, n_estimates=3, tol=0)
-    executor = InProcessExecutor(data, n_threads=1)
-    start = fit(method, data, executor, max_iter=0, start=lambda: initialise(method, data, executor, 7))
-    W0 = [np.concatenate([executor.locals[b.index][t] for b in data.blocks if b.group == g]) for g in (0, 1)
-          for t in range(3)]
+    with InProcessExecutor(data, n_threads=1) as executor:
+        start = fit(method, data, executor, max_iter=0, start=lambda: initialise(method, data, executor, 7))
+        W0 = [np.concatenate([executor.locals[b.index][t] for b in data.blocks if b.group == g]) for g in (0, 1)
+              for t in range(3)]
     H0 = start.global_state["H"]
-    executor = InProcessExecutor(data, n_threads=2)
-    state = fit(method, data, executor, max_iter=20, start=lambda: initialise(method, data, executor, 7))
+    with InProcessExecutor(data, n_threads=2) as executor:
+        state = fit(method, data, executor, max_iter=20, start=lambda: initialise(method, data, executor, 7))
     assert executor.n_passes == 21  # all 2 x 3 runs advance in the same 20 passes (+ pass 0)
     runs = method.errors(state.global_state, state.stats, data)
     order = data.row_index()
@@ -88,8 +88,8 @@ def test_each_group_error_run_stops_on_its_own():
     X, groups = grouped_data(m=80, n=10, n_groups=2, seed=42)
     data = distfact.from_arrays(X, groups, block_rows=9)
     free = GroupErrorEstimate(2, n_estimates=3, tol=0)
-    executor = InProcessExecutor(data, n_threads=1)
-    state = fit(free, data, executor, max_iter=400, start=lambda: initialise(free, data, executor, 7))
+    with InProcessExecutor(data, n_threads=1) as executor:
+        state = fit(free, data, executor, max_iter=400, start=lambda: initialise(free, data, executor, 7))
     history = np.stack(state.group_objectives).reshape(-1, 2, 3)  # relative errors, (iterations + 1, L, T)
     tol = 1e-3
     met = np.abs(np.diff(history, axis=0)) < tol * np.maximum(history[1:], 0.01)
@@ -97,8 +97,8 @@ def test_each_group_error_run_stops_on_its_own():
     assert met.any(axis=0).all() and len(np.unique(first)) > 2
 
     method = GroupErrorEstimate(2, n_estimates=3, tol=tol)
-    executor = InProcessExecutor(data, n_threads=2)
-    state = fit(method, data, executor, max_iter=400, start=lambda: initialise(method, data, executor, 7))
+    with InProcessExecutor(data, n_threads=2) as executor:
+        state = fit(method, data, executor, max_iter=400, start=lambda: initialise(method, data, executor, 7))
     assert state.converged and state.iteration == first.max()
     relative = method.relative_errors(state.global_state, state.stats, data)
     np.testing.assert_allclose(relative, np.take_along_axis(history, first[None], axis=0)[0], rtol=1e-12)

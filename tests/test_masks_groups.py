@@ -196,13 +196,15 @@ def test_masked_group_error_runs_are_weighted_mu(sparse):
     blocks, _ = block_masks(grouped, M)
     totals, sq_norms = observed_group_sums(grouped, blocks)
     method = GroupErrorEstimate(2, n_estimates=2, tol=0, group_totals=tuple(totals), group_sq_norms=tuple(sq_norms))
-    executor = InProcessExecutor(grouped, n_threads=1)
-    start = fit(method, grouped, executor, max_iter=0, start=lambda: initialise(method, grouped, executor, 7, blocks))
-    W0 = {(g, t): np.concatenate([executor.locals[b.index]["W"][t] for b in grouped.blocks if b.group == g])
-          for g in range(3) for t in range(2)}
+    with InProcessExecutor(grouped, n_threads=1) as executor:
+        start = fit(method, grouped, executor, max_iter=0,
+                    start=lambda: initialise(method, grouped, executor, 7, blocks))
+        W0 = {(g, t): np.concatenate([executor.locals[b.index]["W"][t] for b in grouped.blocks if b.group == g])
+              for g in range(3) for t in range(2)}
     H0 = start.global_state["H"]
-    executor = InProcessExecutor(grouped, n_threads=2)
-    state = fit(method, grouped, executor, max_iter=12, start=lambda: initialise(method, grouped, executor, 7, blocks))
+    with InProcessExecutor(grouped, n_threads=2) as executor:
+        state = fit(method, grouped, executor, max_iter=12,
+                    start=lambda: initialise(method, grouped, executor, 7, blocks))
     runs = method.errors(state.global_state, state.stats, grouped)
     order = grouped.row_index()
     for g in range(3):

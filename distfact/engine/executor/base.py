@@ -135,7 +135,11 @@ def checkpoint_one(directory, block, local) -> dict:
 
 
 class Executor:
-    """Common bookkeeping: the pass counter and the spill directory of local factors."""
+    """Common bookkeeping: the pass counter and the spill directory of local factors.
+
+    An executor holds what a fit needs until :meth:`close` (threads, BLAS held at one thread, spilled local factors,
+    a cluster's futures): use it as a context manager, ``with InProcessExecutor(data) as executor: ...``, or call
+    ``close()`` in a ``finally``. Closing twice does nothing more."""
 
     def __init__(self, data, spill_dir: str | None = None):
         self.data = data
@@ -143,6 +147,15 @@ class Executor:
         self.n_passes = 0
         self.spill = None if spill_dir is None else LocalSpill(os.path.abspath(os.fspath(spill_dir)))
         self.generation = 0
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def _count_pass(self):
         self.n_passes += 1
