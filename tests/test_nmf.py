@@ -561,3 +561,26 @@ def test_float32_fit_takes_residuals_only_where_the_formula_is_not_precise_enoug
             exact = 0.5 * np.sum((X.astype(np.float64) - W_new.astype(np.float64) @ H0.astype(np.float64)) ** 2)
             # the residuals' W H rounds to float32: 6e-8 of wh is 6e-4 of a residual of 1e-4 (random, summed)
             assert method.objective(G, [stats], data)[0] == pytest.approx(exact, rel=1e-5 if near else 1e-6)
+
+
+def test_a_float32_group_of_zeros_leaves_the_residuals_off():
+    """float32: a group whose rows are all zero has no terms in <W_l^T X_l, H> (exactly 0, no round-off), so it does
+    not turn the residuals on, and its loss from the statistics is exact."""
+    from distfact.methods.nmf import NMFMethod
+    from distfact.store.ingest import from_arrays
+
+    rng = np.random.default_rng(9)
+    m, n, r = 2000, 600, 4
+    W0, H0 = rng.random((m, r)).astype(np.float32), rng.random((r, n)).astype(np.float32)
+    X = np.abs(W0 @ H0 * (1 + rng.standard_normal((m, n)))).astype(np.float32)
+    X[m // 2:] = 0
+    data = from_arrays(X, np.repeat(["a", "zeros"], m // 2))
+    method = NMFMethod(r, dtype="float32")
+    G = method.with_derived(H0, data)
+    halves = (slice(0, m // 2), slice(m // 2, m))
+    stats = [method.local_step(X[rows], W0[rows], None, G)[1] for rows in halves]
+    assert not method._residuals_needed(G, stats, data)
+    W_new = [method.local_step(X[rows], W0[rows], None, G)[0] for rows in halves]
+    exact = [0.5 * np.sum((X[rows].astype(np.float64) - W.astype(np.float64) @ H0.astype(np.float64)) ** 2)
+             for rows, W in zip(halves, W_new)]
+    np.testing.assert_allclose(method.objective(G, stats, data)[1], exact, rtol=1e-6)

@@ -284,10 +284,12 @@ class NMFMethod:
             return G.get("residuals", True)
         precision = min(LOSS_PRECISION, 0.01 * self.tol) if self.tol > 0 else LOSS_PRECISION
         H = G["H"].astype(np.float64)
-        terms = [np.asarray(s["WtX"], np.float64) * H for s in stats]
-        with np.errstate(divide="ignore", invalid="ignore"):  # no terms (W_l = 0): NaN, and residuals
-            n_eff = np.array([t.sum() ** 2 / np.vdot(t, t) for t in terms])
-        errors = FLOAT32_FORMULA_ERROR / np.sqrt(n_eff) * data.group_sq_norms
+        terms = [np.asarray(s["WtX"], np.float64) * H for s in stats]  # non-negative
+        sums, squares = np.array([t.sum() for t in terms]), np.array([np.vdot(t, t) for t in terms])
+        # 1 / sqrt(n_eff) = sqrt(sum t^2) / sum t; a group without terms (X_l or W_l zero) has <W_l^T X_l, H> = 0
+        # exactly, and no error from it
+        inverse_sqrt_n_eff = np.divide(np.sqrt(squares), sums, out=np.zeros_like(sums), where=sums > 0)
+        errors = FLOAT32_FORMULA_ERROR * inverse_sqrt_n_eff * data.group_sq_norms
         return not bool(np.all(self.squared_errors(G, stats, data) * precision >= errors))
 
     # -- objective and stopping ------------------------------------------------
