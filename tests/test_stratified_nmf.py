@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 import distfact
-from conftest import blas_threads, grouped_data, skip_unless_two_cores
+from conftest import blas_threads, grouped_data, skip_unless_blas_threads
 from distfact.datasets import make_stratified_synthetic
 from oracles import stratified_nmf
 
@@ -317,7 +317,7 @@ def test_a_dense_fit_holds_blas_at_one_thread_for_its_loop_with_the_same_factors
     hold, pieces in turn); a masked fit (whole-block products) does not hold it."""
     from threadpoolctl import threadpool_limits
 
-    skip_unless_two_cores()
+    skip_unless_blas_threads()
 
     rng = np.random.default_rng(41)
     X = rng.random((3000, 2000))
@@ -335,4 +335,4 @@ def test_a_dense_fit_holds_blas_at_one_thread_for_its_loop_with_the_same_factors
         W1, H1 = fit("one thread")
     assert np.array_equal(W, W1) and np.array_equal(H, H1)
     fit("masked", mask=rng.random(X.shape) > 0.1)
-    assert seen["masked"] == set(before) and max(before) > 1
+    assert seen["masked"] == set(before)

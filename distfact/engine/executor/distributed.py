@@ -150,6 +150,7 @@ class DistributedExecutor(Executor):
         super().__init__(data, spill_dir)
         self.client = client
         self.owns_client = owns_client
+        self._closed = False
         self.persist_data = persist_data
         self.reader = None if data.in_memory else data.reader()
         workers = sorted(client.scheduler_info().get("workers", {}).items())
@@ -416,6 +417,9 @@ class DistributedExecutor(Executor):
         self.locals = restored
 
     def close(self) -> None:
+        if self._closed:  # a client closed with the first close cannot cancel anything
+            return
+        self._closed = True
         futures = [f for f in self.X_refs + (self.Xc_refs or []) + distinct_futures(self.locals) if f is not None]
         self.client.cancel(futures)
         self._remove_spill()
