@@ -1,5 +1,7 @@
 """distfact.NMF against independent numpy transcriptions of the updates."""
 
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -584,3 +586,50 @@ def test_a_float32_group_of_zeros_leaves_the_residuals_off():
     exact = [0.5 * np.sum((X[rows].astype(np.float64) - W.astype(np.float64) @ H0.astype(np.float64)) ** 2)
              for rows, W in zip(halves, W_new)]
     np.testing.assert_allclose(method.objective(G, stats, data)[1], exact, rtol=1e-6)
+
+
+def test_a_float32_fit_resumes_from_a_checkpoint_without_the_residuals_flag(tmp_path, monkeypatch):
+    """A checkpoint whose global state has no "residuals" (written before float32 fits chose their residuals) resumes:
+    its passes compute residuals for the rest of the fit, where the uninterrupted fit takes its losses from the
+    statistics, and the factors are the uninterrupted fit's (the residuals change how the losses are computed, not
+    the updates)."""
+    from distfact.methods import nmf as method_module
+
+    X, groups = grouped_data(m=2000, n=600, seed=31, dtype=np.float32)  # far from exact: no residuals needed
+    kwargs = dict(random_state=5, max_iter=12, tol=0, block_rows=500)
+    with_derived, kernel = method_module.NMFMethod.with_derived, method_module.k.frobenius_local
+    residuals = []
+
+    def recording(*args, **given):
+        residuals.append(given["residual"])
+        return kernel(*args, **given)
+
+    def earlier_version(self, *args, **given):
+        state = with_derived(self, *args, **given)
+        state.pop("residuals", None)
+        return state
+
+    def crash_at_7(info):
+        if info.iteration == 7:
+            raise KeyboardInterrupt("simulated crash")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(method_module.k, "frobenius_local", recording)
+        reference = distfact.NMF(4, **kwargs).fit(X, groups=groups)
+    n_blocks = distfact.from_arrays(X, groups, block_rows=500).n_blocks
+    assert len(residuals) == 12 * n_blocks and not any(residuals)
+
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(method_module.NMFMethod, "with_derived", earlier_version)
+        with pytest.raises(KeyboardInterrupt):
+            distfact.NMF(4, checkpoint_dir=run_dir, checkpoint_every=5, callback=crash_at_7, **kwargs).fit(
+                X, groups=groups)
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["iter-000005"]
+
+    residuals.clear()
+    monkeypatch.setattr(method_module.k, "frobenius_local", recording)
+    resumed = distfact.NMF(4, checkpoint_dir=run_dir, checkpoint_every=5, resume=True, **kwargs).fit(X, groups=groups)
+    assert resumed.n_iter_ == 12 and len(residuals) == 7 * n_blocks and all(residuals)  # iterations 6 to 12
+    assert np.array_equal(resumed.components_, reference.components_)
+    np.testing.assert_allclose(resumed.loss_history_, reference.loss_history_, rtol=1e-6)
