@@ -828,32 +828,39 @@ def test_pieces_on_cores_hold_blas_at_one_thread_and_run_this_threads_pieces_on_
     assert blas_threads() == before
 
 
-def test_a_fit_in_pieces_holds_blas_at_one_thread_for_its_loop_with_the_same_factors():
-    """A dense fit whose local steps run in pieces (Frobenius NMF, blocks in memory run in turn) holds BLAS at one
-    thread while it iterates, and its factors are those of the fit under the user's limit of one BLAS thread
-    (no hold, pieces in turn), bitwise; a KL fit and a masked fit (whole-block BLAS products) do not hold it."""
+@pytest.mark.parametrize("estimator,seed,not_held", [
+    ("NMF", 31, {"kl": ({"beta_loss": "kullback-leibler"}, False), "masked": ({}, True)}),
+    ("StratifiedNMF", 41, {"masked": ({}, True)}),
+])
+def test_a_fit_in_pieces_holds_blas_at_one_thread_for_its_loop_with_the_same_factors(estimator, seed, not_held):
+    """A dense float64 fit whose local steps run in pieces (Frobenius NMF, Stratified-NMF's line 7; blocks in memory
+    run in turn) holds BLAS at one thread while it iterates (``passes_on_cores``), and its factors are those of the
+    fit under the user's limit of one BLAS thread (no hold, pieces in turn), bitwise; a KL fit and a masked fit
+    (whole-block BLAS products) do not hold it."""
     from threadpoolctl import threadpool_limits
 
     skip_unless_blas_threads()
 
-    rng = np.random.default_rng(31)
+    rng = np.random.default_rng(seed)
     X = rng.random((3000, 2000))
     groups = np.repeat(["a", "b"], 1500)
     before, seen = blas_threads(), {}
 
-    def fit(loss, name, **given):
-        model = distfact.NMF(2, beta_loss=loss, random_state=0, max_iter=3, tol=0, block_rows=1500,
-                             callback=lambda info: seen.setdefault(name, set()).update(blas_threads()))
+    def fit(name, masked=False, **params):
+        model = getattr(distfact, estimator)(2, random_state=0, max_iter=3, tol=0, block_rows=1500,
+                                             callback=lambda info: seen.setdefault(name, set()).update(blas_threads()),
+                                             **params)
+        given = {"mask": rng.random(X.shape) > 0.1} if masked else {}
         return model.fit_transform(X, groups=groups, **given), model.components_
 
-    W, H = fit("frobenius", "held")
+    W, H = fit("held")
     assert seen["held"] == {1} and blas_threads() == before
     with threadpool_limits(1, user_api="blas"):
-        W1, H1 = fit("frobenius", "one thread")
+        W1, H1 = fit("one thread")
     assert np.array_equal(W, W1) and np.array_equal(H, H1)
-    fit("kullback-leibler", "kl")
-    fit("frobenius", "masked", mask=rng.random(X.shape) > 0.1)
-    assert seen["kl"] == seen["masked"] == set(before)
+    for name, (params, masked) in not_held.items():
+        fit(name, masked, **params)
+        assert seen[name] == set(before)
 
 
 def test_random_start_does_not_depend_on_the_chunking():

@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 import distfact
-from conftest import blas_threads, grouped_data, skip_unless_blas_threads
+from conftest import grouped_data
 from distfact.datasets import make_stratified_synthetic
 from oracles import stratified_nmf
 
@@ -309,30 +309,3 @@ def test_the_kept_column_step_is_the_whole_width_step_at_the_kept_columns():
     assert np.array_equal(AtW, WtA.T[kept])
     np.testing.assert_allclose(AtW, A[:, kept].T @ W_new, rtol=1e-12)
     assert not AtW[np.searchsorted(kept, unstored)].any()
-
-
-def test_a_dense_fit_holds_blas_at_one_thread_for_its_loop_with_the_same_factors():
-    """Dense float64 blocks in memory whose line-7 step runs in pieces: the loop holds BLAS at one thread
-    (``passes_on_cores``), with the factors, bitwise, of the fit under the user's limit of one BLAS thread (no
-    hold, pieces in turn); a masked fit (whole-block products) does not hold it."""
-    from threadpoolctl import threadpool_limits
-
-    skip_unless_blas_threads()
-
-    rng = np.random.default_rng(41)
-    X = rng.random((3000, 2000))
-    groups = np.repeat(["a", "b"], 1500)
-    before, seen = blas_threads(), {}
-
-    def fit(name, **given):
-        model = distfact.StratifiedNMF(2, random_state=0, max_iter=3, tol=0, block_rows=1500,
-                                       callback=lambda info: seen.setdefault(name, set()).update(blas_threads()))
-        return model.fit_transform(X, groups=groups, **given), model.components_
-
-    W, H = fit("held")
-    assert seen["held"] == {1} and blas_threads() == before
-    with threadpool_limits(1, user_api="blas"):
-        W1, H1 = fit("one thread")
-    assert np.array_equal(W, W1) and np.array_equal(H, H1)
-    fit("masked", mask=rng.random(X.shape) > 0.1)
-    assert seen["masked"] == set(before)

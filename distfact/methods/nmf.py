@@ -169,7 +169,7 @@ class NMFMethod:
             W_new, WtX, WtW = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver)
             return W_new, {"WtX": WtX, "WtW": WtW}
         dense = isinstance(X_b, np.ndarray)
-        residual = G.get("residuals", True) or not dense  # a checkpoint of an earlier version: residuals
+        residual = G.get("residuals", True) or not dense  # a global state without the flag (an earlier version's)
         W_new, WtX, WtW, *sq_err = k.frobenius_local(X_b, W_b, G["H"], G["HHt"], self.solver, residual=residual,
                                                      sums64=dense)
         stats = {"WtX": WtX, "WtW": WtW}
