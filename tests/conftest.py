@@ -1,4 +1,3 @@
-import functools
 import os
 import subprocess
 import sys
@@ -15,8 +14,9 @@ import scipy.sparse as sp
 LONGEST_FILES = ("test_nightly.py", "test_warmup.py", "test_sweep.py", "test_fairer_nmf.py", "test_select_rank.py")
 
 
-@functools.cache
 def _blas_libraries():
+    """The BLAS libraries loaded now (looked up for each test, about 1 ms: a library a test loads, as a solver's,
+    is watched from the next test on)."""
     import scipy.linalg  # noqa: F401  (loads scipy's BLAS, as distfact/kernels/blas_threads.py does before looking)
     from threadpoolctl import ThreadpoolController
 
