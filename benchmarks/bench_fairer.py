@@ -7,9 +7,9 @@
    default settings; seconds per rank.
 2. The AM scheme's H step as the rows grow 10x (synthetic data repeated 1x and 10x, rank 5): the SOCP is
    written on statistics, so its time must not grow with the rows (target: within 1.5x).
-3. One NMF MU iteration (one pass) on a 1,000,000 x 2,000 sparse grouped matrix (0.5%
-   non-zeros, 4 groups) from a Zarr store on disk, in-process (held in memory after the first pass): the median
-   time between iterations 2 to 6 of one fit, from its callback.
+3. One NMF MU iteration (one pass) on a 1,000,000 x 2,000 sparse grouped matrix (0.5% non-zeros, 4 groups)
+   from a Zarr store on disk, in-process (held in memory after the first pass): the median time between
+   iterations 2 to 6 of one fit, from its callback.
 Results: benchmarks/results/fairer.json.
 """
 

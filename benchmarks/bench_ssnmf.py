@@ -9,7 +9,8 @@
     (D,F), (D,D), lambda = 1. Per-iteration time of ``ssnmf.ssnmf_numpy.SSNMF_N.mult`` (the package's
     numpy implementation; it works on dense arrays, and on the all-ones masks it builds) against
     ``distfact.SSNMF`` in-process on the CSR matrix: (T(n2) - T(n1)) / (n2 - n1) for each (distfact's: the
-    median of 5), the same starting factors. The two produce the same iterates (checked here on the first iterations, 1e-8).
+    median of 5), the same starting factors. The two produce the same iterates (checked here on the first
+    iterations, 1e-8).
     Target: distfact at least 20x faster for every model.
 (b) Out of core: a 1,000,000-row sparse grouped matrix (8 groups, 2,000 features, 10 M non-zeros) ingested
     to a Zarr store, fitted with y (5 classes, 20% unlabelled) and the local state (W, and the rows of Y and of

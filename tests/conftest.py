@@ -53,10 +53,8 @@ def pytest_collection_modifyitems(items):
 
 
 def blas_threads() -> list[int]:
-    """BLAS's number of threads now, one entry per loaded BLAS library."""
-    from threadpoolctl import threadpool_info
-
-    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    """BLAS's number of threads now, one entry per loaded BLAS library (``_blas_libraries``)."""
+    return [library.num_threads for library in _blas_libraries()]
 
 
 def skip_unless_blas_threads() -> None:
