@@ -1,6 +1,7 @@
-"""Small fits' fixed costs (issue 19): whole fits that are mostly not iterations, in fresh processes.
+"""Small fits' fixed costs (issue 19): whole fits that are mostly not iterations, and what checkpoints add to a small
+fit, in fresh processes.
 
-    python benchmarks/bench_fixed_costs.py                          # this checkout: about a minute
+    python benchmarks/bench_fixed_costs.py                          # this checkout: about two minutes
     python benchmarks/bench_fixed_costs.py --before /path/to/other  # and another tree, processes alternated
 
 Cases (each the median of 60 fits in one process, after one untimed fit):
@@ -9,6 +10,9 @@ Cases (each the median of 60 fits in one process, after one untimed fit):
   stratified_1_iter  StratifiedNMF(5, max_iter=1) on the same X and groups
   heart_multigroup   MultigroupSVD(8, center=True, scale=True) on UCI Heart Disease by sex (297 x 22, the multigroup
                      benchmark's first case, Table 2 of the paper: 9 ms there)
+  nmf_200_iter       NMF(5, max_iter=200) on the X of nmf_1_iter
+  nmf_200_iter_checkpoints  the same with checkpoint_every=10 (a pipeline's default; each fit into a directory of
+                     its own): 20 checkpoints of the 4 blocks' W and the global state
 
 Each tree runs in ``--processes`` fresh processes (PYTHONPATH: the tree), this checkout's and the other's
 alternated; a figure is the median of the processes' medians, and with ``--before`` the ratio this / before per
@@ -19,11 +23,13 @@ benchmarks/results/fixed_costs.json (with ``--before``: fixed_costs-ab.json).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -48,6 +54,12 @@ def worker() -> None:
             X, groups=groups),
         "heart_multigroup": lambda: distfact.MultigroupSVD(8, center=True, scale=True).fit(
             X_heart, groups=groups_heart)}
+    checkpoints = tempfile.TemporaryDirectory()
+    directories = (os.path.join(checkpoints.name, str(i)) for i in itertools.count())
+    cases["nmf_200_iter"] = lambda: distfact.NMF(5, max_iter=200, tol=0, random_state=0).fit(X, groups=groups)
+    cases["nmf_200_iter_checkpoints"] = lambda: distfact.NMF(
+        5, max_iter=200, tol=0, random_state=0, checkpoint_dir=next(directories), checkpoint_every=10).fit(
+        X, groups=groups)
     out = {"distfact": distfact.__file__}
     for name, fit in cases.items():
         fit()  # first calls (numba's cache, imports)
@@ -57,6 +69,7 @@ def worker() -> None:
             fit()
             seconds.append(time.perf_counter() - start)
         out[name] = 1e3 * statistics.median(seconds)
+    checkpoints.cleanup()
     print(json.dumps(out), flush=True)
 
 

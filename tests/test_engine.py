@@ -715,6 +715,42 @@ def test_local_factors_spilled_to_zarr_give_the_same_result(sparse_input, tmp_pa
     assert np.array_equal(spilled.components_, in_memory.components_)
     assert spilled.n_passes_ == in_memory.n_passes_ == 9
 
+@pytest.mark.parametrize("array", [np.random.default_rng(5).random((100, 5)), np.arange(7, dtype=np.float32),
+                                   np.arange(5, dtype=np.int32), np.zeros((0, 3)), np.array([True, False]),
+                                   np.random.default_rng(6).random((3, 4)).astype(">f8"), np.float64(2.5)],
+                         ids=["float64", "float32", "int32", "no rows", "bool", "big-endian", "0-d"])
+def test_a_local_factor_written_as_files_is_what_zarr_writes(array, tmp_path):
+    """``spill.write_one_chunk_array`` (local factors of spills and checkpoints, written as files) against
+    zarr-python writing the same array with the same codecs: the same chunk bytes and metadata, and zarr reads it
+    back; written over an array of another shape, nothing of the old one is left."""
+    import json
+    import zarr
+
+    from distfact.engine.executor.spill import write_one_chunk_array
+    from distfact.store.chunks import array_codecs
+
+    array = np.asarray(array)
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    write_one_chunk_array(str(mine), np.ones((2, 3, 4)))  # replaced below
+    write_one_chunk_array(str(mine), array)
+    serializer, compressor = array_codecs(array.dtype)
+    zarr.create_array(str(theirs), shape=array.shape, dtype=array.dtype.newbyteorder("="),
+                      chunks=tuple(max(size, 1) for size in array.shape), serializer=serializer,
+                      compressors=compressor, fill_value=0, chunk_key_encoding={"name": "default", "separator": "/"},
+                      zarr_format=3)[...] = array
+
+    def files(root):
+        return {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+
+    mine_files, their_files = files(mine), files(theirs)
+    assert mine_files.keys() == their_files.keys()
+    assert json.loads(mine_files.pop("zarr.json")) == json.loads(their_files.pop("zarr.json"))
+    assert mine_files == their_files
+    read = zarr.open(str(mine), mode="r")
+    assert read.shape == array.shape and read.dtype == array.dtype.newbyteorder("=")
+    assert np.array_equal(read[...], array)
+
+
 
 @pytest.mark.cluster
 def test_spilled_local_factors_on_a_cluster(local_cluster_client, tmp_path):
