@@ -715,29 +715,31 @@ def test_local_factors_spilled_to_zarr_give_the_same_result(sparse_input, tmp_pa
     assert np.array_equal(spilled.components_, in_memory.components_)
     assert spilled.n_passes_ == in_memory.n_passes_ == 9
 
+
 @pytest.mark.parametrize("array", [np.random.default_rng(5).random((100, 5)), np.arange(7, dtype=np.float32),
                                    np.arange(5, dtype=np.int32), np.zeros((0, 3)), np.array([True, False]),
-                                   np.random.default_rng(6).random((3, 4)).astype(">f8"), np.float64(2.5)],
-                         ids=["float64", "float32", "int32", "no rows", "bool", "big-endian", "0-d"])
+                                   np.random.default_rng(6).random((3, 4)).astype(">f8"), np.float64(2.5),
+                                   np.zeros((2, 3)), np.array([False, False]), np.arange(4, dtype=np.uint8)],
+                         ids=["float64", "float32", "int32", "no rows", "bool", "big-endian", "0-d", "zeros",
+                              "all False", "uint8"])
 def test_a_local_factor_written_as_files_is_what_zarr_writes(array, tmp_path):
-    """``spill.write_one_chunk_array`` (local factors of spills and checkpoints, written as files) against
-    zarr-python writing the same array with the same codecs: the same chunk bytes and metadata, and zarr reads it
-    back; written over an array of another shape, nothing of the old one is left."""
+    """``spill.write_one_chunk_array`` (local factors of spills, checkpoints and ``W_out``, written as files)
+    against the call it replaced, zarr-python's ``open_array(mode="w")`` with zarr's default codecs, given a
+    store's chunk shape (no dimension below 1) and ``write_empty_chunks``: the same files, bytes and metadata, and
+    zarr reads them back; written over an array of another shape, nothing of the old one is left; a dtype that is
+    not numeric is refused before anything at the path is replaced."""
     import json
     import zarr
 
     from distfact.engine.executor.spill import write_one_chunk_array
-    from distfact.store.chunks import array_codecs
 
     array = np.asarray(array)
     mine, theirs = tmp_path / "mine", tmp_path / "theirs"
     write_one_chunk_array(str(mine), np.ones((2, 3, 4)))  # replaced below
     write_one_chunk_array(str(mine), array)
-    serializer, compressor = array_codecs(array.dtype)
-    zarr.create_array(str(theirs), shape=array.shape, dtype=array.dtype.newbyteorder("="),
-                      chunks=tuple(max(size, 1) for size in array.shape), serializer=serializer,
-                      compressors=compressor, fill_value=0, chunk_key_encoding={"name": "default", "separator": "/"},
-                      zarr_format=3)[...] = array
+    zarr.open_array(str(theirs), mode="w", shape=array.shape, dtype=array.dtype,
+                    chunks=tuple(max(size, 1) for size in array.shape), zarr_format=3,
+                    config={"write_empty_chunks": True})[...] = array
 
     def files(root):
         return {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*") if path.is_file()}
@@ -749,7 +751,9 @@ def test_a_local_factor_written_as_files_is_what_zarr_writes(array, tmp_path):
     read = zarr.open(str(mine), mode="r")
     assert read.shape == array.shape and read.dtype == array.dtype.newbyteorder("=")
     assert np.array_equal(read[...], array)
-
+    with pytest.raises(TypeError, match="dtype complex128"):
+        write_one_chunk_array(str(mine), array.astype(complex))
+    assert files(mine).keys() == mine_files.keys() | {"zarr.json"}
 
 
 @pytest.mark.cluster

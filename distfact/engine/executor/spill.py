@@ -57,12 +57,17 @@ def save_local(directory: str, block, local) -> dict:
 
 
 def write_one_chunk_array(path: str, array: np.ndarray) -> None:
-    """A numeric ``array`` as a Zarr v3 array of one chunk at ``path`` (replacing what is there: a spill's
-    generation or a checkpoint being written, both distfact's own), with the codecs of every array distfact writes
-    (``store/chunks.py: array_codecs``), written as two files: the bytes zarr-python writes for
-    ``zarr.open_array(path, mode="w", chunks=array.shape)[...] = array``, at a seventh of its cost (0.34 against
-    2.4 ms for a 100 x 5 factor, most of it zarr's own machinery: pipelines checkpoint every 10 iterations, and a
-    400 x 100 fit of 4 blocks took 11 times as long with its checkpoints as without)."""
+    """A numeric ``array`` (booleans, integers, floats) as a Zarr v3 array of one chunk at ``path``, replacing what
+    is there (a spill's generation, a checkpoint or ``W_out`` being written: distfact's own), written as two files
+    with the codecs of every array distfact writes (``store/chunks.py: array_codecs``): the files zarr-python
+    writes for ``zarr.open_array(path, mode="w", chunks=...)[...] = array`` with the chunk shape and
+    ``write_empty_chunks`` of a store's arrays (``store/writing.py: write_arrays``: no dimension of a chunk below 1,
+    and the chunk written even when it holds only zeros), at a seventh of its cost: 0.34 against 2.4 ms for a
+    100 x 5 factor, most of it zarr's own machinery. Pipelines checkpoint every 10 iterations, and a 400 x 100 fit
+    of 4 blocks took about 12 times as long with its checkpoints as without (BENCHMARKS.md, "Checkpoints of small
+    fits"). The metadata is written aside and renamed into place, last: a node without it is no array."""
+    if array.dtype.kind not in "biuf":  # checked before anything at ``path`` is replaced
+        raise TypeError(f"{path}: a local factor holds numbers (booleans, integers, floats), got dtype {array.dtype}")
     if os.path.lexists(path):
         shutil.rmtree(path)
     serializer, compressor = array_codecs(array.dtype)
@@ -83,8 +88,10 @@ def write_one_chunk_array(path: str, array: np.ndarray) -> None:
                 "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
                 "fill_value": array.dtype.type(0).item(), "codecs": [bytes_codec, compressor.to_dict()],
                 "attributes": {}, "storage_transformers": []}
-    with open(os.path.join(path, "zarr.json"), "w") as f:
+    aside = os.path.join(path, ".zarr.json.tmp")
+    with open(aside, "w") as f:
         json.dump(metadata, f)
+    os.replace(aside, os.path.join(path, "zarr.json"))
 
 
 def _array_manifest(array: np.ndarray) -> dict:
