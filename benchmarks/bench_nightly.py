@@ -1,7 +1,7 @@
 """Warm starts in nightly pipelines (issue 21): iterations and fit time of ``warm_start = "previous"`` against
 the cold start, night by night, on a real data set that grows.
 
-    python benchmarks/bench_nightly.py          # about 3 minutes
+    python benchmarks/bench_nightly.py          # under a minute (24-26 s, 2026-11-30)
     python benchmarks/bench_nightly.py --corpus-docs 550000   # the nightly cost on 10 million non-zeros
 
 The second form measures issue 21's target instead: what a night costs (ingest + warm fit) when 1% new documents

@@ -52,7 +52,7 @@ BENCHMARKS = {
     "ingest_memory": ([], 1),
     "result_shape": ([], 1),
     "append": ([], 3),
-    "nightly": ([], 8),
+    "nightly": ([], 1),
     "verify": ([], 23),
     "cluster": ([], 8),
     "first_fit": ([], 13),
