@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 import zarr
 
-from ...store.chunks import array_codecs
+from ...store.chunks import array_codecs, chunk_key
 from ...store.format import Block
 from ...store.writing import write_arrays
 
@@ -74,7 +74,7 @@ def write_one_chunk_array(path: str, array: np.ndarray) -> None:
     config = compressor.to_dict()["configuration"]
     os.makedirs(path)
     if array.size:  # an array without elements has no chunk
-        chunk = os.path.join(path, "c", *["0"] * array.ndim)
+        chunk = os.path.join(path, chunk_key("", "", array.ndim))
         os.makedirs(os.path.dirname(chunk), exist_ok=True)
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         with open(chunk, "wb") as f:
