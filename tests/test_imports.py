@@ -132,10 +132,11 @@ def test_the_cycle_finder_finds_cycles(tmp_path):
 
 
 def test_the_command_lines_start_imports_only_what_the_command_needs(tmp_path):
-    """`distfact --help` builds its parser without numpy, scikit-learn, Dask, pandas or Zarr, and `distfact info`
+    """`distfact --help` builds its parser without numpy, scikit-learn, Dask, pandas or Zarr, `distfact info`
     reads a store's metadata without scikit-learn, Dask's distributed, pandas, numba (the kernels' compiler: about
     0.1 s of a 0.5 s budget), scipy (0.25 s here) or zarr (0.4-0.5 s) (distfact/lazy.py, store/describe.py;
-    start-up time: benchmarks/bench_startup.py)."""
+    start-up time: benchmarks/bench_startup.py), and `distfact runs` lists a pipeline's runs without the estimators,
+    scikit-learn or Dask's distributed (1.7 s of imports: distfact/pipeline/__init__.py)."""
     import subprocess
     import sys
 
@@ -149,7 +150,7 @@ def test_the_command_lines_start_imports_only_what_the_command_needs(tmp_path):
              "    main(sys.argv[1:])\n"
              "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     loaded = {}
-    for command in (["--help"], ["info", str(tmp_path / "x.zarr")]):
+    for command in (["--help"], ["info", str(tmp_path / "x.zarr")], ["runs", "nightly", "--root", str(tmp_path)]):
         out = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         loaded[command[0]] = set(out.stdout.split())
@@ -157,6 +158,19 @@ def test_the_command_lines_start_imports_only_what_the_command_needs(tmp_path):
         loaded["--help"]
     assert not loaded["info"] & {"sklearn", "distributed", "pandas", "numba", "scipy", "zarr"}, loaded["info"]
     assert "numpy" in loaded["info"]  # the probe does see what a command imports (the store's modules use numpy)
+    assert not loaded["runs"] & {"sklearn", "distributed", "numba"}, loaded["runs"]
+    assert "pandas" in loaded["runs"]  # (the runs' table)
+
+
+def test_the_pipeline_package_gives_its_names_and_modules_when_first_used():
+    import distfact.pipeline as pipeline
+    from distfact.pipeline.spec import load_spec
+
+    assert pipeline.load_spec is load_spec and pipeline.spec.load_spec is load_spec
+    assert pipeline.nightly.__name__ == "distfact.pipeline.nightly"
+    assert set(pipeline.__all__) | set(pipeline.MODULES) <= set(dir(pipeline))
+    with pytest.raises(AttributeError, match="has no attribute 'stage'"):
+        pipeline.stage
 
 
 def test_a_lazy_module_is_imported_at_its_first_attribute_and_is_the_modules_own():

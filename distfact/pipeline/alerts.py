@@ -18,8 +18,6 @@ import os
 
 import pandas as pd
 
-from ..registry import get_method
-
 #: the exit status of ``distfact run`` when the run crossed an alert threshold (everything is committed)
 EXIT_ALERT = 3
 ALERTS = "alerts.json"
@@ -29,6 +27,8 @@ def alert_options(check, table: dict, spec) -> dict:
     """The [alerts] table: ``metric`` (default ``relative_error``), ``rise`` (a group's metric rising by more than
     this fraction since the previous run), ``spread`` (the largest minus the smallest group's metric above this),
     ``vanished`` (a component of the previous run without a match tonight; default false)."""
+    from ..registry import get_method  # here: the registry imports every estimator, which `distfact runs` never needs
+
     path = ("alerts",)
     check.keys(table, path, {"metric", "rise", "spread", "vanished"})
     metric = check.typed(table, path, "metric", str, "relative_error")

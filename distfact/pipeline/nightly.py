@@ -23,7 +23,6 @@ import numpy as np
 
 from ..outputs import (MANIFEST, MANIFEST_FORMAT, Locked, file_sha256, locked, read_manifest, read_text,
                        remove_output, sibling, write_json)
-from ..registry import get_method
 
 RUN_KIND = "pipeline run"
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -82,6 +81,8 @@ def previous_identity(previous: str | None) -> str | None:
 def can_warm_start(method: str) -> bool:
     """A method warm-starts when its estimator takes init='custom' with W and H first among its custom factors
     (read from the estimator's constraints and ``_custom_factors``)."""
+    from ..registry import get_method  # here: the registry imports every estimator, which retention never needs
+
     declaration = get_method(method)
     init = declaration.parameters().get("init")
     factors = getattr(declaration.estimator, "_custom_factors", ())
