@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -90,13 +91,25 @@ def sparse_data():
     return sp.csr_matrix(X), groups
 
 
+# Monitoring a test cluster does without: an idle cluster of two workers costs 0.08 CPU seconds a second with Dask's
+# defaults (a 20 ms event-loop tick in every process, a 10 ms profiler in each worker, a 100 ms memory check in each
+# nanny, a 500 ms system monitor) and 0.011 with these. Each test process's cluster lives from its first test to the
+# end of the session: with these (and one more command run in-process), the suite took 813 CPU seconds instead of
+# 944 (2026-12-01; BENCHMARKS.md, "The test suite's time").
+QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                 "distributed.admin.system-monitor.interval": "5s", "distributed.worker.memory.monitor-interval": "1s"}
+
+
 @pytest.fixture(scope="session")
 def local_cluster_client():
     """A real LocalCluster: a scheduler and two single-threaded worker processes on loopback."""
+    import dask
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+    with dask.config.set(QUIET_CLUSTER):  # read as the cluster starts (the nannies keep it for their workers)
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address=None)
+    with cluster, Client(cluster) as client:
         yield client
 
 
@@ -127,6 +140,14 @@ def cli_in_process(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
+def cli_here(capsys, *args, cwd=".") -> subprocess.CompletedProcess:
+    """:func:`cli_in_process` in ``cwd``, returned as ``subprocess.run`` returns a real process's (exit status,
+    stdout, stderr): for a test that runs a command either way, without a new interpreter's two seconds of imports."""
+    with contextlib.chdir(cwd):
+        code, out, err = cli_in_process(capsys, *args)
+    return subprocess.CompletedProcess(["distfact", *map(str, args)], code, out, err)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -135,10 +156,13 @@ def alive(pid: int) -> bool:
     return True
 
 
-def start_cli_cluster(directory, n_workers: int = 2, memory: str = "1GiB", options=()) -> list[int]:
-    """cluster/start-local.sh in ``directory``: returns the pids of the scheduler and the workers (nannies)."""
+def start_cli_cluster(directory, n_workers: int = 2, memory: str = "1GiB", options=(), config=None) -> list[int]:
+    """cluster/start-local.sh in ``directory``, with Dask's ``config`` on top of the recipe's (as environment
+    variables): returns the pids of the scheduler and the workers (nannies)."""
+    env = {**script_env(), **{"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
+                              for key, value in (config or {}).items()}}
     started = subprocess.run(["bash", os.path.join(SCRIPTS, "start-local.sh"), *options, str(n_workers), memory,
-                              str(directory)], capture_output=True, text=True, timeout=180, env=script_env())
+                              str(directory)], capture_output=True, text=True, timeout=180, env=env)
     assert started.returncode == 0, started.stderr
     names = ["scheduler.pid"] + [f"worker-{i}.pid" for i in range(1, n_workers + 1)]
     pids = [int(open(os.path.join(directory, name)).read()) for name in names]
@@ -164,8 +188,9 @@ def script_env() -> dict:
 @pytest.fixture(scope="session")
 def cli_cluster(tmp_path_factory):
     """A real cluster from cluster/start-local.sh (a scheduler and two worker processes of 1 GiB on
-    127.0.0.1), shared by the test modules; yields its scheduler file."""
+    127.0.0.1), shared by the test modules, without the monitoring (``QUIET_CLUSTER``: idle, 0.011 CPU seconds a
+    second instead of 0.104); yields its scheduler file."""
     directory = tmp_path_factory.mktemp("dask-cluster")
-    pids = start_cli_cluster(directory)
+    pids = start_cli_cluster(directory, config=QUIET_CLUSTER)
     yield directory / "scheduler.json"
     stop_cli_cluster(directory, pids)

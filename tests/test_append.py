@@ -19,8 +19,6 @@ import functools
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -29,6 +27,7 @@ import scipy.sparse as sp
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 import distfact
+from conftest import cli_in_process
 from distfact.store import from_arrays, from_corpus, from_table
 from distfact.store.writing import StoreLocked, lock_store
 from distfact.store.sources import append_source
@@ -356,14 +355,14 @@ def test_a_tfidf_append_weighs_new_documents_with_the_first_ingests_idf(tmp_path
         sum(w not in vocabulary for d in docs[1] for w in d["text"].split()) > 0
 
 
-def test_the_ingest_command_appends_and_says_when_a_partition_is_already_in(tmp_path):
+def test_the_ingest_command_appends_and_says_when_a_partition_is_already_in(tmp_path, monkeypatch, capsys):
     write_corpus(tmp_path / "night1.jsonl", 20, ["a", "b"], seed=6)
     write_corpus(tmp_path / "night2.jsonl", 8, ["b"], seed=7, extra_words=["quince"])
+    monkeypatch.chdir(tmp_path)
 
     def cli(*args):
-        done = subprocess.run([sys.executable, "-m", "distfact.cli", *args, "--no-progress"], capture_output=True,
-                              text=True, cwd=tmp_path)
-        return done.returncode, done.stdout + done.stderr
+        code, out, err = cli_in_process(capsys, *args, "--no-progress")
+        return code, out + err
 
     assert cli("ingest", "night1.jsonl", "s", "--vectorizer", "count")[0] == 0
     code, out = cli("ingest", "--append", "night2.jsonl", "s")
@@ -477,7 +476,7 @@ def test_an_append_whose_mask_does_not_suit_the_store_is_refused(tmp_path):
     assert distfact.open(nan_store.path).meta.version == distfact.open(weighted.path).meta.version == 0
 
 
-def test_appending_a_table_with_holes_to_a_store_of_kind_nan(tmp_path):
+def test_appending_a_table_with_holes_to_a_store_of_kind_nan(tmp_path, monkeypatch, capsys):
     """The partition path (``ingest --append --missing nan``, which runs ``append_source``): a table's empty fields are
     missing entries, as in a fresh ``from_table(..., missing="nan")`` of both partitions."""
     X, groups, first, _ = masked_split(False, "nan", True, seed=5)
@@ -486,10 +485,10 @@ def test_appending_a_table_with_holes_to_a_store_of_kind_nan(tmp_path):
     frame[~first].to_csv(tmp_path / "night2.csv", index=False)
     frame.to_csv(tmp_path / "all.csv", index=False)
     from_table(tmp_path / "night1.csv", "group", tmp_path / "s", block_rows=5, missing="nan")
-    done = subprocess.run([sys.executable, "-m", "distfact.cli", "ingest", "--append", "night2.csv", "s",
-                           "--missing", "nan", "--block-rows", "5", "--no-progress"], capture_output=True, text=True,
-                          cwd=tmp_path)
-    assert done.returncode == 0 and "appended 30 rows as version 1" in done.stdout, done.stdout + done.stderr
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_in_process(capsys, "ingest", "--append", "night2.csv", "s", "--missing", "nan",
+                                    "--block-rows", "5", "--no-progress")
+    assert code == 0 and "appended 30 rows as version 1" in out, out + err
     appended = distfact.open(tmp_path / "s")
     fresh = from_table(tmp_path / "all.csv", "group", tmp_path / "f", block_rows=5, group_names=["a", "b", "c"],
                        missing="nan")

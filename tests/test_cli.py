@@ -3,6 +3,7 @@ a local cluster; the other commands in this process (main() as the console scrip
 directory), which skips a process's start-up (importing the library, loading numba's cache) and nothing the
 commands do."""
 
+import functools
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import cli_in_process, grouped_data
+from conftest import cli_here, grouped_data
 
 
 def run(*args, cwd):
@@ -21,14 +22,10 @@ def run(*args, cwd):
 
 
 @pytest.fixture
-def cli(capsys, monkeypatch):
+def cli(capsys):
     """:func:`run` in this process: ``distfact ARGS`` run by main() in ``cwd``, its exit status and output in a
     ``CompletedProcess`` as a real process's."""
-    def run_here(*args, cwd):
-        monkeypatch.chdir(cwd)
-        code, out, err = cli_in_process(capsys, *args)
-        return subprocess.CompletedProcess(args, code, out, err)
-    return run_here
+    return functools.partial(cli_here, capsys)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 import distfact
-from conftest import grouped_data
+from conftest import cli_in_process, grouped_data
 from distfact.engine import InProcessExecutor, fit, initialise
 from distfact.methods.fairer_nmf import GroupErrorEstimate
 from oracles import fairer_mu, lee_seung_frobenius
@@ -270,10 +270,8 @@ def test_am_without_a_conic_solver_is_a_clear_error(monkeypatch):
         distfact.FairerNMF(2, solver="am").fit(X, groups=groups)
 
 
-def test_fairness_report_table_files_and_cli(tmp_path):
+def test_fairness_report_table_files_and_cli(tmp_path, capsys):
     import json
-    import subprocess
-    import sys
 
     from distfact.reports.fairness import fairness_table, write_fairness_report
 
@@ -294,16 +292,14 @@ def test_fairness_report_table_files_and_cli(tmp_path):
     assert open(paths["html"]).read().count("data:image/png;base64,") == 3
 
     distfact.from_arrays(X, groups, tmp_path / "x.zarr")
-    out = subprocess.run([sys.executable, "-m", "distfact.cli", "report", str(tmp_path / "x.zarr"), "--fairness",
-                          "--ranks", "1:2", "--max-iter", "30", "--output", str(tmp_path / "cli")],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    code, _, err = cli_in_process(capsys, "report", tmp_path / "x.zarr", "--fairness", "--ranks", "1:2", "--max-iter",
+                                  "30", "--output", tmp_path / "cli")
+    assert code == 0, err
     assert sorted(os.listdir(tmp_path / "cli")) == sorted(["fairness.csv", "fairness.json", "fairness.html",
                                                            "fig2_r_error_standard.png", "fig3_r_loss_standard.png",
                                                            "fig5_r_loss_fairer.png", "distfact-output.json"])
-    bad = subprocess.run([sys.executable, "-m", "distfact.cli", "report", str(tmp_path / "x.zarr"), "--fairness",
-                          "--ranks", "3-1"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--ranks must be FIRST:LAST" in bad.stderr
+    code, _, err = cli_in_process(capsys, "report", tmp_path / "x.zarr", "--fairness", "--ranks", "3-1")
+    assert code == 2 and "--ranks must be FIRST:LAST" in err
 
 
 def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):

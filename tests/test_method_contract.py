@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sklearn.utils._param_validation import validate_parameter_constraints
 
-from conftest import grouped_data
+from conftest import cli_in_process, grouped_data
 
 TESTS = pathlib.Path(__file__).resolve().parent
 SOURCE = TESTS.parent / "distfact"
@@ -110,7 +110,7 @@ def test_every_parameter_is_declared_with_its_constraints_and_help(declaration):
 
 
 @pytest.mark.parametrize("declaration", _builtin_methods(), ids=lambda d: d.name)
-def test_the_command_line_and_pipeline_defaults_are_the_estimators(declaration, store, tmp_path):
+def test_the_command_line_and_pipeline_defaults_are_the_estimators(declaration, store, tmp_path, capsys):
     """`distfact fit` with nothing but the method and the rank fits with every parameter at the estimator's own
     default (the parameters it records are ``Estimator(rank)``'s), and a [[fit]] table with nothing but the
     method and the rank gives the pipeline no parameter to pass (``run.py`` builds ``Estimator(rank,
@@ -118,9 +118,9 @@ def test_the_command_line_and_pipeline_defaults_are_the_estimators(declaration, 
     from distfact.pipeline.spec import load_spec
 
     path, _, _ = store
-    out = distfact("fit", path, "--method", declaration.name, "--rank", "2", "--no-progress", "-o", tmp_path / "f",
-                   cwd=tmp_path, plugin=False)
-    assert out.returncode == 0, out.stderr
+    code, _, err = cli_in_process(capsys, "fit", path, "--method", declaration.name, "--rank", "2", "--no-progress",
+                                  "-o", tmp_path / "f")
+    assert code == 0, err
     recorded = json.loads((tmp_path / "f" / "metrics.json").read_text())["params"]
     own = declaration.estimator(2).get_params()
     assert recorded == {name: own[name] for name in declaration.parameters()}

@@ -296,7 +296,7 @@ trend_runs = 3
 """
 
 
-def test_an_auto_ranked_fit_alerts_and_trends_across_a_change_of_rank(tmp_path):
+def test_an_auto_ranked_fit_alerts_and_trends_across_a_change_of_rank(tmp_path, monkeypatch, capsys):
     """Data of rank 4: the first two nights choose among 3 and 4 (4), the third among 5 and 6, and group b
     degrades that night: its rise is found (exit 3) whatever the rank, and the trends keep every night."""
     for number in range(2):
@@ -304,8 +304,9 @@ def test_an_auto_ranked_fit_alerts_and_trends_across_a_change_of_rank(tmp_path):
         assert model(result["run_dir"], "nmf-auto").n_components == RANK
     write_night(tmp_path, 2, degrade="b")
     (tmp_path / "spec.toml").write_text(AUTO_NIGHTLY.format(ranks="5:6"))
-    done = cli("run", "spec.toml", "--date", "2026-01-03", "--output", "runs", cwd=tmp_path)
-    assert done.returncode == 3, done.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)  # the command line in this process (a real process's exit 3: the tests above)
+    code, _, err = cli_in_process(capsys, "run", "spec.toml", "--date", "2026-01-03", "--output", "runs")
+    assert code == 3, err[-2000:]
     run_dir = tmp_path / "runs" / "nightly" / "2026-01-03"
     chosen = model(str(run_dir), "nmf-auto").n_components
     assert chosen in (5, 6)

@@ -7,8 +7,6 @@ import inspect
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import matplotlib.image
 import numpy as np
@@ -20,6 +18,7 @@ from distfact.cli import _parser
 from distfact.pipeline import SpecError, load_spec, run_pipeline
 from distfact.reports.selection import read_selection
 
+from conftest import cli_here, cli_in_process
 from test_pipeline import CHROMIUM, DATE, rendered_in_chromium, write_spec
 from test_select_rank import low_rank
 
@@ -189,13 +188,16 @@ def test_the_command_line_defaults_are_select_ranks():
     assert args.no_progress is False and args.report is None
 
 
-def test_select_rank_report_on_the_command_line(tmp_path):
+def test_select_rank_report_on_the_command_line(tmp_path, capsys):
     X, groups = low_rank(1, m=120, n=30, rank=PLANTED)
     distfact.from_arrays(X, groups, path=str(tmp_path / "x.zarr"), block_rows=25)
-    command = [sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method", "nmf",
-               "--solver", "hals", "--max-iter", "100", "--tol", "0", "--ranks", "2:5", "--n-splits", "3",
-               "--seed", "1", "--report", tmp_path / "report"]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    command = ["select-rank", tmp_path / "x.zarr", "--method", "nmf", "--solver", "hals", "--max-iter", "100", "--tol",
+               "0", "--ranks", "2:5", "--n-splits", "3", "--seed", "1", "--report", tmp_path / "report"]
+
+    def run(*args):
+        return cli_here(capsys, *args)
+
+    out = run(*command)
     assert out.returncode == 0, out.stderr
     assert "select-rank: iteration 100/100" in out.stderr  # progress lines off a terminal
     choice = json.load(open(tmp_path / "report" / "selection.json"))
@@ -203,9 +205,9 @@ def test_select_rank_report_on_the_command_line(tmp_path):
     page = (tmp_path / "report" / "report.html").read_text()
     assert "<figcaption>nmf-heldout-by-rank.png</figcaption>" in page and "<td>&lt;- chosen</td>" in page
     assert f"chosen rank (min): {PLANTED}" in out.stdout and str(tmp_path / "report" / "report.html") in out.stdout
-    again = subprocess.run(command + ["--no-progress"], capture_output=True, text=True, timeout=300)
+    again = run(*command, "--no-progress")
     assert again.returncode == 2 and "--report" in again.stderr and "iteration" not in again.stderr
-    quiet = subprocess.run(command + ["--no-progress", "--overwrite"], capture_output=True, text=True, timeout=300)
+    quiet = run(*command, "--no-progress", "--overwrite")
     assert quiet.returncode == 0 and "iteration" not in quiet.stderr, quiet.stderr
     assert json.load(open(tmp_path / "report" / "selection.json")) == choice
 
@@ -217,7 +219,7 @@ def per_group_reference(X, groups, block_rows, seed):
                                 n_splits=4, random_state=seed, fit="per_group")
 
 
-def test_per_group_fits_on_the_command_line_and_in_a_pipeline(tmp_path):
+def test_per_group_fits_on_the_command_line_and_in_a_pipeline(tmp_path, capsys):
     """``--fit per_group`` and [select] ``fit = "per_group"`` reach select_rank: the command's table and the
     pipeline's selection equal select_rank(fit="per_group") called in memory on the same data (a second path:
     no CLI, no spec, no store on disk), and both record the fits."""
@@ -226,11 +228,11 @@ def test_per_group_fits_on_the_command_line_and_in_a_pipeline(tmp_path):
     reference = per_group_reference(data["X"], data["groups"], 40, 0)
     assert reference.rank_ == PLANTED
     distfact.from_arrays(data["X"], data["groups"], path=str(tmp_path / "x.zarr"), block_rows=40)
-    out = subprocess.run([sys.executable, "-m", "distfact.cli", "select-rank", tmp_path / "x.zarr", "--method", "nmf",
-                          "--solver", "hals", "--max-iter", "100", "--tol", "0", "--ranks", "1:5", "--n-splits", "4",
-                          "--fit", "per_group", "--seed", "0", "--no-progress", "--output", tmp_path / "table.csv",
-                          "--report", tmp_path / "report"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    code, _, err = cli_in_process(capsys, "select-rank", tmp_path / "x.zarr", "--method", "nmf", "--solver", "hals",
+                                  "--max-iter", "100", "--tol", "0", "--ranks", "1:5", "--n-splits", "4", "--fit",
+                                  "per_group", "--seed", "0", "--no-progress", "--output", tmp_path / "table.csv",
+                                  "--report", tmp_path / "report")
+    assert code == 0, err
     table = pd.read_csv(tmp_path / "table.csv", keep_default_na=False, dtype={"group": str})
     pd.testing.assert_frame_equal(table, reference.table, check_exact=False, rtol=1e-12)
     assert json.load(open(tmp_path / "report" / "selection.json"))["fit"] == "per_group"

@@ -7,8 +7,6 @@ whose masked arithmetic tests/test_masks.py checks against numpy transcriptions 
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 import scipy.sparse as sp
 
 import distfact
-from conftest import grouped_data
+from conftest import cli_here, grouped_data
 from distfact import NMF
 from distfact.estimators.masks import block_masks, resolve_mask
 
@@ -274,12 +272,10 @@ def test_checkpoints_record_the_stored_mask_and_resume_bitwise(tmp_path):
 
 
 # ------------------------------------------------------------------ the command line
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "distfact.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ})
+def test_cli_ingest_missing_nan_and_mask_file(tmp_path, capsys):
+    def run_cli(*args):
+        return cli_here(capsys, *args)
 
-
-def test_cli_ingest_missing_nan_and_mask_file(tmp_path):
     X, groups = grouped_data(m=40, n=9, seed=4)
     M = weights(X.shape)
     Xn = np.where(M == 0, np.nan, X)

@@ -10,7 +10,8 @@ import pytest
 
 
 def cli(*args, cwd, timeout=300, env=None):
-    """``distfact ARGS`` in a fresh process, as a user runs it."""
+    """``distfact ARGS`` in a fresh process, as a user runs it: for the tests whose subject is the process (a kill,
+    its log lines at ``-v``, its environment)."""
     return subprocess.run([sys.executable, "-m", "distfact.cli", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=env)
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import distfact
-from conftest import grouped_data
+from conftest import cli_here, grouped_data
 from damage import assert_refused, cli, snapshot
 
 
@@ -27,28 +27,28 @@ def store(tmp_path):
     return distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=20).path
 
 
-def test_a_csv_row_of_the_wrong_width_is_named(tmp_path):
+def test_a_csv_row_of_the_wrong_width_is_named(tmp_path, capsys):
     """Case 10: a CSV row with an extra field was silently dropped."""
     rows = ["g,a,b"] + [f"{'xy'[i % 2]},{i},{i + 1}" for i in range(60)]
     rows[51] += ",7"  # data row 50, line 52 of the file
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
     before = snapshot(tmp_path)
-    assert_refused(cli("ingest", tmp_path / "t.csv", tmp_path / "t.zarr", "--group-column", "g", cwd=tmp_path),
-                   "line 52 has 4 fields, the header has 3")
+    assert_refused(cli_here(capsys, "ingest", tmp_path / "t.csv", tmp_path / "t.zarr", "--group-column", "g",
+                            cwd=tmp_path), "line 52 has 4 fields, the header has 3")
     with pytest.raises(ValueError, match="line 52 has 4 fields, the header has 3"):
         distfact.from_table(tmp_path / "t.csv", "g", tmp_path / "t.zarr", chunk_rows=16)
     assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("extra", [",7", ","])
-def test_csv_rows_all_one_field_wider_than_the_header_are_named(extra, tmp_path):
+def test_csv_rows_all_one_field_wider_than_the_header_are_named(extra, tmp_path, capsys):
     """With every data row one field wider (a trailing delimiter, or a shifted table), pandas silently took the
     first column as the rows' index: the groups became the first feature's values."""
     rows = ["g,a,b"] + [f"{'xy'[i % 2]},{i},{i + 1}{extra}" for i in range(20)]
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
     before = snapshot(tmp_path)
-    assert_refused(cli("ingest", tmp_path / "t.csv", tmp_path / "t.zarr", "--group-column", "g", cwd=tmp_path),
-                   "line 2 has 4 fields, the header has 3 (a trailing delimiter?)")
+    assert_refused(cli_here(capsys, "ingest", tmp_path / "t.csv", tmp_path / "t.zarr", "--group-column", "g",
+                            cwd=tmp_path), "line 2 has 4 fields, the header has 3 (a trailing delimiter?)")
     assert snapshot(tmp_path) == before
 
 
@@ -56,7 +56,7 @@ def test_csv_rows_all_one_field_wider_than_the_header_are_named(extra, tmp_path)
     ([1, "1"], "would be one group"),  # merged into one group before
     ([1, 1.0], "would be two groups"),
 ])
-def test_labels_of_mixed_types_that_read_alike_are_refused(labels, outcome, tmp_path):
+def test_labels_of_mixed_types_that_read_alike_are_refused(labels, outcome, tmp_path, capsys):
     """Case 10: labels 1, '1', 1.0 in one object array: 1 and '1' were merged into one group."""
     X, _ = grouped_data(m=40, n=5)
     groups = np.array([labels[i % 2] for i in range(40)] + [], dtype=object)
@@ -68,12 +68,12 @@ def test_labels_of_mixed_types_that_read_alike_are_refused(labels, outcome, tmp_
     lines = [json.dumps({"text": "some words here", "group": labels[i % 2]}) for i in range(6)]
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     before = snapshot(tmp_path)
-    out = cli("ingest", tmp_path / "c.jsonl", tmp_path / "c.zarr", cwd=tmp_path)
+    out = cli_here(capsys, "ingest", tmp_path / "c.jsonl", tmp_path / "c.zarr", cwd=tmp_path)
     assert_refused(out, "c.jsonl: line 2", "line 1")
     assert snapshot(tmp_path) == before
 
 
-def test_a_missing_class_label_is_refused_not_a_class_named_nan(store, tmp_path):
+def test_a_missing_class_label_is_refused_not_a_class_named_nan(store, tmp_path, capsys):
     """Case 10: a NaN among SSNMF's class labels became a class named 'nan'."""
     X, _ = grouped_data(m=60, n=8, n_groups=2, seed=5)
     y = np.array(["a", "b", "c"] * 20, dtype=object)
@@ -84,19 +84,19 @@ def test_a_missing_class_label_is_refused_not_a_class_named_nan(store, tmp_path)
         distfact.SSNMFClassifier(2, max_iter=2).fit(X, y)
     np.save(tmp_path / "y.npy", np.where(np.arange(60) == 7, np.nan, np.arange(60) % 3))
     before = snapshot(tmp_path)
-    out = cli("fit", store, "--method", "ssnmf", "--rank", 2, "--labels", tmp_path / "y.npy", "--no-progress",
-              "--output", tmp_path / "fit", cwd=tmp_path)
+    out = cli_here(capsys, "fit", store, "--method", "ssnmf", "--rank", 2, "--labels", tmp_path / "y.npy",
+                   "--no-progress", "--output", tmp_path / "fit", cwd=tmp_path)
     assert_refused(out, "missing label (nan)")
     assert snapshot(tmp_path) == before
 
 
-def test_a_text_labels_file_works_as_documented(store, tmp_path):
+def test_a_text_labels_file_works_as_documented(store, tmp_path, capsys):
     """Unhelpful: --labels labels.txt (one label per line) always failed with a numpy DTypePromotionError."""
     order = distfact.open(store).row_index()
     labels = np.array(["spam", "ham", "-1"] * 20)
     (tmp_path / "labels.txt").write_text("\n".join(labels) + "\n")
-    out = cli("fit", store, "--method", "ssnmf", "--rank", 2, "--max-iter", 3, "--labels", tmp_path / "labels.txt",
-              "--no-progress", "--output", tmp_path / "fit", cwd=tmp_path)
+    out = cli_here(capsys, "fit", store, "--method", "ssnmf", "--rank", 2, "--max-iter", 3, "--labels",
+                   tmp_path / "labels.txt", "--no-progress", "--output", tmp_path / "fit", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "fit" / "metrics.json").read_text())["classes"] == ["ham", "spam"]
     y = labels.astype(object)
@@ -109,22 +109,22 @@ def test_a_text_labels_file_works_as_documented(store, tmp_path):
     (b"just some text\n", "is not an .npz file"),
     (None, "holds an array of Python objects"),
 ])
-def test_an_npz_that_is_not_arrays_of_numbers(content, words, tmp_path):
+def test_an_npz_that_is_not_arrays_of_numbers(content, words, tmp_path, capsys):
     if content is None:
         np.savez(tmp_path / "x.npz", X=np.array([{"a": 1}, None], dtype=object))
     else:
         (tmp_path / "x.npz").write_bytes(content)
     before = snapshot(tmp_path)
-    assert_refused(cli("ingest", tmp_path / "x.npz", tmp_path / "x.zarr", cwd=tmp_path), words)
+    assert_refused(cli_here(capsys, "ingest", tmp_path / "x.npz", tmp_path / "x.zarr", cwd=tmp_path), words)
     assert snapshot(tmp_path) == before
 
 
-def test_a_jsonl_byte_that_is_not_utf8_is_named_on_its_line(tmp_path):
+def test_a_jsonl_byte_that_is_not_utf8_is_named_on_its_line(tmp_path, capsys):
     """Unhelpful: a bad UTF-8 byte on line 51 was reported "after line 0"."""
     good = json.dumps({"text": "words words", "group": "a"}).encode()
     (tmp_path / "c.jsonl").write_bytes(b"\n".join([good] * 50 + [b'{"text": "caf\xe9", "group": "a"}', good]) + b"\n")
     before = snapshot(tmp_path)
-    assert_refused(cli("ingest", tmp_path / "c.jsonl", tmp_path / "c.zarr", cwd=tmp_path),
+    assert_refused(cli_here(capsys, "ingest", tmp_path / "c.jsonl", tmp_path / "c.zarr", cwd=tmp_path),
                    "c.jsonl: line 51: not UTF-8 text")
     with pytest.raises(ValueError, match="line 51: not UTF-8"):
         distfact.from_corpus(tmp_path / "c.jsonl", tmp_path / "c.zarr", batch_docs=7)
@@ -161,13 +161,14 @@ def test_parameters_are_named(params, words, store):
     ("--seed", "-1", "argument --seed: '-1' must be >= 0"),
     ("--rank", "0", "argument --rank/-r: '0' must be >= 1"),
 ])
-def test_option_values_are_checked_before_any_work(option, value, words, store, tmp_path):
+@pytest.mark.timeout(60)  # --local-cluster -1 waited 30 s for a cluster before it was refused
+def test_option_values_are_checked_before_any_work(option, value, words, store, tmp_path, capsys):
     """Unhelpful: --tol nan was accepted; --local-cluster -1 waited 30 s and 0 ran in-process silently."""
     args = ["fit", store, "--rank", 2, "--no-progress", "--output", tmp_path / "fit", option, value]
     if option == "--rank":
         args[3] = value
     before = snapshot(tmp_path)
-    assert_refused(cli(*args, cwd=tmp_path, timeout=60), words, "(see distfact fit --help)")
+    assert_refused(cli_here(capsys, *args, cwd=tmp_path), words, "(see distfact fit --help)")
     assert snapshot(tmp_path) == before
 
 
@@ -190,21 +191,21 @@ rank = 2
 """
 
 
-def test_a_spec_that_is_not_utf8_names_its_file_and_line(tmp_path):
+def test_a_spec_that_is_not_utf8_names_its_file_and_line(tmp_path, capsys):
     from distfact.pipeline import SpecError, load_spec
 
     (tmp_path / "spec.toml").write_bytes(SPEC.format(note="caf\xe9").encode("latin-1"))
     before = snapshot(tmp_path)
-    out = cli("run", tmp_path / "spec.toml", "--output", tmp_path / "runs", cwd=tmp_path)
+    out = cli_here(capsys, "run", tmp_path / "spec.toml", "--output", tmp_path / "runs", cwd=tmp_path)
     assert_refused(out, "spec.toml:2: not UTF-8 text (byte b'\\xe9' at column 6)")
     with pytest.raises(SpecError, match="spec.toml:2: not UTF-8"):
         load_spec(tmp_path / "spec.toml")
     assert snapshot(tmp_path) == before
 
 
-def test_a_non_finite_number_in_a_spec_is_refused_before_any_work(tmp_path):
+def test_a_non_finite_number_in_a_spec_is_refused_before_any_work(tmp_path, capsys):
     (tmp_path / "spec.toml").write_text(SPEC.format(note="") + "tol = nan\n")
-    out = cli("run", tmp_path / "spec.toml", "--output", tmp_path / "runs", cwd=tmp_path)
+    out = cli_here(capsys, "run", tmp_path / "spec.toml", "--output", tmp_path / "runs", cwd=tmp_path)
     assert_refused(out, "spec.toml:8: [fit] #1 key 'tol': expected a finite number, got nan")
     assert not (tmp_path / "runs").exists()
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import distfact
-from conftest import grouped_data
+from conftest import cli_here, grouped_data
 from damage import assert_refused, cli, small_disk, snapshot
 
 # a complete checkpoint: its staging directory iter-NNNNNN.partial-<hex>/ holds COMMITTED before the rename
@@ -28,12 +28,14 @@ def store(tmp_path):
     return distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=50).path
 
 
-def fit_cli(store, output, *extra, cwd, rank=2, iterations=5):
-    return cli("fit", store, "--rank", rank, "--max-iter", iterations, "--tol", 0, "--no-progress", "--output",
-               output, *extra, cwd=cwd)
+def fit_cli(store, output, *extra, cwd, rank=2, iterations=5, capsys=None):
+    """``distfact fit``: in this process with ``capsys``, else in a fresh one."""
+    args = ("fit", store, "--rank", rank, "--max-iter", iterations, "--tol", 0, "--no-progress", "--output", output,
+            *extra)
+    return cli_here(capsys, *args, cwd=cwd) if capsys is not None else cli(*args, cwd=cwd)
 
 
-def test_fit_refuses_a_directory_holding_the_users_files(store, tmp_path):
+def test_fit_refuses_a_directory_holding_the_users_files(store, tmp_path, capsys):
     """Case 5: `fit -o DIR` deleted DIR/W/thesis.tex and DIR/group_losses.csv and exited 0."""
     mine = tmp_path / "mine"
     (mine / "W").mkdir(parents=True)
@@ -41,10 +43,11 @@ def test_fit_refuses_a_directory_holding_the_users_files(store, tmp_path):
     (mine / "group_losses.csv").write_text("my,table\n")
     before = snapshot(tmp_path)
     for extra in ((), ("--overwrite",)):  # not even when asked to replace
-        out = fit_cli(store, mine, *extra, cwd=tmp_path)
+        out = fit_cli(store, mine, *extra, cwd=tmp_path, capsys=capsys)
         assert_refused(out, "is not an earlier distfact fit output", str(mine))
         assert snapshot(tmp_path) == before
-    report = cli("report", store, "--stratified", "--rank", 2, "--max-iter", 2, "--output", mine, cwd=tmp_path)
+    report = cli_here(capsys, "report", store, "--stratified", "--rank", 2, "--max-iter", 2, "--output", mine,
+                      cwd=tmp_path)
     assert_refused(report, "is not an earlier distfact report output")
     assert snapshot(tmp_path) == before
     with pytest.raises(ValueError, match="W_out .* is not an empty directory"):  # the API's W_out, before the fit
@@ -52,25 +55,25 @@ def test_fit_refuses_a_directory_holding_the_users_files(store, tmp_path):
     assert snapshot(tmp_path) == before
 
 
-def test_an_earlier_output_with_a_file_added_is_not_replaced(store, tmp_path):
-    assert fit_cli(store, tmp_path / "fit", cwd=tmp_path).returncode == 0
+def test_an_earlier_output_with_a_file_added_is_not_replaced(store, tmp_path, capsys):
+    assert fit_cli(store, tmp_path / "fit", cwd=tmp_path, capsys=capsys).returncode == 0
     (tmp_path / "fit" / "W" / "thesis.tex").write_text("mine")
     before = snapshot(tmp_path)
-    out = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path)
+    out = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path, capsys=capsys)
     assert_refused(out, "'W/thesis.tex'", "which the earlier fit output did not write")
     assert snapshot(tmp_path) == before
 
 
-def test_an_earlier_output_is_replaced_only_when_asked_and_then_completely(store, tmp_path):
-    first = fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=2)
+def test_an_earlier_output_is_replaced_only_when_asked_and_then_completely(store, tmp_path, capsys):
+    first = fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=2, capsys=capsys)
     assert first.returncode == 0, first.stderr
     manifest = json.loads((tmp_path / "fit" / "distfact-output.json").read_text())
     assert manifest["kind"] == "fit" and "metrics.json" in manifest["files"] and "components.npy" in manifest["files"]
     before = snapshot(tmp_path)
-    again = fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=3)
+    again = fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=3, capsys=capsys)
     assert_refused(again, "holds an earlier fit output", "--overwrite")
     assert snapshot(tmp_path) == before
-    replaced = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path, rank=3)
+    replaced = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path, rank=3, capsys=capsys)
     assert replaced.returncode == 0, replaced.stderr
     assert np.load(tmp_path / "fit" / "components.npy").shape == (3, 12)
     assert json.loads((tmp_path / "fit" / "metrics.json").read_text())["rank"] == 3
@@ -90,11 +93,11 @@ def test_an_output_that_is_a_file_is_refused_before_the_fit(store, tmp_path):
     assert snapshot(tmp_path) == before
 
 
-def test_a_fit_killed_while_writing_leaves_the_previous_output(tmp_path):
+def test_a_fit_killed_while_writing_leaves_the_previous_output(tmp_path, capsys):
     """Case 6: a fit killed mid-write left the old metrics.json and H beside a half-written W of the new rank."""
     X, groups = grouped_data(m=200_000, n=40, n_groups=2, seed=1)
     store = distfact.from_arrays(X, groups, tmp_path / "big.zarr").path
-    assert fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=2, iterations=1).returncode == 0
+    assert fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=2, iterations=1, capsys=capsys).returncode == 0
     before = snapshot(tmp_path / "fit")
     staging = tmp_path / ".fit.partial"
     process = subprocess.Popen([sys.executable, "-m", "distfact.cli", "fit", str(store), "--rank", "30",
@@ -113,23 +116,23 @@ def test_a_fit_killed_while_writing_leaves_the_previous_output(tmp_path):
     assert np.load(tmp_path / "fit" / "components.npy").shape == (3, 40)
 
 
-def test_a_full_disk_leaves_the_previous_output_and_nothing_else(store, tmp_path):
+def test_a_full_disk_leaves_the_previous_output_and_nothing_else(store, tmp_path, capsys):
     """Case 6 (full disk) and the unhelpful error of ingest/fit to a full disk."""
     with small_disk(tmp_path / "disk", "512k") as disk:
-        assert fit_cli(store, disk / "fit", cwd=tmp_path, rank=1).returncode == 0
+        assert fit_cli(store, disk / "fit", cwd=tmp_path, rank=1, capsys=capsys).returncode == 0
         X, groups = grouped_data(m=20_000, n=12, n_groups=3, seed=4)
         big = distfact.from_arrays(X, groups, tmp_path / "big.zarr").path  # W of rank 6: 1 MB, more than the disk
         before = snapshot(disk)
-        out = fit_cli(big, disk / "fit", "--overwrite", cwd=tmp_path, rank=6)
+        out = fit_cli(big, disk / "fit", "--overwrite", cwd=tmp_path, rank=6, capsys=capsys)
         assert_refused(out, "No space left on device")
         assert snapshot(disk) == before
         np.savez(tmp_path / "big.npz", X=X, groups=groups)
-        ingest = cli("ingest", tmp_path / "big.npz", disk / "big.zarr", cwd=tmp_path)
+        ingest = cli_here(capsys, "ingest", tmp_path / "big.npz", disk / "big.zarr", cwd=tmp_path)
         assert_refused(ingest, "No space left on device")
         assert snapshot(disk) == before
 
 
-def test_a_read_only_disk_is_a_clear_error_before_any_work(store, tmp_path):
+def test_a_read_only_disk_is_a_clear_error_before_any_work(store, tmp_path, capsys):
     with small_disk(tmp_path / "ro", "1m", read_only=True) as disk:
         before = snapshot(tmp_path / "ro")
         out = cli("-v", "fit", store, "--rank", 2, "--no-progress", "--output", disk / "fit", cwd=tmp_path)
@@ -137,17 +140,17 @@ def test_a_read_only_disk_is_a_clear_error_before_any_work(store, tmp_path):
         assert "pass 0" not in out.stderr
         X, groups = grouped_data(m=30, n=5)
         np.savez(tmp_path / "small.npz", X=X, groups=groups)
-        ingest = cli("ingest", tmp_path / "small.npz", disk / "x.zarr", cwd=tmp_path)
+        ingest = cli_here(capsys, "ingest", tmp_path / "small.npz", disk / "x.zarr", cwd=tmp_path)
         assert_refused(ingest, "Read-only file system")
         assert snapshot(tmp_path / "ro") == before
 
 
-def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path):
+def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path, capsys):
     """`fit --checkpoint-every K` keeps its checkpoints beside --output until the fit completes; --resume finds
     them; the completed output holds none."""
     X, groups = grouped_data(m=30_000, n=40, n_groups=2, seed=1)
     store = distfact.from_arrays(X, groups, tmp_path / "x.zarr").path
-    whole = fit_cli(store, tmp_path / "whole", cwd=tmp_path, iterations=300)
+    whole = fit_cli(store, tmp_path / "whole", cwd=tmp_path, iterations=300, capsys=capsys)
     assert whole.returncode == 0
     args = [sys.executable, "-m", "distfact.cli", "fit", str(store), "--rank", "2", "--max-iter", "300", "--tol", "0",
             "--no-progress", "--checkpoint-every", "20", "--output", str(tmp_path / "cut")]
@@ -179,7 +182,7 @@ max_iter = 10
 """
 
 
-def test_a_pipeline_rerun_that_fails_leaves_the_committed_run(tmp_path):
+def test_a_pipeline_rerun_that_fails_leaves_the_committed_run(tmp_path, capsys):
     """Case 11: a rerun failing at ingest (a typo in a source option) wiped the day's fits and report, while LATEST
     and the top-level metrics.json still named that date."""
     X, groups = grouped_data(m=90, n=6, n_groups=3, seed=2)
@@ -188,13 +191,13 @@ def test_a_pipeline_rerun_that_fails_leaves_the_committed_run(tmp_path):
     (tmp_path / "table.csv").write_text("\n".join(lines) + "\n")
     spec = tmp_path / "spec.toml"
     spec.write_text(RUN_SPEC.format(column="g"))
-    first = cli("run", spec, "--output", tmp_path / "runs", "--date", "2026-11-23", cwd=tmp_path)
+    first = cli_here(capsys, "run", spec, "--output", tmp_path / "runs", "--date", "2026-11-23", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     runs = tmp_path / "runs" / "table"
     assert (runs / "LATEST").read_text().strip() == "2026-11-23"
     before = snapshot(runs / "2026-11-23")
     spec.write_text(RUN_SPEC.format(column="grup"))  # the typo
-    failed = cli("run", spec, "--output", tmp_path / "runs", "--date", "2026-11-23", cwd=tmp_path)
+    failed = cli_here(capsys, "run", spec, "--output", tmp_path / "runs", "--date", "2026-11-23", cwd=tmp_path)
     assert_refused(failed, "stage 'ingest' failed", "no group column 'grup'", status=1)
     assert snapshot(runs / "2026-11-23") == before  # fits, report, metrics.json: all as they were
     assert (runs / "LATEST").read_text().strip() == "2026-11-23"
