@@ -4,8 +4,9 @@ distfact's methods are declared beside their estimators (``distfact.estimators.D
 declares its method with a :class:`~distfact.estimators.contract.MethodDeclaration` and makes it known in one
 of three ways: :func:`register` (in the process that runs it), or a module named in the environment variable
 ``DISTFACT_METHODS`` (comma-separated module names, each imported once, that call :func:`register`), or a
-``distfact.methods`` entry point of an installed package (an object that is a declaration). Nothing else in
-distfact needs to change: the command line, pipeline specs and reports read the declaration.
+``distfact.methods`` entry point of an installed package (an object that is a declaration; the installed packages'
+entry points are read once per process, at the first lookup). Nothing else in distfact needs to change: the
+command line, pipeline specs and reports read the declaration.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .estimators.contract import MethodDeclaration
 PLUGINS_VARIABLE = "DISTFACT_METHODS"
 _registered: dict[str, MethodDeclaration] = {d.name: d for d in DECLARATIONS}
 _loaded_plugins: set[str] = set()
+_read_entry_points = False
 
 
 def register(declaration: MethodDeclaration) -> MethodDeclaration:
@@ -43,10 +45,14 @@ def _load_plugins() -> None:
             except ImportError as exc:
                 raise ValueError(f"{PLUGINS_VARIABLE}: cannot import {module!r} ({exc})") from exc
             _loaded_plugins.add(module)
+    global _read_entry_points
+    if _read_entry_points:  # once: reading every installed package's metadata takes 10 ms or more, at every lookup
+        return
     for entry in entry_points(group="distfact.methods"):
         if entry.value not in _loaded_plugins:
             register(entry.load())
             _loaded_plugins.add(entry.value)
+    _read_entry_points = True
 
 
 def methods() -> dict[str, MethodDeclaration]:

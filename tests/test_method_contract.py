@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sklearn.utils._param_validation import validate_parameter_constraints
 
-from conftest import cli_in_process, grouped_data
+from conftest import cli_here, cli_in_process, grouped_data
 
 TESTS = pathlib.Path(__file__).resolve().parent
 SOURCE = TESTS.parent / "distfact"
@@ -83,14 +83,35 @@ def test_a_method_in_its_own_file_runs_through_fit_report_and_a_pipeline(store, 
     assert "pg-nmf" in (run_dir / "report" / "report.html").read_text()
 
 
-def test_an_unknown_method_or_another_methods_option_is_refused(store, tmp_path):
+def test_an_unknown_method_or_another_methods_option_is_refused(store, tmp_path, capsys):
     path, _, _ = store
     out = distfact("fit", path, "--method", "pg-nmf", "--rank", "2", "--lam", "0.5", cwd=tmp_path)
     assert out.returncode == 2 and "--lam does not apply to pg-nmf" in out.stderr
     out = distfact("fit", path, "--method", "pg-nmf", "--rank", "2", cwd=tmp_path, plugin=False)
     assert out.returncode == 2 and "invalid choice: 'pg-nmf'" in out.stderr
-    out = distfact("fit", path, "--method", "nmf", "--rank", "2", "--solver", "am", cwd=tmp_path)
+    out = cli_here(capsys, "fit", path, "--method", "nmf", "--rank", "2", "--solver", "am", cwd=tmp_path)
     assert out.returncode == 2 and "The 'solver' parameter of NMF must be a str among" in out.stderr
+
+
+def test_a_method_of_an_installed_package_is_found_through_its_entry_point_read_once(tmp_path):
+    """The third way (registry.py): a ``distfact.methods`` entry point of an installed package (here a dist-info
+    directory on the path), in a fresh process; the installed packages' entry points are read at the first lookup
+    only (each read takes 10 ms or more)."""
+    info = tmp_path / "site" / "pgnmf_plugin-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pgnmf-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[distfact.methods]\npg-nmf = plugin_pgnmf:DECLARATION\n")
+    probe = ("import distfact.registry as registry\n"
+             "reads = []\n"
+             "read = registry.entry_points\n"
+             "registry.entry_points = lambda **kwargs: reads.append(kwargs) or read(**kwargs)\n"
+             "names = [registry.get_method('pg-nmf').name, *registry.methods(), registry.get_method('nmf').name]\n"
+             "print(names.count('pg-nmf'), reads)")
+    env = {key: value for key, value in os.environ.items() if key != "DISTFACT_METHODS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(TESTS)])
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(maxsplit=1) == ["2", "[{'group': 'distfact.methods'}]\n"]
 
 
 def _builtin_methods():
