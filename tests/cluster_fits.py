@@ -1,4 +1,4 @@
-"""One small fit per method for the cluster tests (also imported by their driver subprocesses)."""
+"""One small fit per method for the cluster tests, and the driver they kill (in a child of the tests' forkserver)."""
 
 import numpy as np
 
@@ -35,3 +35,13 @@ def fit_inputs(method: str, store) -> dict:
     labels = np.empty(store.shape[0], dtype=object)
     labels[store.row_index()] = np.repeat(store.group_names, store.group_sizes)
     return {"y": labels}
+
+
+def fit_on_the_cluster(method: str, params: dict, store_path: str, scheduler_file: str) -> None:
+    """The driver of a fit that test_cluster_faults.py kills: ``estimator(method, **params)`` fitted on the store at
+    ``store_path`` on the cluster of ``scheduler_file``."""
+    from distributed import Client
+
+    store = distfact.open(store_path)
+    with Client(scheduler_file=scheduler_file) as client:
+        estimator(method, **params).fit(store, client=client, **fit_inputs(method, store))

@@ -12,7 +12,8 @@ import scipy.sparse as sp
 # the files that keep a test process busiest (worker seconds of a suite run on the standard machine, issue 19),
 # longest first: with -n 2 --dist loadfile --no-loadscope-reorder they start first, so that neither process is
 # left alone on one of them at the end (xdist's default order, most tests first, started test_nightly.py late)
-LONGEST_FILES = ("test_nightly.py", "test_warmup.py", "test_sweep.py", "test_fairer_nmf.py", "test_select_rank.py")
+LONGEST_FILES = ("test_cluster_faults.py", "test_select_rank.py", "test_warmup.py", "test_connections.py",
+                 "test_stores.py", "test_nightly.py")
 
 
 def _blas_libraries():
@@ -115,6 +116,7 @@ def local_cluster_client():
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "cluster")
+TESTS = os.path.join(ROOT, "tests")
 
 
 def startup_seconds() -> float:
@@ -146,6 +148,41 @@ def cli_here(capsys, *args, cwd=".") -> subprocess.CompletedProcess:
     with contextlib.chdir(cwd):
         code, out, err = cli_in_process(capsys, *args)
     return subprocess.CompletedProcess(["distfact", *map(str, args)], code, out, err)
+
+
+# The modules a forkserver child starts with: the children the tests kill mid-work (killable_append.py's appends,
+# cluster_fits.py's drivers, ``distfact_in_child``'s commands) start in milliseconds instead of a new interpreter's 2 s of imports. The forkserver (one
+# per test process, started at its first child) imports them (they start no thread, so forking it is safe).
+FORKSERVER_PRELOAD = ("killable_append", "cluster_fits", "distfact.cli")
+
+
+def forkserver_child(target, *args):
+    """A real child process running ``target(*args)`` (a module-level function of a ``FORKSERVER_PRELOAD`` module),
+    forked from this test process's forkserver."""
+    import multiprocessing.forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    # Python 3.11's forkserver ignores the sys.path it is given and skips a preload it cannot import without a word:
+    # it finds the tests' modules through PYTHONPATH, set while it starts
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([TESTS, os.path.join(TESTS, "faults"), *filter(None, [path])])
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.pop("PYTHONPATH") if path is None else os.environ.update(PYTHONPATH=path)
+    process = context.Process(target=target, args=args)
+    process.start()
+    return process
+
+
+def distfact_in_child(cwd, *args) -> None:
+    """``distfact ARGS`` in ``cwd``, as a :func:`forkserver_child`'s work (its output where the forkserver's goes):
+    the child's exit status is the command's."""
+    from distfact.cli import main
+
+    os.chdir(cwd)
+    sys.exit(main([str(arg) for arg in args]))
 
 
 def alive(pid: int) -> bool:

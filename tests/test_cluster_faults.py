@@ -20,10 +20,8 @@ from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import distfact
-from cluster_fits import ITERATIVE, METHODS, estimator, fit_inputs, method_store
-from conftest import grouped_data, start_cli_cluster, stop_cli_cluster
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
+from cluster_fits import ITERATIVE, METHODS, estimator, fit_inputs, fit_on_the_cluster, method_store
+from conftest import cli_here, forkserver_child, grouped_data, start_cli_cluster, stop_cli_cluster
 
 
 class KillWorkerOnce(WorkerPlugin):
@@ -148,18 +146,6 @@ def test_a_rerun_waits_for_the_workers_the_fit_had(cli_cluster, tmp_path, monkey
     assert np.array_equal(model.components_, undisturbed.components_)
 
 
-DRIVER = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {tests!r})
-    import distfact
-    from distributed import Client
-    from cluster_fits import estimator, fit_inputs
-    store = distfact.open({store!r})
-    with Client(scheduler_file={scheduler!r}) as client:
-        estimator({method!r}, **{params!r}).fit(store, client=client, **fit_inputs({method!r}, store))
-""")
-
-
 def committed_checkpoints(directory) -> list[str]:
     """Checkpoints renamed into place (iter-NNNNNN/), not one killed between its COMMITTED and its rename
     (iter-NNNNNN.partial-<hex>/, which the engine does not count either)."""
@@ -174,14 +160,13 @@ def test_a_driver_killed_mid_fit_resumes_to_the_same_factors(cli_cluster, tmp_pa
     if method == "nmf":
         params["solver"] = "mu"  # (HALS: the loop is fast enough to finish before the kill lands)
     here = estimator(method, **{**params, "checkpoint_dir": None}).fit(store, **fit_inputs(method, store))
-    script = DRIVER.format(tests=TESTS, store=str(store.path), scheduler=str(cli_cluster), method=method, params=params)
-    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    driver = forkserver_child(fit_on_the_cluster, method, params, str(store.path), str(cli_cluster))
     deadline = time.time() + 120
-    while len(committed_checkpoints(tmp_path / "run")) < 2 and driver.poll() is None and time.time() < deadline:
+    while len(committed_checkpoints(tmp_path / "run")) < 2 and driver.is_alive() and time.time() < deadline:
         time.sleep(0.02)
     driver.kill()
-    _, stderr = driver.communicate(timeout=30)
-    assert driver.returncode == -signal.SIGKILL, stderr.decode()  # killed, not finished
+    driver.join(30)
+    assert driver.exitcode == -signal.SIGKILL  # killed, not finished (its traceback, if it failed, is on stderr)
     newest = committed_checkpoints(tmp_path / "run")[-1]
     assert int(os.path.basename(os.path.dirname(newest))[5:]) < params["max_iter"]  # mid-fit
     with Client(scheduler_file=str(cli_cluster)) as client:
@@ -210,16 +195,15 @@ PRELOAD = textwrap.dedent("""
 """)
 
 
-def test_workers_without_distfact_or_at_another_version_are_named_within_seconds(tmp_path):
+def test_workers_without_distfact_or_at_another_version_are_named_within_seconds(tmp_path, capsys):
     (tmp_path / "preload.py").write_text(PRELOAD)
     directory = tmp_path / "cluster"
     pids = start_cli_cluster(directory, options=["--preload", str(tmp_path / "preload.py")])
     try:
         store = method_store("nmf", tmp_path / "x.zarr")
         started = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2",
-                              "--scheduler", str(directory / "scheduler.json"), "--no-progress"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        out = cli_here(capsys, "fit", store.path, "--rank", 2, "--scheduler", directory / "scheduler.json",
+                       "--no-progress", cwd=tmp_path)
         assert out.returncode == 2, out.stderr
         assert time.perf_counter() - started < 30
         assert "worker-1 (tcp://127.0.0.1:" in out.stderr and "No module named 'distfact'" in out.stderr
@@ -254,7 +238,7 @@ def tls_cluster(tmp_path_factory):
     stop_cli_cluster(root / "cluster", pids)
 
 
-def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_cluster, tmp_path):
+def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_cluster, tmp_path, capsys):
     from distfact.engine.cluster import client_for, connect
     from distfact.engine.tls import make_certificates
 
@@ -264,9 +248,8 @@ def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_c
     address = json.load(open(scheduler))["address"]
     assert address.startswith("tls://127.0.0.1:")
     store = method_store("nmf", tmp_path / "x.zarr")
-    ok = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2", "--scheduler",
-                         scheduler, "--tls-dir", str(tls_cluster / "certs"), "--no-progress", "--max-iter", "5",
-                         "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    ok = cli_here(capsys, "fit", store.path, "--rank", 2, "--scheduler", scheduler, "--tls-dir", tls_cluster / "certs",
+                  "--no-progress", "--max-iter", 5, "--output", tmp_path / "out", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     here = distfact.NMF(2, max_iter=5, random_state=0).fit(store)
     assert np.array_equal(np.load(tmp_path / "out" / "components.npy"), here.components_)
@@ -281,8 +264,7 @@ def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_c
                 tls.sendall(b"\0" * 8)
                 assert tls.recv(1) != b""  # TLS 1.3: the refusal arrives on the first read
     # certificates of another authority: refused, and said so within the connect timeout
-    subprocess.run([sys.executable, "-m", "distfact.cli", "make-certs", str(tmp_path / "other")], check=True,
-                   capture_output=True, timeout=60)
+    assert cli_here(capsys, "make-certs", tmp_path / "other", cwd=tmp_path).returncode == 0
     with pytest.raises(ValueError, match="same authority"):
         connect(scheduler, tls_dir=tmp_path / "other")
     # certificates for a plain-TCP scheduler, or without any scheduler: said so
@@ -295,6 +277,5 @@ def test_tls_cluster_fits_with_the_certificate_and_refuses_clients_without(tls_c
     with pytest.raises(OSError):
         Client(f"tcp://{host}:{port}", timeout="5s")
     # the CLI without --tls-dir: told that the scheduler speaks TLS
-    out = subprocess.run([sys.executable, "-m", "distfact.cli", "fit", str(store.path), "--rank", "2", "--scheduler",
-                          scheduler, "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = cli_here(capsys, "fit", store.path, "--rank", 2, "--scheduler", scheduler, "--no-progress", cwd=tmp_path)
     assert out.returncode == 2 and "speaks TLS" in out.stderr

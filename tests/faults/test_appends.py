@@ -1,4 +1,4 @@
-"""Appends killed at random points (issue 21): a real ``GroupedMatrix.append`` in a subprocess, SIGKILLed after a
+"""Appends killed at random points (issue 21): a real ``GroupedMatrix.append`` in a child process, SIGKILLed after a
 random delay; the store must then open, verify (every block read against its CRC32C, the metadata against its
 checksum) and be bitwise its previous version: every file the previous version's metadata references, and the
 metadata. A kill that lands after the commit must leave the complete next version instead (and the previous
@@ -7,11 +7,10 @@ version's files untouched all the same). After the kills, an append completes an
 (Named test_appends.py: tests/test_append.py holds the appends' other tests, and test files must have distinct
 names.)"""
 
+import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,31 +18,27 @@ import pytest
 import scipy.sparse as sp
 
 import distfact
+import killable_append
 from test_append import referenced_files
 
-APPEND = """
-import sys, numpy as np, scipy.sparse as sp
-from distfact.store.append import append_arrays
-X, groups = sp.load_npz(sys.argv[2]), np.load(sys.argv[3])
-print("ready", flush=True)
-def paced(done, total):  # each block written: said, then (paced by the test) waited for the go-ahead
-    print(done, flush=True)
-    sys.stdin.readline()
-append_arrays(sys.argv[1], X, groups, block_rows=int(sys.argv[4]), progress=paced)
-print("done", flush=True)
-"""
 BLOCK_ROWS = 20
-N_BLOCKS = 60  # appended
+N_BLOCKS = 30  # appended: kills land anywhere among them, and in the commit
 
 
 def start_append(store, tmp_path, paced: bool = False):
-    """The append in a subprocess; ``paced``: it waits after each block for a line on its stdin (so that a kill
-    lands where the test chose, however loaded the machine), else it runs through (stdin empty)."""
-    process = subprocess.Popen([sys.executable, "-c", APPEND, str(store), str(tmp_path / "X.npz"),
-                                str(tmp_path / "groups.npy"), str(BLOCK_ROWS)], stdout=subprocess.PIPE, text=True,
-                               stdin=subprocess.PIPE if paced else subprocess.DEVNULL)
-    assert process.stdout.readline().strip() == "ready"  # distfact imported, the store opened: the append starts
-    return process
+    """The append in a child process (a forkserver's: tests/faults/killable_append.py); ``paced``: it waits after
+    each block for a go-ahead (so that a kill lands where the test chose, however loaded the machine), else it runs
+    through. Returns the process and the test's end of its connection, once it has read its rows."""
+    return killable_append.start(store, tmp_path / "X.npz", tmp_path / "groups.npy", BLOCK_ROWS, paced)
+
+
+def said_to_the_end(connection) -> list:
+    """Everything the child said until it closed its end (its exit)."""
+    said = []
+    with contextlib.suppress(EOFError):
+        while True:
+            said.append(connection.recv())
+    return said
 
 
 def read_everything(store) -> None:
@@ -54,7 +49,7 @@ def read_everything(store) -> None:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    """The store before the append (a copy kept pristine), the rows to append (60 blocks of 20 rows), and the store
+    """The store before the append (a copy kept pristine), the rows to append (30 blocks of 20 rows), and the store
     after an uninterrupted append."""
     tmp_path = tmp_path_factory.mktemp("appends")
     rng = np.random.default_rng(0)
@@ -63,9 +58,10 @@ def stores(tmp_path_factory):
     sp.save_npz(tmp_path / "X.npz", sp.random(N_BLOCKS * BLOCK_ROWS, 60, density=0.2, random_state=rng, format="csr"))
     np.save(tmp_path / "groups.npy", np.repeat(["a", "b", "c"], N_BLOCKS * BLOCK_ROWS // 3))
     shutil.copytree(tmp_path / "pristine", tmp_path / "reference")
-    process = start_append(tmp_path / "reference", tmp_path)
-    lines = process.stdout.read().split()
-    assert process.wait() == 0 and len(lines) == N_BLOCKS + 1 and lines[-1] == "done"
+    process, connection = start_append(tmp_path / "reference", tmp_path)
+    said = said_to_the_end(connection)
+    process.join()
+    assert process.exitcode == 0 and len(said) == N_BLOCKS + 1 and said[-1] == "done"
     return tmp_path, distfact.open(tmp_path / "reference")
 
 
@@ -82,16 +78,16 @@ def test_an_append_killed_at_a_random_point_leaves_the_previous_version(stores, 
     rng = np.random.default_rng(seed)
     outcomes = []
     for _ in range(3):  # kills on the same store: what a killed append leaves must not trouble the next
-        process = start_append(store, source, paced=True)
+        process, connection = start_append(store, source, paced=True)
         # after a random number of blocks written (each one a line, each let go on), and a random part of the next
         # block's time: anywhere in the staging or, after the last block (2 kills in 5), in the commit
         for _ in range(N_BLOCKS if rng.random() < 0.4 else rng.integers(0, N_BLOCKS)):
-            process.stdout.readline()
-            process.stdin.write("\n")
-            process.stdin.flush()
+            connection.recv()
+            connection.send("go on")
         time.sleep(rng.uniform(0, 0.1))
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        process.kill()  # SIGKILL
+        process.join()
+        assert process.exitcode == -signal.SIGKILL
         opened = distfact.open(store)  # the metadata checked, its checksum too
         read_everything(opened)
         assert referenced_files(before) == previous  # every file the previous version references, bitwise
@@ -105,8 +101,10 @@ def test_an_append_killed_at_a_random_point_leaves_the_previous_version(stores, 
             shutil.copytree(source / "pristine", store)
     assert "previous" in outcomes, "no kill landed before the commit"
     outcomes_seen.extend(outcomes)
-    process = start_append(store, source)  # an append after the kills completes, as if none had been
-    assert process.wait() == 0
+    process, connection = start_append(store, source)  # an append after the kills completes, as if none had been
+    assert said_to_the_end(connection)[-1] == "done"
+    process.join()
+    assert process.exitcode == 0
     appended = distfact.open(store)
     read_everything(appended)
     assert appended.meta == reference.meta

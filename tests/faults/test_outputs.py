@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import distfact
-from conftest import cli_here, grouped_data
+from conftest import cli_here, distfact_in_child, forkserver_child, grouped_data
 from damage import assert_refused, cli, small_disk, snapshot
 
 # a complete checkpoint: its staging directory iter-NNNNNN.partial-<hex>/ holds COMMITTED before the rename
@@ -100,15 +100,14 @@ def test_a_fit_killed_while_writing_leaves_the_previous_output(tmp_path, capsys)
     assert fit_cli(store, tmp_path / "fit", cwd=tmp_path, rank=2, iterations=1, capsys=capsys).returncode == 0
     before = snapshot(tmp_path / "fit")
     staging = tmp_path / ".fit.partial"
-    process = subprocess.Popen([sys.executable, "-m", "distfact.cli", "fit", str(store), "--rank", "30",
-                                "--max-iter", "1", "--no-progress", "--overwrite", "--output", str(tmp_path / "fit")],
-                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = forkserver_child(distfact_in_child, tmp_path, "fit", store, "--rank", 30, "--max-iter", 1,
+                               "--no-progress", "--overwrite", "--output", tmp_path / "fit")
     deadline = time.time() + 300
-    while not list(staging.glob("W.partial-*/*")) and process.poll() is None and time.time() < deadline:
+    while not list(staging.glob("W.partial-*/*")) and process.is_alive() and time.time() < deadline:
         time.sleep(0.001)
-    process.send_signal(signal.SIGKILL)  # while W (48 MB) is being written, aside
-    process.wait()
-    assert process.returncode == -signal.SIGKILL and list(staging.glob("W.partial-*"))
+    process.kill()  # SIGKILL, while W (48 MB) is being written, aside
+    process.join()
+    assert process.exitcode == -signal.SIGKILL and list(staging.glob("W.partial-*"))
     assert not (staging / "distfact-output.json").exists()
     assert snapshot(tmp_path / "fit") == before  # the rank-2 output, whole
     rerun = fit_cli(store, tmp_path / "fit", "--overwrite", cwd=tmp_path, rank=3, iterations=1)
@@ -152,18 +151,18 @@ def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path, 
     store = distfact.from_arrays(X, groups, tmp_path / "x.zarr").path
     whole = fit_cli(store, tmp_path / "whole", cwd=tmp_path, iterations=300, capsys=capsys)
     assert whole.returncode == 0
-    args = [sys.executable, "-m", "distfact.cli", "fit", str(store), "--rank", "2", "--max-iter", "300", "--tol", "0",
-            "--no-progress", "--checkpoint-every", "20", "--output", str(tmp_path / "cut")]
-    process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["fit", str(store), "--rank", "2", "--max-iter", "300", "--tol", "0", "--no-progress", "--checkpoint-every",
+            "20", "--output", str(tmp_path / "cut")]
+    process = forkserver_child(distfact_in_child, tmp_path, *args)
     checkpoints = tmp_path / ".cut.partial" / "checkpoints"
     deadline = time.time() + 300
-    while not list(checkpoints.glob(COMMITTED_CHECKPOINT)) and process.poll() is None and time.time() < deadline:
+    while not list(checkpoints.glob(COMMITTED_CHECKPOINT)) and process.is_alive() and time.time() < deadline:
         time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert process.returncode == -signal.SIGKILL, "the kill must land mid-fit"
+    process.kill()  # SIGKILL
+    process.join()
+    assert process.exitcode == -signal.SIGKILL, "the kill must land mid-fit"
     assert not (tmp_path / "cut").exists() and list(checkpoints.glob(COMMITTED_CHECKPOINT))
-    resumed = subprocess.run([sys.executable, "-m", "distfact.cli", "-v", *args[3:], "--resume"], cwd=tmp_path,
+    resumed = subprocess.run([sys.executable, "-m", "distfact.cli", "-v", *args, "--resume"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr  # not started afresh
     assert np.array_equal(np.load(tmp_path / "cut" / "components.npy"), np.load(tmp_path / "whole" / "components.npy"))
