@@ -87,7 +87,9 @@ def test_column_blocks_equal_the_csc_of_the_stored_order(on_disk, layout, dtype,
     assert not store.has_column_blocks and store.info()["n_column_blocks"] == 0
     with pytest.raises(ValueError, match="has no column blocks"):
         store.column_reader()
-    with_columns = store.with_column_blocks(block_bytes=900)
+    # 6 column blocks of either dtype (float64 at 900 bytes: 9, each of the 11 row blocks staged as a piece of each
+    # on disk, a third more to write)
+    with_columns = store.with_column_blocks(block_bytes=900 if dtype == np.float32 else 1500)
     assert with_columns.layout == layout and with_columns.in_memory == (not on_disk)
     assert with_columns.n_blocks >= 10 and len(with_columns.column_blocks) >= 6
     check_column_blocks(with_columns, X)
@@ -156,10 +158,17 @@ def test_column_ranges_tile_the_columns(nnz, n_blocks):
     assert all(a < b for a, b in ranges) and all(b == a2 for (_, b), (a2, _) in zip(ranges, ranges[1:]))
 
 
-def test_reopening_keeps_them_and_a_second_call_does_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def four_column_blocks(tmp_path_factory):
+    """``sample()`` stored dense in blocks of 10 rows, given 4 column blocks (built once for the module: 0.7 s;
+    the tests that damage it damage copies): X, groups, the store's path and the store."""
     X, groups = sample()
-    path = tmp_path / "x.zarr"
-    store = distfact.from_arrays(X, groups, path, block_rows=10).with_column_blocks(n_blocks=4)
+    path = tmp_path_factory.mktemp("columns") / "x.zarr"
+    return X, groups, path, distfact.from_arrays(X, groups, path, block_rows=10).with_column_blocks(n_blocks=4)
+
+
+def test_reopening_keeps_them_and_a_second_call_does_nothing(four_column_blocks):
+    X, groups, path, store = four_column_blocks
     stamp = os.stat(path / "zarr.json").st_mtime_ns
     again = distfact.open(path)
     assert again.column_blocks == store.column_blocks and again.has_column_blocks
@@ -271,10 +280,8 @@ def test_a_store_replaced_during_the_build_is_not_given_column_blocks(tmp_path, 
     check_unchanged(path, replaced[0], 2 * X)
 
 
-def test_missing_or_inconsistent_column_blocks_are_refused_on_open(tmp_path):
-    X, groups = sample()
-    path = tmp_path / "x.zarr"
-    distfact.from_arrays(X, groups, path, block_rows=10).with_column_blocks(n_blocks=4)
+def test_missing_or_inconsistent_column_blocks_are_refused_on_open(four_column_blocks, tmp_path):
+    path = four_column_blocks[2]  # (copied before each change)
 
     missing = tmp_path / "missing.zarr"
     shutil.copytree(path, missing)
@@ -304,10 +311,10 @@ def test_missing_or_inconsistent_column_blocks_are_refused_on_open(tmp_path):
         distfact.open(unlisted)
 
 
-def test_a_corrupt_column_chunk_is_named(tmp_path):
-    X, groups = sample()
+def test_a_corrupt_column_chunk_is_named(four_column_blocks, tmp_path):
     path = tmp_path / "x.zarr"
-    store = distfact.from_arrays(X, groups, path, block_rows=10).with_column_blocks(n_blocks=3)
+    shutil.copytree(four_column_blocks[2], path)
+    store = distfact.open(path)
     chunk = next(p for p in (path / "columns" / "000001" / "data").rglob("*") if p.is_file() and p.name != "zarr.json")
     chunk.write_bytes(os.urandom(64))
     with pytest.raises(ValueError, match=r"is corrupt: column block 1 \(key '000001'\), "

@@ -166,17 +166,34 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path, monkeypatch, capsys)
     assert json.loads((run_dir / "fit" / "nmf-r8" / "fit.json").read_text())["n_iter"] == 150
 
 
-def test_resume_redoes_fits_whose_spec_changed(tmp_path):
-    """A leftover fit.partial with finished fits of another spec is discarded, not reused."""
-    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
-    first = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
-    run_dir = first["run_dir"]
+#: SMALL with one NMF rank: the pipeline of the resume, fsspec and scheduler tests
+SMALL_R3 = SMALL.replace("ranks = [3, 5]", "ranks = [3]")
+
+
+@pytest.fixture(scope="module")
+def small_r3_run(tmp_path_factory):
+    """A complete run of SMALL_R3 in this process (``run_pipeline``) under a root of its own, made once for the
+    module: returns the root. Tests read it, or copy the root to change their copy."""
+    tmp_path = tmp_path_factory.mktemp("small-r3")
+    spec = write_spec(tmp_path, SMALL_R3)
+    result = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, stream=open(os.devnull, "w"))
+    assert result["ran"] == ["ingest", "fit", "evaluate", "report", "publish"]
+    return tmp_path / "runs"
+
+
+def test_resume_redoes_fits_whose_spec_changed(tmp_path, small_r3_run):
+    """A leftover fit.partial with finished fits of another spec is discarded, not reused. (The first run of the
+    spec: ``small_r3_run``'s, copied.)"""
+    spec = write_spec(tmp_path, SMALL_R3)
+    shutil.copytree(small_r3_run, tmp_path / "runs")
+    run_dir = str(tmp_path / "runs" / "small" / DATE)
+    assert os.path.isdir(run_dir)
     build = os.path.join(os.path.dirname(run_dir), f".{DATE}.partial")  # as if a rerun was killed after its fits
     shutil.copytree(run_dir, build)
     os.rename(os.path.join(build, "fit"), os.path.join(build, "fit.partial"))
     os.remove(os.path.join(build, "fit.partial", "COMMITTED"))
     open(os.path.join(build, "distfact-partial.json"), "w").write("{}")
-    spec.write_text(SMALL.replace("ranks = [3, 5]", "ranks = [3]").replace("max_iter = 20", "max_iter = 7"))
+    spec.write_text(SMALL_R3.replace("max_iter = 20", "max_iter = 7"))
     log = tmp_path / "log.txt"
     with open(log, "w") as stream:
         second = run_pipeline(spec, root=str(tmp_path / "runs"), date=DATE, resume=True, stream=stream)
@@ -266,7 +283,7 @@ def test_publish_to_an_fsspec_url(tmp_path, monkeypatch):
     import fsspec
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the local work directory of a remote root: ~/.cache/distfact
-    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
+    spec = write_spec(tmp_path, SMALL_R3)
     result = run_pipeline(spec, root="memory://published", date=DATE, stream=open(os.devnull, "w"))
     assert result["ran"][-1] == "publish" and str(tmp_path) in result["run_dir"]
     fs = fsspec.filesystem("memory")
@@ -276,9 +293,10 @@ def test_publish_to_an_fsspec_url(tmp_path, monkeypatch):
 
 
 @pytest.mark.cluster
-def test_on_a_dask_scheduler(tmp_path, local_cluster_client):
-    spec = write_spec(tmp_path, SMALL.replace("ranks = [3, 5]", "ranks = [3]"))
-    here = run_pipeline(spec, root=str(tmp_path / "here"), date=DATE, stream=open(os.devnull, "w"))
+def test_on_a_dask_scheduler(tmp_path, local_cluster_client, small_r3_run):
+    """The fits of a run on a scheduler are those of the same spec run here (``small_r3_run``)."""
+    spec = write_spec(tmp_path, SMALL_R3)
+    here = {"run_dir": str(small_r3_run / "small" / DATE)}
     there = run_pipeline(spec, root=str(tmp_path / "there"), date=DATE, stream=open(os.devnull, "w"),
                          scheduler=local_cluster_client.scheduler.address)
     marker = json.loads(open(os.path.join(there["run_dir"], "fit", "COMMITTED")).read())

@@ -1,5 +1,6 @@
 """Progress of long commands (issue 19): a bar on a terminal, periodic lines elsewhere, with rates and an ETA; the
-outputs are those of a run without it. The commands run as real processes, on a pseudo-terminal and on a pipe."""
+outputs are those of a run without it. The commands run on a pseudo-terminal as real processes, and in this process
+with stderr captured (not a terminal, as a pipe)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import logging
 import os
 import pty
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from conftest import cli_here
 from distfact.engine.progress import Progress
 from distfact.store import from_arrays
 
@@ -21,11 +22,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
 
 
-def cli(*args, cwd):
-    """Run ``distfact ARGS`` with stderr to a pipe: (exit status, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "distfact.cli", *map(str, args)], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=300)
-    return done.returncode, done.stderr
+@pytest.fixture
+def cli(capsys):
+    """``cli(*args, cwd=...)``: ``distfact ARGS`` in this process with stderr captured: (exit status, stderr)."""
+    def run(*args, cwd):
+        done = cli_here(capsys, *args, cwd=cwd)
+        return done.returncode, done.stderr
+    return run
 
 
 def cli_on_terminal(*args, cwd):
@@ -59,7 +62,7 @@ def store(tmp_path_factory):
 FIT = ("--rank", 3, "--max-iter", 300, "--tol", 0, "--seed", 1)
 
 
-def test_fit_shows_lines_off_a_terminal_and_a_bar_on_one_with_the_same_outputs(store, tmp_path):
+def test_fit_shows_lines_off_a_terminal_and_a_bar_on_one_with_the_same_outputs(store, tmp_path, cli):
     status, err = cli("fit", store, *FIT, "-o", tmp_path / "pipe", cwd=tmp_path)
     assert status == 0, err
     lines = [line for line in err.splitlines() if line.startswith("iteration ")]
@@ -85,7 +88,7 @@ def test_fit_shows_lines_off_a_terminal_and_a_bar_on_one_with_the_same_outputs(s
         assert (tmp_path / "tty" / name).read_bytes() == reference
 
 
-def test_ingest_of_a_table_counts_the_bytes_read(tmp_path):
+def test_ingest_of_a_table_counts_the_bytes_read(tmp_path, cli):
     rng = np.random.default_rng(2)
     rows = 40_000
     table = tmp_path / "table.csv"

@@ -19,7 +19,7 @@ from distfact.kernels.masked import COMPLEMENT, KEPT_VALUES, OBSERVED
 from distfact.methods.ssnmf import SSNMFMethod
 from distfact.store.coerce import as_grouped
 from test_store_masks import BLOCK_ROWS, weights, with_holes
-from test_store_masks_groups import stored_and_given
+from test_store_masks_groups import stored_and_given_once_each
 
 MODELS = ["F", "D", "FF", "FD", "DF", "DD"]
 
@@ -98,16 +98,35 @@ def few_weights_not_one(shape, seed):
     return np.where(u < 0.08, 0.0, np.where(u < 0.16, 0.5, 1.0))
 
 
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """The masked stores of test_store_masks_groups.py, each written once for the module."""
+    return stored_and_given_once_each(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def few_weights_stores(tmp_path_factory):
+    """Per layout, X, its groups and labels, weights 0 and 0.5 at few entries, and the store of X with that mask
+    (written once for the module: 0.3-0.6 s a store; the fits only read it)."""
+    out = {}
+    for layout in ("dense", "csr"):
+        X, groups, _, y = problem(layout, seed=9)
+        X = sp.csr_matrix(np.nan_to_num(X.toarray())) if layout == "csr" else np.nan_to_num(X)
+        M = few_weights_not_one(X.shape, seed=9)
+        stored = distfact.from_arrays(X, groups, tmp_path_factory.mktemp(layout) / "x.zarr", block_rows=BLOCK_ROWS,
+                                      mask=M)
+        assert {b.mask.form for b in stored.blocks} == {"complement"}
+        out[layout] = X, groups, y, M, stored.path
+    return out
+
+
 @pytest.mark.parametrize("layout", ["dense", "csr"])
 @pytest.mark.parametrize("model", MODELS)
-def test_a_stored_mask_of_weights_0_and_one_half_fits_as_the_array(tmp_path, model, layout):
+def test_a_stored_mask_of_weights_0_and_one_half_fits_as_the_array(few_weights_stores, model, layout):
     """A store's mask of weights 0 and 0.5 at few entries (its blocks in the complement form, 1 - weight written
     at ingest) fits as the same weights given as an array (1 - weight formed at fit)."""
-    X, groups, _, y = problem(layout, seed=9)
-    X = sp.csr_matrix(np.nan_to_num(X.toarray())) if layout == "csr" else np.nan_to_num(X)
-    M = few_weights_not_one(X.shape, seed=9)
-    stored = distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=BLOCK_ROWS, mask=M)
-    assert {b.mask.form for b in stored.blocks} == {"complement"}
+    X, groups, y, M, path = few_weights_stores[layout]
+    stored = distfact.open(path)  # opened afresh, as from_arrays returns it
     est = estimator(model)
     ours = est, est.fit_transform(stored, y=y if len(model) == 2 else None)
     assert_close(ours, fitted(model, X, groups, y, mask=M))
@@ -220,7 +239,9 @@ def test_a_nan_mask_on_a_sparse_x_allocates_nothing_of_x_shape():
     """A sparse 10,000 x 10,000 X (an m x n float64 array: 800 MB) with 20,000 stored entries, 5 of them NaN:
     fitting it with mask="nan" allocates (tracemalloc's peak) far less than the m x n array."""
     m = n = 10_000
-    X = sp.random(m, n, density=2e-4, random_state=11, format="csr")
+    # drawn with a Generator: with a seed (numpy's legacy RandomState), scipy draws the 20,000 positions by
+    # permuting all m * n = 10^8 of them (7 s, and 800 MB)
+    X = sp.random(m, n, density=2e-4, random_state=np.random.default_rng(11), format="csr")
     X.data[np.random.default_rng(11).choice(X.nnz, 5, replace=False)] = np.nan
     for model, y in (("F", None), ("DF", np.arange(m) % 3)):
         est = SSNMF(3, model=model if y is not None else "FF", max_iter=2, tol=0, random_state=0)
@@ -323,10 +344,10 @@ def test_bad_masks_are_refused_naming_what_to_do(tmp_path, mask, X_kind, message
 @pytest.mark.parametrize("kind", ["nan", "weights"])
 @pytest.mark.parametrize("layout", ["dense", "csr"])
 @pytest.mark.parametrize("model", ["D", "FF", "DF"])
-def test_a_stored_mask_fits_as_the_in_memory_mask(tmp_path, model, layout, kind):
+def test_a_stored_mask_fits_as_the_in_memory_mask(stores, model, layout, kind):
     """Bitwise for "nan" (the same complement blocks); weights: the store's blocks and the array's take the same
     forms (whichever stores fewer entries, blocks of both forms adding up), compared to 1e-10."""
-    stored, X, groups, mask = stored_and_given(tmp_path, layout, kind)
+    stored, X, groups, mask = stores(layout, kind)
     y = np.random.default_rng(0).integers(0, 3, X.shape[0])
     theirs = fitted(model, X, groups, y, mask=mask)
     for data in (stored, str(stored.path)):  # the store, and the store opened from its path
@@ -335,8 +356,8 @@ def test_a_stored_mask_fits_as_the_in_memory_mask(tmp_path, model, layout, kind)
         (assert_same if kind == "nan" else assert_close)(ours, theirs)
 
 
-def test_a_stored_mask_on_a_local_cluster_and_in_transform(tmp_path, local_cluster_client):
-    stored, X, groups, _ = stored_and_given(tmp_path, "csr", "nan", seed=2)
+def test_a_stored_mask_on_a_local_cluster_and_in_transform(stores, local_cluster_client):
+    stored, X, groups, _ = stores("csr", "nan", seed=2)
     est = estimator("D")
     ours = est, est.fit_transform(stored, client=local_cluster_client)
     assert est.scheduler_["mode"] == "distributed"
@@ -345,14 +366,15 @@ def test_a_stored_mask_on_a_local_cluster_and_in_transform(tmp_path, local_clust
     np.testing.assert_array_equal(est.transform(stored, client=local_cluster_client), est.transform(stored))
 
 
-def test_fit_many_and_checkpoints_read_the_stored_mask(tmp_path):
-    stored, *_ = stored_and_given(tmp_path, "csr", "weights", seed=7)
+def test_fit_many_and_checkpoints_read_the_stored_mask(stores, tmp_path):
+    stored, *_ = stores("csr", "weights", seed=7)
     for rank, model in zip([2, 3], distfact.fit_many(estimator("D"), stored, ranks=[2, 3])):
         alone = estimator("D").set_params(n_components=rank).fit(stored)
         np.testing.assert_array_equal(model.components_, alone.components_)
         np.testing.assert_array_equal(model.objective_history_, alone.objective_history_)
     whole = estimator("D").fit(stored)
-    params = dict(checkpoint_dir=tmp_path / "run", checkpoint_every=2)
+    # a checkpoint at iteration 4 only (a save writes every block's local factors: tenths of a second)
+    params = dict(checkpoint_dir=tmp_path / "run", checkpoint_every=4)
     SSNMF(3, model="DF", lam=0.5, max_iter=4, tol=0, random_state=1, **params).fit(stored)
     iterations = []
     resumed = SSNMF(3, model="DF", lam=0.5, max_iter=6, tol=0, random_state=1, resume=True,
@@ -361,8 +383,8 @@ def test_fit_many_and_checkpoints_read_the_stored_mask(tmp_path):
     np.testing.assert_array_equal(resumed.components_, whole.components_)
 
 
-def test_another_mask_on_a_store_with_its_own_is_refused(tmp_path):
-    stored, X, *_ = stored_and_given(tmp_path, "dense", "nan")
+def test_another_mask_on_a_store_with_its_own_is_refused(stores):
+    stored, X, *_ = stores("dense", "nan")
     with pytest.raises(ValueError, match=r"has its own mask \(kind 'nan'.*cannot take another"):
         estimator("D").fit(stored, mask=np.ones(X.shape) * 0.5)
     with pytest.raises(ValueError, match=r"has its own mask \(kind 'nan'.*cannot take another"):

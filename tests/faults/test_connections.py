@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import distfact
-from conftest import grouped_data, start_cli_cluster, startup_seconds, stop_cli_cluster
+from conftest import cli_here, grouped_data, start_cli_cluster, startup_seconds, stop_cli_cluster
 from damage import assert_refused, cli, snapshot
 from distfact.engine.cluster import CHECK_TIMEOUT, CONNECT_TIMEOUT
 
@@ -62,10 +62,10 @@ def test_a_server_that_is_no_scheduler_is_an_error_within_the_bound(web_server, 
 
 
 @pytest.mark.parametrize("content", ['{"not": "a scheduler file"}', "[1, 2]", "\u00e9t\u00e9"])
-def test_a_json_file_that_is_no_scheduler_file_is_named(content, store, tmp_path):
+def test_a_json_file_that_is_no_scheduler_file_is_named(content, store, tmp_path, capsys):
     (tmp_path / "scheduler.json").write_text(content, encoding="latin-1")
-    out = cli("fit", store, "--rank", 2, "--scheduler", tmp_path / "scheduler.json", "--output", tmp_path / "fit",
-              cwd=tmp_path, timeout=60)
+    out = cli_here(capsys, "fit", store, "--rank", 2, "--scheduler", tmp_path / "scheduler.json", "--output",
+                   tmp_path / "fit", cwd=tmp_path)
     assert_refused(out, f"scheduler file '{tmp_path / 'scheduler.json'}' is not a Dask scheduler file")
 
 
@@ -89,14 +89,14 @@ def dask_setup(worker):
 
 
 @pytest.mark.cluster
-def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named(store, tmp_path):
+def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named(store, tmp_path, capsys):
     (tmp_path / "preload.py").write_text(SLOW_IMPORT)
     directory = tmp_path / "cluster"
     pids = start_cli_cluster(directory, options=["--preload", str(tmp_path / "preload.py")])
     scheduler = directory / "scheduler.json"
     try:
-        slow = cli("fit", store, "--rank", 2, "--max-iter", 3, "--no-progress", "--scheduler", scheduler,
-                   "--output", tmp_path / "fit", cwd=tmp_path, timeout=180)
+        slow = cli_here(capsys, "fit", store, "--rank", 2, "--max-iter", 3, "--no-progress", "--scheduler",
+                        scheduler, "--output", tmp_path / "fit", cwd=tmp_path)
         assert slow.returncode == 0, slow.stderr  # 12 s to import: more than CHECK_TIMEOUT, yet not "frozen"
         here = distfact.NMF(2, max_iter=3, random_state=0).fit(store)
         assert np.array_equal(np.load(tmp_path / "fit" / "components.npy"), here.components_)
@@ -105,8 +105,8 @@ def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named
         worker.send_signal(signal.SIGSTOP)
         try:
             started = time.perf_counter()
-            frozen = cli("fit", store, "--rank", 2, "--no-progress", "--scheduler", scheduler, "--output",
-                         tmp_path / "again", cwd=tmp_path, timeout=180)
+            frozen = cli_here(capsys, "fit", store, "--rank", 2, "--no-progress", "--scheduler", scheduler,
+                              "--output", tmp_path / "again", cwd=tmp_path)
             assert time.perf_counter() - started < CHECK_TIMEOUT + 25
         finally:
             worker.send_signal(signal.SIGCONT)
