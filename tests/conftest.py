@@ -230,4 +230,22 @@ def cli_cluster(tmp_path_factory):
     directory = tmp_path_factory.mktemp("dask-cluster")
     pids = start_cli_cluster(directory, config=QUIET_CLUSTER)
     yield directory / "scheduler.json"
-    stop_cli_cluster(directory, pids)
+    kill_cli_cluster(pids)
+
+
+def kill_cli_cluster(pids) -> None:
+    """SIGKILL to a cluster of start-local.sh (its scheduler, nannies and their workers), and wait for them to end: the
+    session's cluster ends in a moment, where cluster/stop-local.sh's orderly stop takes 4 s (its workers' own
+    close); the tests that start a cluster of their own check that stop (``stop_cli_cluster``)."""
+    import psutil
+
+    processes = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(pid)
+            processes += [process, *process.children(recursive=True)]
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    assert not alive, alive
