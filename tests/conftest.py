@@ -151,8 +151,9 @@ def cli_here(capsys, *args, cwd=".") -> subprocess.CompletedProcess:
 
 
 # The modules a forkserver child starts with: the children the tests kill mid-work (killable_append.py's appends,
-# cluster_fits.py's drivers, ``distfact_in_child``'s commands) start in milliseconds instead of a new interpreter's 2 s of imports. The forkserver (one
-# per test process, started at its first child) imports them (they start no thread, so forking it is safe).
+# cluster_fits.py's drivers, ``distfact_in_child``'s commands) start in milliseconds instead of a new interpreter's
+# 2 s of imports. The forkserver (one per test process, started at its first child) imports them (they start no
+# thread, so forking it is safe).
 FORKSERVER_PRELOAD = ("killable_append", "cluster_fits", "distfact.cli")
 
 
@@ -170,7 +171,10 @@ def forkserver_child(target, *args):
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        os.environ.pop("PYTHONPATH") if path is None else os.environ.update(PYTHONPATH=path)
+        if path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = path
     process = context.Process(target=target, args=args)
     process.start()
     return process
