@@ -11,8 +11,11 @@ Cases (each the median of 60 fits in one process, after one untimed fit):
   heart_multigroup   MultigroupSVD(8, center=True, scale=True) on UCI Heart Disease by sex (297 x 22, the multigroup
                      benchmark's first case, Table 2 of the paper: 9 ms there)
   nmf_200_iter       NMF(5, max_iter=200) on the X of nmf_1_iter
-  nmf_200_iter_checkpoints  the same with checkpoint_every=10 (a pipeline's default; each fit into a directory of
-                     its own): 20 checkpoints of the 4 blocks' W and the global state
+  nmf_200_iter_checkpoints  the same with checkpoint_every=10 (each fit into a directory of its own): 20
+                     checkpoints of the 4 blocks' W and the global state
+  nmf_200_iter_default_checkpoints  the same with a checkpoint_dir and the default checkpoint_every (now "auto":
+                     every 10 while checkpoints take at most a tenth of the fit's time; 10 before 2026-12-01's tenth
+                     session, so that ``--before`` an older tree measures that change)
 
 Each tree runs in ``--processes`` fresh processes (PYTHONPATH: the tree), this checkout's and the other's
 alternated; a figure is the median of the processes' medians, and with ``--before`` the ratio this / before per
@@ -60,6 +63,8 @@ def worker() -> None:
     cases["nmf_200_iter_checkpoints"] = lambda: distfact.NMF(
         5, max_iter=200, tol=0, random_state=0, checkpoint_dir=next(directories), checkpoint_every=10).fit(
         X, groups=groups)
+    cases["nmf_200_iter_default_checkpoints"] = lambda: distfact.NMF(
+        5, max_iter=200, tol=0, random_state=0, checkpoint_dir=next(directories)).fit(X, groups=groups)
     out = {"distfact": distfact.__file__}
     for name, fit in cases.items():
         fit()  # first calls (numba's cache, imports)

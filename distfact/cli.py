@@ -61,6 +61,16 @@ POSITIVE = _number(int, 1)  # 1, 2, ...
 NON_NEGATIVE = _number(float, 0.0)
 
 
+def _checkpoint_every(text: str):
+    """``--checkpoint-every``: a count of iterations, or ``auto`` (the estimators' ``checkpoint_every="auto"``)."""
+    if text == "auto":
+        return text
+    try:
+        return COUNT(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0 (0: never) or 'auto'") from None
+
+
 def _add_scheduler_options(p):
     g = p.add_argument_group("where to run (default: in this process, nothing to start)")
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
@@ -168,8 +178,10 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                    help="output directory: written beside it in .NAME.partial/ and swapped into place when complete; "
                         "must be new, empty or an earlier fit output (replaced with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier fit output at --output")
-    p.add_argument("--checkpoint-every", type=COUNT, default=0,
-                   help="checkpoint every K iterations (0: never), into .NAME.partial/checkpoints/ beside --output")
+    p.add_argument("--checkpoint-every", type=_checkpoint_every, default=0, metavar="K",
+                   help="checkpoint every K iterations, or 'auto': every 10 while checkpoints take at most a tenth of "
+                        "the fit's time (--resume's default); 0: never. Into .NAME.partial/checkpoints/ beside "
+                        "--output")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit from its newest checkpoint")
     _add_progress_option(p)
     _add_scheduler_options(p)
@@ -423,7 +435,7 @@ def cmd_fit(args):
     # Checkpoints live in the staging directory (beside --output) until the fit completes; --resume finds them there.
     with OutputDir(args.output, "fit", overwrite=args.overwrite, resume=args.resume,
                    keep=("checkpoints",) if checkpointing else (), scratch=("checkpoints",)) as out:
-        checkpoints = dict(checkpoint_dir=out.path, checkpoint_every=args.checkpoint_every or 10,
+        checkpoints = dict(checkpoint_dir=out.path, checkpoint_every=args.checkpoint_every or "auto",
                            resume=args.resume) if checkpointing else {}
         model = declaration.make(args.rank, params, random_state=args.seed, **checkpoints)
         progress = None if args.no_progress else show_iterations(model)

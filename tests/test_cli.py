@@ -82,6 +82,9 @@ def test_bad_input_exits_2_with_a_message(npz_source, tmp_path, cli):
     assert not (tmp_path / "never").exists()
     usage = cli("fit", tmp_path / "x.zarr", cwd=tmp_path)
     assert usage.returncode == 2 and "--rank" in usage.stderr
+    often = cli("fit", tmp_path / "x.zarr", "--rank", "2", "--checkpoint-every", "often", cwd=tmp_path)
+    assert often.returncode == 2
+    assert "--checkpoint-every: 'often': expected an integer >= 0 (0: never) or 'auto'" in often.stderr
 
 
 def test_every_command_has_help(tmp_path, cli):

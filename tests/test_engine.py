@@ -665,6 +665,44 @@ def test_resume_gives_the_uninterrupted_result(solver, loss, tmp_path):
     assert resumed.n_passes_ == 21  # the count is checkpointed: n_iter_ + 1 as for an uninterrupted run
 
 
+def _saves_of(monkeypatch, fit):
+    """The (iteration, seconds) of each checkpoint ``fit()`` writes, and the seconds ``fit()`` took."""
+    from distfact.engine.checkpoint import Checkpointer
+
+    saves, save = [], Checkpointer.save
+
+    def timed_save(self, iteration, state, executor):
+        started = time.perf_counter()
+        path = save(self, iteration, state, executor)
+        saves.append((iteration, time.perf_counter() - started))
+        return path
+
+    monkeypatch.setattr(Checkpointer, "save", timed_save)
+    started = time.perf_counter()
+    fit()
+    return saves, time.perf_counter() - started
+
+
+def test_auto_checkpoints_take_a_tenth_of_a_fit_of_cheap_iterations(tmp_path, monkeypatch):
+    """``checkpoint_every="auto"`` (the default): every 10 iterations while checkpoints take at most a tenth of the
+    fit's time, the first one due and the last state always; an int: every so many iterations, whatever they cost."""
+    X, groups = grouped_data(m=400, n=100, seed=3)
+    kwargs = dict(random_state=0, max_iter=300, tol=0, block_rows=100)
+    counted, _ = _saves_of(monkeypatch, lambda: distfact.NMF(
+        5, checkpoint_dir=tmp_path / "counted", checkpoint_every=10, **kwargs).fit(X, groups=groups))
+    assert [iteration for iteration, _ in counted] == list(range(10, 301, 10))
+    auto, seconds = _saves_of(monkeypatch, lambda: distfact.NMF(
+        5, checkpoint_dir=tmp_path / "auto", **kwargs).fit(X, groups=groups))
+    iterations, durations = [iteration for iteration, _ in auto], [duration for _, duration in auto]
+    assert iterations[0] == 10 and iterations[-1] == 300 and all(i % 10 == 0 for i in iterations)
+    # each save after the first began with the saves before it within a tenth of the time since the fit began:
+    # all but the last within a tenth of the whole fit, give or take the one that crossed it
+    assert sum(durations[:-1]) <= 0.1 * seconds + max(durations[:-1])
+    assert len(auto) < len(counted)  # a save takes milliseconds here, an iteration a tenth of one
+    resumed = distfact.NMF(5, checkpoint_dir=tmp_path / "auto", resume=True, **{**kwargs, "max_iter": 310})
+    assert resumed.fit(X, groups=groups).n_iter_ == 310  # from the last state, saved whatever the time
+
+
 def test_uncommitted_checkpoint_is_ignored_and_foreign_one_refused(tmp_path):
     X, groups = grouped_data(m=60, n=10, seed=23)
     run_dir = tmp_path / "run"

@@ -250,6 +250,10 @@ def test_groups_named_like_missing_values_stay_in_the_report(tmp_path):
     (('solver = "hals"', 'solver = "halss"'), 9, ["[fit] #1 key 'solver'", "The 'solver' parameter of NMF must be a "
                                                                            "str among", "'halss'"]),
     (("max_iter = 20", "max_iter = -1"), 10, ["[fit] #1 key 'max_iter'", "in the range [0, inf)"]),
+    (("image_shape = [8, 8]", 'image_shape = [8, 8]\n[output]\ncheckpoint_every = "often"'), 22,
+     ["[output] key 'checkpoint_every'", 'an integer >= 0 (0: no checkpoints) or "auto"', "str 'often'"]),
+    (("image_shape = [8, 8]", "image_shape = [8, 8]\n[output]\ncheckpoint_every = true"), 22,
+     ["[output] key 'checkpoint_every'", "got bool True"]),
 ])
 def test_spec_errors_name_the_key_and_line_before_any_work(tmp_path, monkeypatch, capsys, change, line, words):
     spec = write_spec(tmp_path, SMALL.replace(*change))

@@ -25,9 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import numbers
 import os
 import re
 import shutil
+import time
 import uuid
 import warnings
 
@@ -45,6 +48,9 @@ FORMAT = "distfact.checkpoint"
 VERSION = 1
 COMMITTED_NAME = re.compile(r"iter-\d{6}")
 PARTIAL_NAME = re.compile(r"iter-\d{6}\.partial-[0-9a-f]{8}")
+#: ``checkpoint_every="auto"``: a checkpoint every ``AUTO_EVERY`` iterations, skipped while the checkpoints written
+#: so far took more than ``TIME_SHARE`` of the fit's time
+AUTO, AUTO_EVERY, TIME_SHARE = "auto", 10, 0.1
 
 
 class DamagedCheckpoint(ValueError):
@@ -67,24 +73,42 @@ def seal(record: dict) -> str:
 
 
 class Checkpointer:
-    """Saves a fit's state every ``every`` iterations under ``run_dir/checkpoints`` (the ``keep`` newest
-    are kept) and restores the newest intact one."""
+    """Saves a fit's state under ``run_dir/checkpoints`` (the ``keep`` newest are kept) and restores the newest
+    intact one.
 
-    def __init__(self, run_dir, every: int, config: dict, keep: int = 2):
-        if every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1, got {every}")
+    ``every``: an int, a checkpoint every ``every`` iterations; ``"auto"``, one every ``AUTO_EVERY`` iterations
+    unless the checkpoints written so far took more than ``TIME_SHARE`` of the time since this checkpointer was
+    made (the fit's start). A fit of cheap iterations would otherwise spend most of its time writing checkpoints:
+    a 400 x 100 NMF fit of 200 iterations took 4.5 to 16 times as long with one every 10 iterations. With
+    ``"auto"`` the first checkpoint due is always written, as is the last state (``driver.fit``), and a killed fit
+    loses at most ``AUTO_EVERY`` iterations or about ``1 / TIME_SHARE`` times a checkpoint's own cost, whichever is
+    longer."""
+
+    def __init__(self, run_dir, every: int | str, config: dict, keep: int = 2):
+        if isinstance(every, str) and every == AUTO:
+            every, self.time_share = AUTO_EVERY, TIME_SHARE
+        elif isinstance(every, numbers.Integral) and not isinstance(every, bool) and every >= 1:
+            self.time_share = math.inf
+        else:
+            raise ValueError(f"checkpoint_every must be an int >= 1 or {AUTO!r}, got {every!r}")
         self.root = os.path.join(os.path.abspath(os.fspath(run_dir)), "checkpoints")
-        self.every = every
+        self.every = int(every)
         self.config = config
         self.hash = config_hash(config)
         self.keep = keep
+        self._started = time.perf_counter()
+        self._saving_seconds = 0.0
 
     def due(self, iteration: int) -> bool:
-        return iteration % self.every == 0
+        if iteration % self.every:
+            return False
+        return self.time_share == math.inf or \
+            self._saving_seconds <= self.time_share * (time.perf_counter() - self._started)
 
     def save(self, iteration: int, state: dict, executor) -> str:
         """Write ``state`` (an array tree) and the executor's local factors as iteration ``iteration``'s
         checkpoint; returns its directory."""
+        started = time.perf_counter()
         final = os.path.join(self.root, f"iter-{iteration:06d}")
         for name in self._names(PARTIAL_NAME):  # left by a save that was killed
             shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
@@ -104,6 +128,7 @@ class Checkpointer:
         os.rename(partial, final)
         for old in self.committed()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        self._saving_seconds += time.perf_counter() - started
         return final
 
     def check_fresh_start(self) -> None:

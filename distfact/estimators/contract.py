@@ -33,7 +33,7 @@ POSITIVE_INT, COUNT, NON_NEGATIVE = (Interval(numbers.Integral, 1, None, closed=
                                      Interval(numbers.Real, 0, None, closed="left"))
 SURFACE_CONSTRAINTS = {
     "n_components": [POSITIVE_INT], "random_state": [COUNT, None], "checkpoint_dir": [str, os.PathLike, None],
-    "checkpoint_every": [POSITIVE_INT], "resume": ["boolean"], "callback": [callable, None],
+    "checkpoint_every": [POSITIVE_INT, StrOptions({"auto"})], "resume": ["boolean"], "callback": [callable, None],
     "n_threads": [POSITIVE_INT, None], "local_memory_budget": [COUNT, None], "block_rows": [POSITIVE_INT, None],
     "max_iter": [COUNT], "tol": [NON_NEGATIVE]}
 

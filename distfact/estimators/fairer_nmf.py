@@ -142,7 +142,7 @@ class FairerNMF(FactorEstimator):
 
     def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-5,
                  max_iter=None, estimate_max_iter=10_000, estimate_tol=1e-4, random_state=None, block_rows=None,
-                 checkpoint_dir=None, checkpoint_every=10, resume=False, n_threads=None, local_memory_budget=None,
+                 checkpoint_dir=None, checkpoint_every="auto", resume=False, n_threads=None, local_memory_budget=None,
                  callback=None):
         self.n_components = n_components
         self.solver = solver

@@ -49,7 +49,10 @@ class NMF(FactorEstimator):
         16 MiB a thread in fewer, one under 16 MiB in one: ``store/coerce.py: in_memory_block_rows``).
     checkpoint_dir : path or None
         Write checkpoints to ``checkpoint_dir/checkpoints/iter-NNNNNN`` every ``checkpoint_every`` iterations.
-    checkpoint_every : int
+    checkpoint_every : int or "auto"
+        An int: a checkpoint every ``checkpoint_every`` iterations. "auto" (default): every 10 iterations, skipping
+        those that would make checkpoints more than a tenth of the fit's time (a fit of cheap iterations would
+        otherwise mostly write checkpoints); the first one due and the last state are always written.
     resume : bool
         Continue from the newest committed checkpoint in ``checkpoint_dir``, if any. Without it, a
         ``checkpoint_dir`` that already holds checkpoints is refused.
@@ -117,7 +120,7 @@ class NMF(FactorEstimator):
                                     "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components=None, *, solver="mu", beta_loss="frobenius", init="random", tol=1e-4,
-                 max_iter=200, random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10,
+                 max_iter=200, random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every="auto",
                  resume=False, callback=None, n_threads=None, local_memory_budget=None):
         self.n_components = n_components
         self.solver = solver

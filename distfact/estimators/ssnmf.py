@@ -172,7 +172,7 @@ class SSNMF(FactorEstimator):
                                     "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components, *, model="DF", lam=100.0, max_iter=50, tol=1e-3, eps=1e-10, init="random",
-                 random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every=10, resume=False,
+                 random_state=None, block_rows=None, checkpoint_dir=None, checkpoint_every="auto", resume=False,
                  callback=None, n_threads=None, local_memory_budget=None):
         self.n_components = n_components
         self.model = model

@@ -100,7 +100,7 @@ class StratifiedNMF(FactorEstimator):
                                     "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components, *, v_updates=2, max_iter=10_000, tol=1e-4, eps=1e-9, random_state=None,
-                 init="random", block_rows=None, checkpoint_dir=None, checkpoint_every=10, resume=False,
+                 init="random", block_rows=None, checkpoint_dir=None, checkpoint_every="auto", resume=False,
                  callback=None, n_threads=None, local_memory_budget=None):
         self.n_components = n_components
         self.v_updates = v_updates

@@ -125,7 +125,7 @@ class WeightedL1NMF(FactorEstimator):
 
     def __init__(self, n_components, *, lam=0.01, init="hals", hals_iter=10, max_iter=1000, tol=1e-6,
                  time_limit=None, random_state=None, block_rows=None, column_blocks=None, checkpoint_dir=None,
-                 checkpoint_every=10, resume=False, callback=None, n_threads=None, local_memory_budget=None):
+                 checkpoint_every="auto", resume=False, callback=None, n_threads=None, local_memory_budget=None):
         self.n_components = n_components
         self.lam = lam
         self.init = init

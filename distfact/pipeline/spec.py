@@ -17,7 +17,7 @@ A spec (see ``pipelines/*.toml`` and docs/pipelines.md)::
     title = "..."
     [output]
     root = "runs"                           # a local path or an fsspec URL
-    checkpoint_every = 10
+    checkpoint_every = "auto"              # or an int: every N iterations; 0: none
     [cluster]
     kind = "in-process"                     # or "local" (workers = N), or "scheduler" (address / scheduler_file)
 """
@@ -66,7 +66,7 @@ class Spec:
     metrics: dict  # method -> list of metric names
     report: dict
     root: str
-    checkpoint_every: int
+    checkpoint_every: int | str
     cluster: dict
     nightly: dict = field(default_factory=dict)  # keep, match_threshold, trend_runs, alerts (see _nightly)
 
@@ -194,7 +194,7 @@ def load_spec(path) -> Spec:
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or set(name) == {"."}:
         check.fail(("name",), f"{name!r}: use letters, digits, '_', '-' and '.' (it names a directory)")
     spec = Spec(path=path, name=name, description=check.typed(doc, (), "description", str, ""),
-                input={}, fits=[], metrics={}, report={}, root="", checkpoint_every=10, cluster={})
+                input={}, fits=[], metrics={}, report={}, root="", checkpoint_every="auto", cluster={})
     spec.input = _input(check, spec, check.typed(doc, (), "input", dict))
     fits = check.typed(doc, (), "fit", list)
     if not fits:
@@ -206,9 +206,12 @@ def load_spec(path) -> Spec:
     output = check.typed(doc, (), "output", dict, {})
     check.keys(output, ("output",), {"root", "checkpoint_every", "keep"})
     spec.root = os.path.expanduser(check.typed(output, ("output",), "root", str, "runs"))
-    spec.checkpoint_every = check.typed(output, ("output",), "checkpoint_every", int, 10)
-    if spec.checkpoint_every < 0:
-        check.fail(("output", "checkpoint_every"), "must be >= 0 (0: no checkpoints)")
+    spec.checkpoint_every = output.get("checkpoint_every", "auto")
+    if spec.checkpoint_every != "auto" and not (isinstance(spec.checkpoint_every, int)
+                                                and not isinstance(spec.checkpoint_every, bool)
+                                                and spec.checkpoint_every >= 0):
+        check.fail(("output", "checkpoint_every"), 'expected an integer >= 0 (0: no checkpoints) or "auto", got '
+                                                   f"{type(spec.checkpoint_every).__name__} {spec.checkpoint_every!r}")
     spec.cluster = _cluster(check, spec, check.typed(doc, (), "cluster", dict, {}))
     spec.nightly = _nightly(check, doc, spec)
     return spec

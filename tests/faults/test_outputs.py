@@ -145,14 +145,14 @@ def test_a_read_only_disk_is_a_clear_error_before_any_work(store, tmp_path, caps
 
 
 def test_a_killed_fit_resumes_from_the_staging_directorys_checkpoints(tmp_path, capsys):
-    """`fit --checkpoint-every K` keeps its checkpoints beside --output until the fit completes; --resume finds
-    them; the completed output holds none."""
+    """`fit --checkpoint-every auto` keeps its checkpoints beside --output until the fit completes; --resume finds
+    them; the completed output holds none. (`--checkpoint-every 2`, a count: ``test_no_pickle.py``.)"""
     X, groups = grouped_data(m=30_000, n=40, n_groups=2, seed=1)
     store = distfact.from_arrays(X, groups, tmp_path / "x.zarr").path
     whole = fit_cli(store, tmp_path / "whole", cwd=tmp_path, iterations=300, capsys=capsys)
     assert whole.returncode == 0
     args = ["fit", str(store), "--rank", "2", "--max-iter", "300", "--tol", "0", "--no-progress", "--checkpoint-every",
-            "20", "--output", str(tmp_path / "cut")]
+            "auto", "--output", str(tmp_path / "cut")]
     process = forkserver_child(distfact_in_child, tmp_path, *args)
     checkpoints = tmp_path / ".cut.partial" / "checkpoints"
     deadline = time.time() + 300
