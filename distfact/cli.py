@@ -180,8 +180,8 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier fit output at --output")
     p.add_argument("--checkpoint-every", type=_checkpoint_every, default=0, metavar="K",
                    help="checkpoint every K iterations, or 'auto': every 10 while checkpoints take at most a tenth of "
-                        "the fit's time (--resume's default); 0: never. Into .NAME.partial/checkpoints/ beside "
-                        "--output")
+                        "the fit's time; 0 (the default): none, or 'auto' with --resume. Into "
+                        ".NAME.partial/checkpoints/ beside --output")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit from its newest checkpoint")
     _add_progress_option(p)
     _add_scheduler_options(p)

@@ -72,8 +72,8 @@ def write_night(directory, night: int, degrade: str | None = None):
     write_partition(directory, night, degrade)
 
 
-# a checkpoint every 100 iterations, not the default 10: a checkpoint costs about 25 ms, far more than a HALS
-# iteration of these 400-440 rows (0.3 ms); the checkpoints are still written and removed as a fit commits
+# a checkpoint every 100 iterations, not every 10: a checkpoint costs about 25 ms, far more than a HALS iteration of
+# these 400-440 rows (0.3 ms); the checkpoints are still written and removed as a fit commits
 CHECKPOINTS = "[output]\ncheckpoint_every = 100\n"
 
 

@@ -77,12 +77,12 @@ class Checkpointer:
     intact one.
 
     ``every``: an int, a checkpoint every ``every`` iterations; ``"auto"``, one every ``AUTO_EVERY`` iterations
-    unless the checkpoints written so far took more than ``TIME_SHARE`` of the time since this checkpointer was
-    made (the fit's start). A fit of cheap iterations would otherwise spend most of its time writing checkpoints:
-    a 400 x 100 NMF fit of 200 iterations took 4.5 to 16 times as long with one every 10 iterations. With
-    ``"auto"`` the first checkpoint due is always written, as is the last state (``driver.fit``), and a killed fit
-    loses at most ``AUTO_EVERY`` iterations or about ``1 / TIME_SHARE`` times a checkpoint's own cost, whichever is
-    longer."""
+    unless the checkpoints written so far took more than ``TIME_SHARE`` of the time since the loop began
+    (:meth:`begin`). A fit of cheap iterations would otherwise spend most of its time writing checkpoints: a
+    400 x 100 NMF fit of 200 iterations took 13 times as long with one every 10 iterations (BENCHMARKS.md,
+    "Checkpoints by their share of a fit's time"). With ``"auto"`` the first checkpoint due is always written, as
+    is the state of a loop that converges or reaches ``max_iter`` (``driver.fit``), and a killed fit loses at most
+    ``AUTO_EVERY`` iterations or about ``1 / TIME_SHARE`` times a checkpoint's own cost, whichever is longer."""
 
     def __init__(self, run_dir, every: int | str, config: dict, keep: int = 2):
         if isinstance(every, str) and every == AUTO:
@@ -96,6 +96,11 @@ class Checkpointer:
         self.config = config
         self.hash = config_hash(config)
         self.keep = keep
+        self.begin()
+
+    def begin(self) -> None:
+        """Start the clock of ``"auto"``'s share: at the loop's start (a phase's start phase, whose own loop runs
+        before it, is not counted)."""
         self._started = time.perf_counter()
         self._saving_seconds = 0.0
 

@@ -215,6 +215,8 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
     # the first global step's inputs aligned as every later one's: a fresh start's global state (made here) and a
     # restored state (read from disk)
     state.global_state, state.stats = aligned(state.global_state), aligned(state.stats)
+    if checkpointer is not None:
+        checkpointer.begin()
     with _blas_hold(method, data, executor):
         columns = hasattr(method, "column_step")
         reused = ReusedBuffers()  # the global state's aligned copies, made into the same allocations every iteration

@@ -50,9 +50,10 @@ class NMF(FactorEstimator):
     checkpoint_dir : path or None
         Write checkpoints to ``checkpoint_dir/checkpoints/iter-NNNNNN`` every ``checkpoint_every`` iterations.
     checkpoint_every : int or "auto"
-        An int: a checkpoint every ``checkpoint_every`` iterations. "auto" (default): every 10 iterations, skipping
-        those that would make checkpoints more than a tenth of the fit's time (a fit of cheap iterations would
-        otherwise mostly write checkpoints); the first one due and the last state are always written.
+        An int: a checkpoint every ``checkpoint_every`` iterations. "auto" (default): every 10 iterations, skipped
+        while the checkpoints written so far took more than a tenth of the fit's time (a fit of cheap iterations
+        would otherwise mostly write checkpoints); the first one due and the final iteration's state are always
+        written.
     resume : bool
         Continue from the newest committed checkpoint in ``checkpoint_dir``, if any. Without it, a
         ``checkpoint_dir`` that already holds checkpoints is refused.

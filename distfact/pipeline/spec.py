@@ -17,7 +17,7 @@ A spec (see ``pipelines/*.toml`` and docs/pipelines.md)::
     title = "..."
     [output]
     root = "runs"                           # a local path or an fsspec URL
-    checkpoint_every = "auto"              # or an int: every N iterations; 0: none
+    checkpoint_every = "auto"               # or an int: every N iterations; 0: none
     [cluster]
     kind = "in-process"                     # or "local" (workers = N), or "scheduler" (address / scheduler_file)
 """
