@@ -64,7 +64,8 @@ def write_one_chunk_array(path: str, array: np.ndarray) -> None:
     ``write_empty_chunks`` of a store's arrays (``store/writing.py: write_arrays``: no dimension of a chunk below 1,
     and the chunk written even when it holds only zeros), at a seventh of its cost: 0.34 against 2.4 ms for a
     100 x 5 factor, most of it zarr's own machinery. With a checkpoint every 10 iterations a 400 x 100 fit of 4
-    blocks took about 12 times as long as without (BENCHMARKS.md, "Checkpoints of small fits"). The metadata is written aside and renamed into place, last: a node without it is no array."""
+    blocks took about 12 times as long as without (BENCHMARKS.md, "Checkpoints of small fits"). The metadata is
+    written aside and renamed into place, last: a node without it is no array."""
     if array.dtype.kind not in "biuf":  # checked before anything at ``path`` is replaced
         raise TypeError(f"{path}: a local factor holds numbers (booleans, integers, floats), got dtype {array.dtype}")
     if os.path.lexists(path):
