@@ -686,7 +686,8 @@ def _saves_of(monkeypatch, fit):
 
 def test_auto_checkpoints_take_a_tenth_of_a_fit_of_cheap_iterations(tmp_path, monkeypatch):
     """``checkpoint_every="auto"`` (the default): every 10 iterations while checkpoints take at most a tenth of the
-    fit's time, the first one due and the last state always; an int: every so many iterations, whatever they cost."""
+    fit's time, the first one due and the final iteration's state always; an int: every so many iterations, whatever
+    they cost."""
     X, groups = grouped_data(m=400, n=100, seed=3)
     kwargs = dict(random_state=0, max_iter=300, tol=0, block_rows=100)
     counted, _ = _saves_of(monkeypatch, lambda: distfact.NMF(
@@ -696,8 +697,8 @@ def test_auto_checkpoints_take_a_tenth_of_a_fit_of_cheap_iterations(tmp_path, mo
         5, checkpoint_dir=tmp_path / "auto", **kwargs).fit(X, groups=groups))
     iterations, durations = [iteration for iteration, _ in auto], [duration for _, duration in auto]
     assert iterations[0] == 10 and iterations[-1] == 300 and all(i % 10 == 0 for i in iterations)
-    # each save after the first began with the saves before it within a tenth of the time since the fit began:
-    # all but the last within a tenth of the whole fit, give or take the one that crossed it
+    # each save after the first began with the saves before it within a tenth of the time since the loop began
+    # (within the whole fit's): all but the last within a tenth of the fit, give or take the one that crossed it
     assert sum(durations[:-1]) <= 0.1 * seconds + max(durations[:-1])
     assert len(auto) < 30  # a save takes milliseconds here, an iteration a tenth of one
     seen = []
