@@ -1,8 +1,8 @@
 """The build step that compiles distfact's numba kernels into the wheel (everything else is in pyproject.toml).
 
 ``pip install .`` builds the wheel on the machine it installs on; after copying the package, the build runs
-``python -m distfact.warmup`` on the copy (distfact/warmup.py), so the wheel carries numba's cache of every
-kernel signature the methods' fits use, beside the kernels' sources. A fresh installation's first fit then
+``python -m distfact.warmup`` on the copy (distfact/warmup.py; a process per core), so the wheel carries numba's
+cache of every kernel signature the methods' fits use, beside the kernels' sources. A fresh installation's first fit then
 loads its kernels instead of compiling them. The warm-up needs distfact's dependencies in the build
 environment (``setup_requires``, from pyproject.toml). If it fails, the build goes on without the cache and
 the kernels compile on first use, as they would without this step (``distfact warmup`` makes the cache later).

@@ -263,13 +263,16 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, or a scheduler file (*.json)")
     _add_tls_option(p)
 
-    sub.add_parser("warmup", help="compile the numba kernels into numba's cache now, not on a first fit",
-                   description="Runs the small fits of every method with numba kernels of its own so that numba "
-                               "compiles each kernel signature they use into its cache (beside the installed "
-                               "package, or NUMBA_CACHE_DIR, or a user cache directory where the package is "
-                               "read-only). `pip install .` does it when it builds distfact; run it after installing "
-                               "a wheel built on another machine, or as the user whose cache a read-only "
-                               "installation uses.")
+    p = sub.add_parser("warmup", help="compile the numba kernels into numba's cache now, not on a first fit",
+                           description="Runs the small fits of every method with numba kernels of its own so that "
+                                   "numba compiles each kernel signature they use into its cache (beside the "
+                                   "installed package, or NUMBA_CACHE_DIR, or a user cache directory where the "
+                                   "package is read-only), in processes side by side, each with a share of the fits. "
+                                   "`pip install .` does it when it builds distfact; run it after installing a wheel "
+                                   "built on another machine, or as the user whose cache a read-only installation "
+                                   "uses.")
+    p.add_argument("--processes", type=_number(int, 1), default=None, metavar="N",
+                   help="processes side by side (default: the usable cores, at most 4; 1: in this process)")
 
     p = sub.add_parser("make-certs", help="make TLS certificates for a Dask cluster (ca.pem, cert.pem, key.pem)",
                        description="Writes a certificate authority and one certificate and key, signed by it, that the "
@@ -631,7 +634,7 @@ def cmd_demo(args):
 def cmd_warmup(args):
     from .warmup import main as warm_up
 
-    warm_up()
+    warm_up(args.processes)
 
 
 def cmd_make_certs(args):

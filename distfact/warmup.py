@@ -12,8 +12,10 @@ and SDP solver compile nothing and whose SDP dominated the warm-up's time) on a 
 float64 and float32, in memory and from a store on disk, for each combination of the method's choice parameters
 (solver, loss, model, ...). So the signatures compiled are those real fits use, whatever kernels the methods call:
 nothing here names a method or a kernel. It runs when the package is built (``setup.py``: ``pip install .`` ships
-the cache for the machine it installs on) and as ``distfact warmup`` (after installing a wheel built elsewhere, or
-for a read-only installation, where it fills the user's cache directory). Numba checks every entry on load (its
+the cache for the machine it installs on), as ``distfact warmup`` (after installing a wheel built elsewhere, or
+for a read-only installation, where it fills the user's cache directory), and before the test suite's first run in
+a checkout (``tests/conftest.py``), each in a process per core (:func:`warm_up_side_by_side`), every process with a
+share of the fits and its cache saves taking turns with the others'. Numba checks every entry on load (its
 version, the source file's contents, the CPU): an entry that does not fit is ignored and the kernel compiled as
 without it.
 """
@@ -23,8 +25,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import json
 import os
 import pkgutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -38,6 +43,9 @@ ROWS, COLUMNS, GROUPS, RANK = 12, 64, 3, 2
 #: iterations of each warm-up fit: every kernel a fit calls runs in its first iteration
 ITERATIONS = 2
 KERNELS = f"{__package__}.kernels."
+#: the most processes :func:`main` starts by default: each imports numba and makes its stores, and the fits are a
+#: few dozen groups to share (measured on 2 cores: BENCHMARKS.md, "The warm-up side by side")
+MAX_PROCESSES = 4
 
 
 def cached_kernels() -> dict:
@@ -114,7 +122,18 @@ def _fit_and_transform(declaration, settings: dict, data, X) -> None:
                 pass
 
 
-def warm_up(progress=None) -> dict:
+def _share_of(part: tuple[int, int], kinds: int) -> list[int]:
+    """Which of the warm-up's ``kinds`` kinds of data (:func:`_data`'s order: dtype, then dense or CSR) the share
+    ``part`` = (k, n) fits on: the k-th of n runs of them. A kernel compiles a signature for each dtype and layout
+    it meets, so shares of different kinds compile different signatures (by fits' settings, the shares would
+    compile the same kernels side by side: 116 signatures for 70). The n shares are every kind once."""
+    k, n = part
+    if not (isinstance(n, int) and isinstance(k, int) and 0 <= k < n):
+        raise ValueError(f"part must be (k, n) with 0 <= k < n, got {part!r}")
+    return [kind for kind in range(kinds) if kind * n // kinds == k]
+
+
+def warm_up(progress=None, part: tuple[int, int] = (0, 1)) -> dict:
     """Compile every kernel signature the registered methods' fits use into numba's cache (the fits of those
     that call kernels of their own).
 
@@ -122,6 +141,9 @@ def warm_up(progress=None) -> dict:
     ----------
     progress : callable or None
         Called with a line of text after each method.
+    part : (k, n), default (0, 1)
+        Run the k-th of n shares of the fits (those on the data of :func:`_share_of`), so that n processes can fill
+        the cache side by side (:func:`warm_up_side_by_side`); (0, 1) is the whole warm-up.
 
     Returns
     -------
@@ -140,12 +162,11 @@ def warm_up(progress=None) -> dict:
     fits = refused = 0
     with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        inputs = [(from_arrays(X, groups, path), X) for k, (X, groups) in enumerate(_data())
+        kinds = list(_data())
+        inputs = [(from_arrays(*kinds[k], path), kinds[k][0]) for k in _share_of(part, len(kinds))
                   for path in (None, f"{scratch}/{k}.zarr")]  # in memory and on disk
         for declaration in methods().values():
             if not declaration.numba_kernels:
-                if progress is not None:
-                    progress(f"{declaration.name}: no kernels of its own, no fits")
                 continue
             for settings in _settings(declaration):
                 for data, X in inputs:
@@ -160,11 +181,119 @@ def warm_up(progress=None) -> dict:
             "seconds": time.perf_counter() - start}
 
 
-def main() -> None:
-    """``distfact warmup`` and setup.py's build step (``python -m distfact.warmup``): warm up, saying so."""
-    summary = warm_up(progress=print)
+def _cache_saves_locked(lock_path: str) -> None:
+    """Make every numba cache entry this process saves take an exclusive lock on ``lock_path`` first (``flock``).
+    numba adds an entry to a kernel's cache by reading the kernel's index, choosing a data file's name and writing
+    the index back, with no lock: two processes adding different signatures of one kernel at once could drop one
+    from the index, or write both to one data file, so that one signature would load the other's code. The
+    warm-up's processes add theirs one at a time."""
+    import fcntl
+
+    from numba.core.caching import IndexDataCacheFile
+
+    save = IndexDataCacheFile.save
+
+    def save_locked(self, key, data):
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            save(self, key, data)
+
+    IndexDataCacheFile.save = save_locked
+
+
+def can_share() -> bool:
+    """Whether :func:`warm_up_side_by_side` can run here: ``flock`` (POSIX) and numba's ``IndexDataCacheFile.save``,
+    which :func:`_cache_saves_locked` locks."""
+    import importlib.util
+
+    from numba.core import caching
+
+    return importlib.util.find_spec("fcntl") is not None and callable(
+        getattr(getattr(caching, "IndexDataCacheFile", None), "save", None))
+
+
+def default_processes() -> int:
+    """The processes :func:`main` warms up in by default: one per usable core, at most ``MAX_PROCESSES``; 1 where
+    the processes cannot share a cache (:func:`can_share`)."""
+    from .kernels.blas_threads import usable_cores
+
+    return min(usable_cores(), MAX_PROCESSES) if can_share() else 1
+
+
+#: What each process of :func:`warm_up_side_by_side` runs: its share, from the same package as the parent's (its
+#: directory first on the path; the process starts in an empty directory, so no ``distfact`` folder there is
+#: imported instead), its cache saves locked, its summary written as JSON.
+_SHARE = """import json, sys
+sys.path.insert(0, {path!r})
+from {package}.warmup import _cache_saves_locked, warm_up
+_cache_saves_locked({lock!r})
+summary = warm_up(progress=(lambda line: print({prefix!r} + line, flush=True)) if {verbose!r} else None,
+                  part=({k!r}, {n!r}))
+with open({out!r}, "w") as f:
+    json.dump(summary, f)
+"""
+
+
+def warm_up_side_by_side(processes: int, verbose: bool = False) -> dict:
+    """:func:`warm_up` in ``processes`` new processes of this interpreter at once, each running its share of the fits
+    (``part=(k, processes)``), so that the kernels compile on every core, most signatures once. Their cache saves
+    take turns (:func:`_cache_saves_locked`); each process writes an entry aside and renames it into place, as numba
+    does.
+
+    Parameters
+    ----------
+    processes : int
+        How many processes (1 or more).
+    verbose : bool, default False
+        Whether each process prints its progress lines (prefixed with its share) to standard output.
+
+    Returns
+    -------
+    dict
+        As :func:`warm_up`'s, the shares' counts added up; ``seconds`` is the wall time of the whole.
+
+    Raises
+    ------
+    RuntimeError
+        When a process fails, naming its share and exit status (its error is on standard error).
+    """
+    if not (isinstance(processes, int) and processes >= 1):
+        raise ValueError(f"processes must be an integer of 1 or more, got {processes!r}")
+    start = time.perf_counter()
+    path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as scratch:
+        lock, outs = os.path.join(scratch, "cache.lock"), [os.path.join(scratch, f"share-{k}.json")
+                                                             for k in range(processes)]
+        children = [subprocess.Popen([sys.executable, "-c", _SHARE.format(
+            path=path, package=__package__, lock=lock, prefix=f"[{k + 1}/{processes}] ", verbose=verbose, k=k,
+            n=processes, out=out)], cwd=scratch, stdout=None if verbose else subprocess.DEVNULL)
+            for k, out in enumerate(outs)]
+        statuses = [child.wait() for child in children]
+        failed = [f"{k + 1}/{processes} (exit status {status})" for k, status in enumerate(statuses) if status]
+        if failed:
+            raise RuntimeError(f"the warm-up's share {', '.join(failed)} failed; see its error above")
+        summaries = []
+        for out in outs:
+            with open(out) as f:
+                summaries.append(json.load(f))
+    compiled = {}
+    for summary in summaries:
+        for kernel, count in summary["compiled"].items():
+            compiled[kernel] = compiled.get(kernel, 0) + count
+    return {"fits": sum(s["fits"] for s in summaries), "refused": sum(s["refused"] for s in summaries),
+            "compiled": compiled, "cache": sorted({d for s in summaries for d in s["cache"]}),
+            "seconds": time.perf_counter() - start}
+
+
+def main(processes: int | None = None) -> None:
+    """``distfact warmup`` and setup.py's build step (``python -m distfact.warmup``): warm up, saying so; in a process
+    per usable core, at most ``MAX_PROCESSES`` (:func:`warm_up_side_by_side`), unless ``processes`` says how many (1:
+    in this process)."""
+    processes = default_processes() if processes is None else processes
+    summary = warm_up(progress=print) if processes == 1 else warm_up_side_by_side(processes, verbose=True)
     print(f"{summary['fits']} fits; {sum(summary['compiled'].values())} kernel signatures compiled into "
-          f"{', '.join(summary['cache'])} ({summary['seconds']:.1f} s); the rest were there already")
+          f"{', '.join(summary['cache'])} ({summary['seconds']:.1f} s, {processes} process"
+          f"{'es' if processes > 1 else ''}); the rest were there already")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@ def test_bad_input_exits_2_with_a_message(npz_source, tmp_path, cli):
     often = cli("fit", tmp_path / "x.zarr", "--rank", "2", "--checkpoint-every", "often", cwd=tmp_path)
     assert often.returncode == 2
     assert "--checkpoint-every: 'often': expected an integer >= 0 (0: never) or 'auto'" in often.stderr
+    none = cli("warmup", "--processes", "0", cwd=tmp_path)
+    assert none.returncode == 2 and "--processes: '0' must be >= 1" in none.stderr
 
 
 def test_every_command_has_help(tmp_path, cli):

@@ -83,9 +83,11 @@ def in_fresh_process(args, cache_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def warmed_cache(tmp_path_factory):
-    """A numba cache directory of its own (the source tree's may hold entries from other tests), warmed up."""
+    """A numba cache directory of its own (the source tree's may hold entries from other tests), warmed up in two
+    processes side by side (each with its share of the fits), as on a machine of 2 cores or more."""
     cache_dir = tmp_path_factory.mktemp("numba-cache")
-    out = in_fresh_process(["-m", "distfact.warmup"], cache_dir, tmp_path_factory.mktemp("cwd"))
+    out = in_fresh_process(["-c", "from distfact.warmup import main; main(2)"], cache_dir,
+                           tmp_path_factory.mktemp("cwd"))
     return cache_dir, out
 
 
@@ -93,6 +95,9 @@ def test_warmup_compiles_into_the_cache(warmed_cache):
     cache_dir, out = warmed_cache
     compiled = int(out.strip().splitlines()[-1].split("fits; ")[1].split(" kernel signatures")[0])
     assert compiled > 0  # into an empty cache: so a signature missing from the cache counts as compiled
+    assert ", 2 processes)" in out.strip().splitlines()[-1]
+    assert any(line.startswith("[1/2] ") for line in out.splitlines())  # each share's progress
+    assert any(line.startswith("[2/2] ") for line in out.splitlines())
     assert list(cache_dir.rglob("*.nbi")) and list(cache_dir.rglob("*.nbc"))
 
 
@@ -102,3 +107,54 @@ def test_a_fresh_process_after_the_warmup_compiles_nothing(warmed_cache, tmp_pat
     assert result["kernels"] > 0 and result["loaded"] > 0
     assert result["compiled"] == {}, f"compiled in a fresh process although warmed up: {result['compiled']}"
 
+
+
+def test_the_shares_of_the_warmup_are_its_whole_once():
+    from distfact.warmup import _data, _share_of
+
+    kinds = len(list(_data()))
+    assert _share_of((0, 1), kinds) == list(range(kinds))
+    for n in range(2, kinds + 1):
+        shares = [_share_of((k, n), kinds) for k in range(n)]
+        assert all(shares) and sorted(sum(shares, [])) == list(range(kinds))  # every kind in one share, none twice
+    assert _share_of((0, 2), kinds) == [0, 1]  # float64 (dense, CSR) in one process, float32 in the other
+    for bad in ((1, 1), (-1, 2), (0, 0)):
+        with pytest.raises(ValueError, match="0 <= k < n"):
+            _share_of(bad, kinds)
+
+
+def test_a_failed_share_is_named(monkeypatch):
+    """A process of the side-by-side warm-up that fails (here each exits with a status of its own, as an error
+    would) fails the warm-up, naming the share and its status, and nothing is returned as a summary."""
+    from distfact import warmup
+
+    monkeypatch.setattr(warmup, "_SHARE", "import sys\nsys.exit({k} + 2)")
+    with pytest.raises(RuntimeError, match=r"share 1/2 \(exit status 2\), 2/2 \(exit status 3\) failed"):
+        warmup.warm_up_side_by_side(2)
+    with pytest.raises(ValueError, match="processes must be"):
+        warmup.warm_up_side_by_side(0)
+
+
+def test_warmup_processes_add_cache_entries_one_at_a_time(monkeypatch, tmp_path):
+    """numba's cache saves under ``_cache_saves_locked`` wait for the lock: with it held elsewhere (another open file
+    description, as another process's), a save does not start until it is released."""
+    import fcntl
+    import threading
+
+    from numba.core.caching import IndexDataCacheFile
+
+    from distfact.warmup import _cache_saves_locked, can_share
+
+    assert can_share()  # on the platforms the suite runs on (POSIX, this numba)
+    saved = []
+    monkeypatch.setattr(IndexDataCacheFile, "save", lambda self, key, data: saved.append((key, data)))
+    lock_path = str(tmp_path / "cache.lock")
+    _cache_saves_locked(lock_path)  # wraps the recording save; monkeypatch puts the class's own back
+    with open(lock_path, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        saver = threading.Thread(target=IndexDataCacheFile.save, args=(None, "key", "data"))
+        saver.start()
+        saver.join(0.5)
+        assert saver.is_alive() and saved == []  # waiting for the lock
+    saver.join(10)
+    assert not saver.is_alive() and saved == [("key", "data")]
