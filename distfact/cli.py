@@ -264,7 +264,7 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
     _add_tls_option(p)
 
     p = sub.add_parser("warmup", help="compile the numba kernels into numba's cache now, not on a first fit",
-                           description="Runs the small fits of every method with numba kernels of its own so that "
+                       description="Runs the small fits of every method with numba kernels of its own so that "
                                    "numba compiles each kernel signature they use into its cache (beside the "
                                    "installed package, or NUMBA_CACHE_DIR, or a user cache directory where the "
                                    "package is read-only), in processes side by side, each with a share of the fits. "
@@ -272,7 +272,8 @@ def _parser(with_methods: bool = True) -> argparse.ArgumentParser:
                                    "built on another machine, or as the user whose cache a read-only installation "
                                    "uses.")
     p.add_argument("--processes", type=_number(int, 1), default=None, metavar="N",
-                   help="processes side by side (default: the usable cores, at most 4; 1: in this process)")
+                   help="processes side by side (default: the usable cores, at most 4, one a kind of data; 1: in this "
+                        "process)")
 
     p = sub.add_parser("make-certs", help="make TLS certificates for a Dask cluster (ca.pem, cert.pem, key.pem)",
                        description="Writes a certificate authority and one certificate and key, signed by it, that the "
@@ -634,7 +635,11 @@ def cmd_demo(args):
 def cmd_warmup(args):
     from .warmup import main as warm_up
 
-    warm_up(args.processes)
+    try:
+        warm_up(args.processes)
+    except RuntimeError as exc:  # a share failed (its error printed above), or no several processes here
+        print(f"distfact warmup: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_make_certs(args):

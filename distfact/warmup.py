@@ -43,9 +43,13 @@ ROWS, COLUMNS, GROUPS, RANK = 12, 64, 3, 2
 #: iterations of each warm-up fit: every kernel a fit calls runs in its first iteration
 ITERATIONS = 2
 KERNELS = f"{__package__}.kernels."
-#: the most processes :func:`main` starts by default: each imports numba and makes its stores, and the fits are a
-#: few dozen groups to share (measured on 2 cores: BENCHMARKS.md, "The warm-up side by side")
-MAX_PROCESSES = 4
+#: the warm-up data's dtypes; each comes dense and as CSR (:func:`_data`): the kinds of data the processes of
+#: :func:`warm_up_side_by_side` share
+DTYPES = (np.float64, np.float32)
+KINDS = 2 * len(DTYPES)
+#: the most processes the warm-up runs in: one a kind of data (a process more would fit nothing; measured on 2 cores:
+#: BENCHMARKS.md, "The warm-up side by side")
+MAX_PROCESSES = KINDS
 
 
 def cached_kernels() -> dict:
@@ -84,7 +88,7 @@ def _data():
     X[X < 0.5] = 0.0  # zeros, so that the CSR blocks have a pattern; every row and column keeps non-zeros
     X[np.arange(ROWS * GROUPS), np.arange(ROWS * GROUPS) % COLUMNS] = 1.0
     groups = np.repeat([f"g{i}" for i in range(GROUPS)], ROWS)
-    for dtype in (np.float64, np.float32):
+    for dtype in DTYPES:
         yield X.astype(dtype), groups
         yield sp.csr_matrix(X.astype(dtype)), groups
 
@@ -122,15 +126,16 @@ def _fit_and_transform(declaration, settings: dict, data, X) -> None:
                 pass
 
 
-def _share_of(part: tuple[int, int], kinds: int) -> list[int]:
-    """Which of the warm-up's ``kinds`` kinds of data (:func:`_data`'s order: dtype, then dense or CSR) the share
-    ``part`` = (k, n) fits on: the k-th of n runs of them. A kernel compiles a signature for each dtype and layout
-    it meets, so shares of different kinds compile different signatures (by fits' settings, the shares would
-    compile the same kernels side by side: 116 signatures for 70). The n shares are every kind once."""
+def _share_of(part: tuple[int, int], n_kinds: int) -> list[int]:
+    """Which of the warm-up's ``n_kinds`` kinds of data (:func:`_data`'s order: dtype, then dense or CSR) the share
+    ``part`` = (k, n) fits on: the k-th of n runs of them (none when n is above ``n_kinds``). A kernel compiles a
+    signature for each dtype and layout it meets, so shares of different kinds compile different signatures (by fits'
+    settings, the shares would compile the same kernels side by side: 116 signatures for 70). The n shares are every
+    kind once."""
     k, n = part
     if not (isinstance(n, int) and isinstance(k, int) and 0 <= k < n):
         raise ValueError(f"part must be (k, n) with 0 <= k < n, got {part!r}")
-    return [kind for kind in range(kinds) if kind * n // kinds == k]
+    return [kind for kind in range(n_kinds) if kind * n // n_kinds == k]
 
 
 def warm_up(progress=None, part: tuple[int, int] = (0, 1)) -> dict:
@@ -140,7 +145,7 @@ def warm_up(progress=None, part: tuple[int, int] = (0, 1)) -> dict:
     Parameters
     ----------
     progress : callable or None
-        Called with a line of text after each method.
+        Called with a line of text after each method that has numba kernels of its own.
     part : (k, n), default (0, 1)
         Run the k-th of n shares of the fits (those on the data of :func:`_share_of`), so that n processes can fill
         the cache side by side (:func:`warm_up_side_by_side`); (0, 1) is the whole warm-up.
@@ -223,7 +228,7 @@ def default_processes() -> int:
 #: What each process of :func:`warm_up_side_by_side` runs: its share, from the same package as the parent's (its
 #: directory first on the path; the process starts in an empty directory, so no ``distfact`` folder there is
 #: imported instead), its cache saves locked, its summary written as JSON.
-_SHARE = """import json, sys
+_SHARE_SCRIPT = """import json, sys
 sys.path.insert(0, {path!r})
 from {package}.warmup import _cache_saves_locked, warm_up
 _cache_saves_locked({lock!r})
@@ -243,32 +248,45 @@ def warm_up_side_by_side(processes: int, verbose: bool = False) -> dict:
     Parameters
     ----------
     processes : int
-        How many processes (1 or more).
+        How many processes (1 or more; more than ``KINDS`` start ``KINDS``, as a process more would fit nothing).
     verbose : bool, default False
         Whether each process prints its progress lines (prefixed with its share) to standard output.
 
     Returns
     -------
     dict
-        As :func:`warm_up`'s, the shares' counts added up; ``seconds`` is the wall time of the whole.
+        As :func:`warm_up`'s, the shares' counts added up (a signature two shares both compile counts twice);
+        ``seconds`` is the wall time of the whole, ``processes`` how many ran.
 
     Raises
     ------
     RuntimeError
-        When a process fails, naming its share and exit status (its error is on standard error).
+        When a process fails, naming its share and exit status (its error is on standard error), or where the
+        processes cannot share a cache (:func:`can_share`).
     """
     if not (isinstance(processes, int) and processes >= 1):
         raise ValueError(f"processes must be an integer of 1 or more, got {processes!r}")
+    if not can_share():
+        raise RuntimeError("the warm-up cannot run in several processes here: it needs flock (POSIX) and numba's "
+                           "IndexDataCacheFile.save to lock numba's cache saves")
+    processes = min(processes, KINDS)
     start = time.perf_counter()
     path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as scratch:
         lock, outs = os.path.join(scratch, "cache.lock"), [os.path.join(scratch, f"share-{k}.json")
                                                              for k in range(processes)]
-        children = [subprocess.Popen([sys.executable, "-c", _SHARE.format(
-            path=path, package=__package__, lock=lock, prefix=f"[{k + 1}/{processes}] ", verbose=verbose, k=k,
-            n=processes, out=out)], cwd=scratch, stdout=None if verbose else subprocess.DEVNULL)
-            for k, out in enumerate(outs)]
-        statuses = [child.wait() for child in children]
+        children = []
+        try:
+            for k, out in enumerate(outs):
+                children.append(subprocess.Popen([sys.executable, "-c", _SHARE_SCRIPT.format(
+                    path=path, package=__package__, lock=lock, prefix=f"[{k + 1}/{processes}] ", verbose=verbose,
+                    k=k, n=processes, out=out)], cwd=scratch, stdout=None if verbose else subprocess.DEVNULL))
+            statuses = [child.wait() for child in children]
+        finally:  # an interrupt, or a process that could not start: none left compiling into the scratch directory
+            for child in children:
+                if child.poll() is None:
+                    child.terminate()
+                    child.wait()
         failed = [f"{k + 1}/{processes} (exit status {status})" for k, status in enumerate(statuses) if status]
         if failed:
             raise RuntimeError(f"the warm-up's share {', '.join(failed)} failed; see its error above")
@@ -282,18 +300,32 @@ def warm_up_side_by_side(processes: int, verbose: bool = False) -> dict:
             compiled[kernel] = compiled.get(kernel, 0) + count
     return {"fits": sum(s["fits"] for s in summaries), "refused": sum(s["refused"] for s in summaries),
             "compiled": compiled, "cache": sorted({d for s in summaries for d in s["cache"]}),
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, "processes": processes}
+
+
+def run(processes: int | None = None, verbose: bool = False) -> dict:
+    """The warm-up in ``processes`` processes (default :func:`default_processes`): in this one for 1
+    (:func:`warm_up`, with progress lines printed when ``verbose``), else :func:`warm_up_side_by_side`. Returns its
+    summary, with ``processes``, how many ran."""
+    processes = default_processes() if processes is None else processes
+    if processes == 1:
+        return {**warm_up(progress=print if verbose else None), "processes": 1}
+    return warm_up_side_by_side(processes, verbose=verbose)
+
+
+def summary_line(summary: dict) -> str:
+    """One line saying what a warm-up (:func:`run`'s summary) did."""
+    processes = summary["processes"]
+    return (f"{summary['fits']} fits; {sum(summary['compiled'].values())} kernel signatures compiled into "
+            f"{', '.join(summary['cache'])} ({summary['seconds']:.1f} s, {processes} process"
+            f"{'es' if processes > 1 else ''}); the rest were there already")
 
 
 def main(processes: int | None = None) -> None:
     """``distfact warmup`` and setup.py's build step (``python -m distfact.warmup``): warm up, saying so; in a process
     per usable core, at most ``MAX_PROCESSES`` (:func:`warm_up_side_by_side`), unless ``processes`` says how many (1:
     in this process)."""
-    processes = default_processes() if processes is None else processes
-    summary = warm_up(progress=print) if processes == 1 else warm_up_side_by_side(processes, verbose=True)
-    print(f"{summary['fits']} fits; {sum(summary['compiled'].values())} kernel signatures compiled into "
-          f"{', '.join(summary['cache'])} ({summary['seconds']:.1f} s, {processes} process"
-          f"{'es' if processes > 1 else ''}); the rest were there already")
+    print(summary_line(run(processes, verbose=True)))
 
 
 if __name__ == "__main__":

@@ -48,34 +48,34 @@ def blas_limits_restored():
 
 def pytest_sessionstart(session):
     """The whole suite on a checkout whose kernels have no numba cache yet (a fresh clone, as CI's): compile them
-    first, once, in a process per core (``distfact.warmup.main``), rather than each test process compiling the same
+    first, once, in a process per core (``distfact.warmup.run``), rather than each test process compiling the same
     signatures side by side as its tests reach them (issue 19: 70 to 130 s of a first run's time). Not in a test
-    process of pytest-xdist (the controller did it), for a run of chosen tests, with NUMBA_CACHE_DIR set (the cache is
-    elsewhere), or where the cache has entries already (a kernel changed since compiles on first use, as without
-    this). If it fails, the tests compile the kernels as they reach them, as without it."""
-    config = session.config
+    process of pytest-xdist (the controller did it), for a run of chosen tests (paths, ``-k``, ``-m``, ``--lf``) or
+    of none (``--collect-only``, ``--fixtures``), with NUMBA_CACHE_DIR set (the cache is elsewhere), or where the
+    cache has entries already (a kernel changed since compiles on first use, as without this). If it fails, for any
+    reason, the tests compile the kernels as they reach them, as without it."""
+    config, option = session.config, session.config.option
     if hasattr(config, "workerinput") or config.args_source != pytest.Config.ArgsSource.TESTPATHS \
-            or os.environ.get("NUMBA_CACHE_DIR"):
+            or os.environ.get("NUMBA_CACHE_DIR") or any(getattr(option, name, None) for name in (
+                "keyword", "markexpr", "lf", "collectonly", "showfixtures", "show_fixtures_per_test")):
         return
     import glob
 
     import distfact
 
-    kernels = os.path.join(os.path.dirname(distfact.__file__), "kernels")
-    if glob.glob(os.path.join(kernels, "__pycache__", "*.nbi")):
+    if glob.glob(os.path.join(os.path.dirname(distfact.__file__), "kernels", "__pycache__", "*.nbi")):
         return
-    from distfact.warmup import default_processes, warm_up_side_by_side
+    from distfact.warmup import run, summary_line
 
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     say = terminal.write_line if terminal is not None else print
-    processes = default_processes()
     try:
-        summary = warm_up_side_by_side(processes)
-    except RuntimeError as exc:
-        say(f"distfact: the warm-up of numba's cache failed ({exc}); the tests compile the kernels")
+        summary = run()
+    except Exception as exc:  # noqa: BLE001 - best effort: the tests do not need it
+        say(f"distfact: the warm-up of numba's cache failed ({type(exc).__name__}: {exc}); the tests compile the "
+            "kernels")
         return
-    say(f"distfact: {sum(summary['compiled'].values())} kernel signatures compiled into "
-        f"{kernels}/__pycache__ before the tests ({summary['seconds']:.0f} s, {processes} processes)")
+    say(f"distfact, before the tests: {summary_line(summary)}")
 
 
 def pytest_collection_modifyitems(items):

@@ -123,18 +123,56 @@ def test_the_shares_of_the_warmup_are_its_whole_once():
             _share_of(bad, kinds)
 
 
-def test_a_failed_share_is_named(monkeypatch):
+def test_a_failed_share_is_named(monkeypatch, capsys):
     """A process of the side-by-side warm-up that fails (here each exits with a status of its own, as an error
-    would) fails the warm-up, naming the share and its status, and nothing is returned as a summary."""
+    would) fails the warm-up, naming the share and its status, and nothing is returned as a summary; ``distfact
+    warmup`` says so and exits 1 (its ``--processes`` reaching the warm-up: two shares named)."""
     from distfact import warmup
+    from distfact.cli import main as cli_main
 
-    monkeypatch.setattr(warmup, "_SHARE", "import sys\nsys.exit({k} + 2)")
+    monkeypatch.setattr(warmup, "_SHARE_SCRIPT", "import sys\nsys.exit({k} + 2)")
     with pytest.raises(RuntimeError, match=r"share 1/2 \(exit status 2\), 2/2 \(exit status 3\) failed"):
         warmup.warm_up_side_by_side(2)
     with pytest.raises(ValueError, match="processes must be"):
         warmup.warm_up_side_by_side(0)
+    assert cli_main(["warmup", "--processes", "2"]) == 1
+    assert "distfact warmup: the warm-up's share 1/2 (exit status 2), 2/2 (exit status 3) failed" \
+        in capsys.readouterr().err
 
 
+def test_more_processes_than_kinds_of_data_start_one_a_kind(monkeypatch):
+    """Each share fits on its kinds of data (dtype, dense or CSR): processes beyond their number would fit nothing,
+    so they are not started. Each process here writes the summary of one fit."""
+    from distfact import warmup
+
+    monkeypatch.setattr(warmup, "_SHARE_SCRIPT", "import json\njson.dump({{'fits': 1, 'refused': 0, 'compiled': "
+                        "{{'k': 1}}, 'cache': ['c']}}, open({out!r}, 'w'))")
+    summary = warmup.warm_up_side_by_side(warmup.KINDS + 3)
+    assert summary["processes"] == warmup.KINDS == len(list(warmup._data()))
+    assert summary["fits"] == warmup.KINDS and summary["compiled"] == {"k": warmup.KINDS} and summary["cache"] == ["c"]
+
+
+def test_an_interrupted_warmup_leaves_no_process_running(monkeypatch):
+    """When the warm-up stops before its processes end (here the second cannot start; an interrupt the same), those
+    started are ended, not left compiling into a scratch directory that is being removed."""
+    from distfact import warmup
+
+    monkeypatch.setattr(warmup, "_SHARE_SCRIPT", "import time\ntime.sleep(120)")
+    started, popen = [], subprocess.Popen
+
+    def popen_once(*args, **kwargs):
+        if started:
+            raise OSError("Resource temporarily unavailable")
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(warmup.subprocess, "Popen", popen_once)
+    with pytest.raises(OSError, match="temporarily unavailable"):
+        warmup.warm_up_side_by_side(2)
+    assert len(started) == 1 and started[0].poll() is not None  # ended, not sleeping on
+
+
+@pytest.mark.skipif(not __import__("distfact.warmup").warmup.can_share(), reason="no flock or numba cache save here")
 def test_warmup_processes_add_cache_entries_one_at_a_time(monkeypatch, tmp_path):
     """numba's cache saves under ``_cache_saves_locked`` wait for the lock: with it held elsewhere (another open file
     description, as another process's), a save does not start until it is released."""
@@ -143,9 +181,8 @@ def test_warmup_processes_add_cache_entries_one_at_a_time(monkeypatch, tmp_path)
 
     from numba.core.caching import IndexDataCacheFile
 
-    from distfact.warmup import _cache_saves_locked, can_share
+    from distfact.warmup import _cache_saves_locked
 
-    assert can_share()  # on the platforms the suite runs on (POSIX, this numba)
     saved = []
     monkeypatch.setattr(IndexDataCacheFile, "save", lambda self, key, data: saved.append((key, data)))
     lock_path = str(tmp_path / "cache.lock")
