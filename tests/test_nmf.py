@@ -368,6 +368,73 @@ def test_tiled_dense_step_equals_transcription_on_any_number_of_threads(solver):
                                                        rel=1e-4)
 
 
+def test_a_tiles_products_take_runs_of_rows_where_blas_has_small_kernels(monkeypatch):
+    """``_product_rows``: as many rows as n r multiply-adds a row fit in BLAS's small-matrix limit, at most the tile,
+    and the whole tile where that is fewer than MIN_SMALL_ROWS or BLAS has no such kernels (limit 0)."""
+    from distfact.kernels import nmf as k
+
+    monkeypatch.setattr(k, "small_product_limit", lambda: 1_000_000)
+    assert k._product_rows(2000, 20, 65) == 25 and k._product_rows(2000, 5, 65) == 65
+    assert k._product_rows(5000, 20, 26) == 10 and k._product_rows(20000, 20, 6) == 6  # 2 rows: whole tiles
+    monkeypatch.setattr(k, "small_product_limit", lambda: 0)
+    assert k._product_rows(2000, 20, 65) == 65
+
+
+def test_small_product_limit_follows_the_loaded_blas():
+    """OpenBLAS's small-matrix kernels are known for its AVX-512 core types only: the limit is set exactly when
+    every loaded BLAS library (as threadpoolctl reports it) is such an OpenBLAS."""
+    from threadpoolctl import threadpool_info
+
+    from distfact.kernels.blas_threads import SMALL_KERNEL_CORES, SMALL_PRODUCT, small_product_limit
+
+    blas = [info for info in threadpool_info() if info["user_api"] == "blas"]
+    assert blas, "no BLAS library loaded"
+    kernels = all(info["internal_api"] == "openblas" and info.get("architecture") in SMALL_KERNEL_CORES
+                  for info in blas)
+    assert small_product_limit() == (SMALL_PRODUCT if kernels else 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("solver", ["mu", "hals"])
+def test_the_tiled_step_in_runs_of_rows_equals_whole_tiles(monkeypatch, solver, dtype):
+    """The dense step's products made on runs of 9 rows of each tile (a limit of 9 n r multiply-adds; tiles of
+    32 or 64 rows, so runs with remainders) give the step of whole tiles to rounding, and the numpy transcription's
+    W_new, W_new^T X and residual; float32 with its float64 sums (``sums64``) summed in runs of 16 rows."""
+    from distfact.kernels import nmf as k
+
+    rng = np.random.default_rng(31)
+    m, n, r = 700, 4096, 5
+    X = (rng.random((m, r)) @ rng.random((r, n)) + 0.01 * rng.random((m, n))).astype(dtype)
+    W, H = (rng.random((m, r)) + 0.1).astype(dtype), (rng.random((r, n)) + 0.1).astype(dtype)
+    HHt = H @ H.T
+    sums64 = dtype == np.float32
+    steps = {}
+    for runs, limit in ((9, 9 * n * r), (16, 16 * n * r), (None, 0)):
+        monkeypatch.setattr(k, "small_product_limit", lambda limit=limit: limit)
+        assert k._product_rows(n, r, k._tile_rows(X)) == (runs or k._tile_rows(X)) and k._tiled(X, W, H)
+        steps[runs] = k.frobenius_local(X, W, H, HHt, solver, residual=True, sums64=sums64)
+    X64, W64, H64 = (A.astype(np.float64) for A in (X, W, H))
+    if solver == "mu":
+        W_ref = W64 * (X64 @ H64.T) / np.maximum(W64 @ (H64 @ H64.T), np.finfo(dtype).eps)
+    else:
+        W_ref = W64.copy()
+        G, XHt = H64 @ H64.T, X64 @ H64.T
+        for q in range(r):
+            W_ref[:, q] = np.maximum(W_ref[:, q] + (XHt[:, q] - W_ref @ G[:, q]) / G[q, q], 0.0)
+    rtol = 1e-10 if dtype == np.float64 else 1e-4
+    # float32's rounding, which HALS's sweep carries from column to column: relative to W's largest entries
+    w_close = {"rtol": 1e-12, "atol": 0} if dtype == np.float64 else {"rtol": 1e-4, "atol": 1e-5 * np.abs(W_ref).max()}
+    for runs, (W_new, WtX, WtW, sq_err) in steps.items():
+        whole = steps[None]
+        np.testing.assert_allclose(W_new, whole[0], **w_close, err_msg=str(runs))
+        np.testing.assert_allclose(WtX, whole[1], rtol=1e-12 if dtype == np.float64 else 1e-5)
+        np.testing.assert_allclose(W_new, W_ref, rtol=rtol, atol=w_close["atol"])
+        W_at = W_new.astype(np.float64)
+        np.testing.assert_allclose(WtX, W_at.T @ X64, rtol=rtol)
+        np.testing.assert_allclose(WtW, W_at.T @ W_at, rtol=rtol)
+        assert sq_err == pytest.approx(np.sum((X64 - W_at @ H64) ** 2), rel=1e-9 if dtype == np.float64 else 1e-3)
+
+
 def test_monotone_objective_for_mu():
     """Lee & Seung's MU never increases its objective (a property, not a copy of the code)."""
     X, groups = grouped_data(m=80, n=20, seed=10)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import threading
 
@@ -45,6 +46,25 @@ def _controller():
 
             _blas = ThreadpoolController().select(user_api="blas")
         return _blas
+
+
+#: OpenBLAS's core types whose builds have small-matrix GEMM kernels (AVX-512): OpenBLAS runs a product of at most
+#: ``SMALL_PRODUCT`` multiply-adds (m n k) with them rather than with its packed, blocked GEMM (its
+#: ``gemm_small_kernel_permit`` for these cores; a product with A transposed and B not has further conditions)
+SMALL_KERNEL_CORES = frozenset({"SkylakeX", "Cooperlake", "SapphireRapids"})
+SMALL_PRODUCT = 100 ** 3
+
+
+@functools.cache
+def small_product_limit() -> int:
+    """The most multiply-adds (m n k) of a product that the loaded BLAS runs with small-matrix kernels:
+    ``SMALL_PRODUCT`` where every loaded BLAS library is an OpenBLAS of a core type in ``SMALL_KERNEL_CORES``, else 0
+    (none known). The core type is OpenBLAS's own choice for this processor (or ``OPENBLAS_CORETYPE``'s)."""
+    libraries = [library.info() for library in _controller().lib_controllers]
+    if libraries and all(library["internal_api"] == "openblas" and library.get("architecture") in SMALL_KERNEL_CORES
+                         for library in libraries):
+        return SMALL_PRODUCT
+    return 0
 
 
 def blas_threads() -> int:

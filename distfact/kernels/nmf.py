@@ -12,7 +12,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from .blas_threads import map_on_blas_threads
+from .blas_threads import map_on_blas_threads, small_product_limit
 from .memory import aligned, aligned_copy, empty_aligned
 from .prefetch import PREFETCH_DISTANCE, prefetch_row
 from .products import (block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block, wh_at_nonzeros,
@@ -23,7 +23,8 @@ from .products import (block_times_ht, floor_eps, gram, is_sparse, sparse_wt_tim
 TILE_BYTES = 1 << 20
 #: A dense block's tiles are grouped into at most this many row chunks, each with its own r x n sum,
 #: which run side by side on BLAS's threads (``blas_threads``). The chunks depend on the block's shape
-#: only, so the sums are the same on any number of threads and on a cluster's workers.
+#: only (and the runs of ``_product_rows`` on the kind of BLAS), so the sums are the same on any number of threads and
+#: on a cluster's workers of one kind.
 MAX_CHUNKS = 8
 #: Blocks with fewer multiply-adds (rows x columns x rank) than this run their chunks in the calling thread.
 PARALLEL_WORK = 1 << 22
@@ -33,6 +34,15 @@ SUM64_ROWS = 128
 #: Several models' shared step (``frobenius_local_many``) runs each chunk as one tile when their summed rank is at
 #: least this (see ``_dense_frobenius_local``); below it, in tiles of ``TILE_BYTES`` as one model's step.
 WHOLE_CHUNK_RANK = 64
+#: Where BLAS has small-matrix kernels (``blas_threads.small_product_limit``), a tile's products X_t H^T and W_t H
+#: are made on runs of the tile's rows small enough for them (``_product_rows``), if that is at least this many rows
+#: (fewer: the products of whole tiles, as without such kernels)
+MIN_SMALL_ROWS = 8
+#: ... and float32 data's W_t^T X_t products, summed in float64 (``SUM64_ROWS``), on the same runs if they are at least
+#: this many rows: each run's sum adds r x n float64 numbers, which shorter runs pay more often than the kernels save
+#: (20,000 x 2,000 float32 at rank 50, runs of 10 rows: 1.09 times the time of 128-row sums; at rank 20, runs of 25:
+#: 0.63 times)
+MIN_SMALL_SUM_ROWS = 16
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -168,14 +178,15 @@ def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt
 
 
 @numba.njit(nogil=True, cache=True)
-def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_new, WtX, WtX64, product, XHt, WH,
+def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, run, W_new, WtX, WtX64, product, XHt, WH,
                           mask_indptr, mask_indices, mask_p, X_masked, corrections, WtPx_T, WtPwh_T, block_sums,
                           segments):
     """Rows lo:hi of the dense local step, ``tile`` rows at a time (while they are in cache, but for several
     models' chunks taken whole, ``_dense_frobenius_local``): X_t H^T,
     W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
     and W_t^T X_t added into WtX (r x n) in tile order, or with ``WtX64`` (float64, r x n; else no rows) into
-    WtX64, each product of ``SUM64_ROWS`` rows of the tile summed in float64 (WtX is then not written).
+    WtX64, each product of ``min(SUM64_ROWS, run)`` rows of the tile summed in float64 (WtX is then not written).
+    X_t H^T and W_new_t H are made ``run`` rows at a time (``_product_rows``: BLAS's small-matrix kernels).
     Scratch: ``product`` (r x n), ``XHt`` (tile x r), ``WH`` (tile x n, or no rows). With ``WH``, returns
     ||X - W_new H||^2 over the rows accumulated in float64 (else 0).
 
@@ -195,6 +206,7 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
     sq_err = 0.0
     sums = np.zeros(4)
     masked = mask_indptr.shape[0] > 0
+    sum_rows = min(SUM64_ROWS, run) if run >= MIN_SMALL_SUM_ROWS else SUM64_ROWS
     for start in range(lo, hi, tile):
         stop = min(start + tile, hi)
         X_t = X[start:stop]
@@ -204,7 +216,9 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
                 sums[2:] += _sums_of(X_t)
         xh = XHt[:stop - start]
         if update:
-            np.dot(X_t, Ht, xh)
+            for a in range(0, stop - start, run):
+                b = min(a + run, stop - start)
+                np.dot(X_t[a:b], Ht, xh[a:b])
         w = W_new[start:stop]
         if update == 1:
             np.dot(W[start:stop], HHt, w)  # the denominator, then the update in place
@@ -221,8 +235,8 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
                     a, b = segments[s], segments[s + 1]
                     hals_sweep(w[:, a:b], xh[:, a:b], HHt[a:b, a:b])
         if WtX64.shape[0] > 0:
-            for a in range(0, stop - start, SUM64_ROWS):
-                b = min(a + SUM64_ROWS, stop - start)
+            for a in range(0, stop - start, sum_rows):
+                b = min(a + sum_rows, stop - start)
                 np.dot(w[a:b].T, X_t[a:b], product)
                 WtX64 += product
         elif start == lo:
@@ -234,7 +248,9 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, W_
             sums[:2] += _mask_scatter(X_t, w, Ht, mask_indptr[start:stop + 1], mask_indices, mask_p, WtPx_T, WtPwh_T)
         if WH.shape[0] > 0:
             wh = WH[:stop - start]
-            np.dot(w, H, wh)
+            for a in range(0, stop - start, run):
+                b = min(a + run, stop - start)
+                np.dot(w[a:b], H, wh[a:b])
             sq_err += _sq_diff_sum(X_t, wh)
     return sq_err, sums[0], sums[1], sums[2], sums[3]
 
@@ -334,6 +350,17 @@ def _rows_a_tile(n: int, dtype) -> int:
     return max(1, TILE_BYTES // (n * np.dtype(dtype).itemsize))
 
 
+def _product_rows(n: int, r: int, tile: int) -> int:
+    """How many of a tile's rows each of its products X_t H^T, W_t H (and float32 data's W_t^T X_t sums) takes: as
+    many as BLAS's small-matrix kernels take (``blas_threads.small_product_limit``: n r rows' multiply-adds within
+    it) where that is at least ``MIN_SMALL_ROWS``, else the whole tile. OpenBLAS's SkylakeX kernels, 2 threads,
+    20,000 x 2,000 at rank 20: the MU local step in runs of 25 rows 0.75 times the time of whole tiles in float64
+    (65 rows), 0.63 in float32 (131 rows); 0.72 to 0.88 at 500 to 5,000 columns and ranks 20 and 50
+    (BENCHMARKS.md, "Small-matrix kernels")."""
+    rows = small_product_limit() // (n * r)
+    return min(rows, tile) if rows >= MIN_SMALL_ROWS else tile
+
+
 def steps_in_pieces(rows: int, n: int, r: int, dtype) -> bool:
     """Whether the Frobenius local step of a dense block of ``rows`` x ``n`` at rank r (factors in the block's dtype)
     runs in pieces on BLAS's threads (``_dense_frobenius_local``): more than one tile, and enough work to split."""
@@ -382,6 +409,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
     many = segments is not None
     if many and segments[-1] >= WHOLE_CHUNK_RANK:
         tile = chunk
+    run = _product_rows(n, r, tile)
     if solver is None:  # H is used by a mask's terms only
         HHt = np.empty((0, 0), dtype)
         H = HHt if mask is None else H
@@ -401,7 +429,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
         product = empty_aligned((r if hi - lo > tile or sums64 else 0, n), dtype)
         WH = empty_aligned((min(tile, hi - lo) if residual else 0, n), dtype)
         WtP = np.zeros((2, n if mask is not None else 0, r), dtype)
-        sums = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile, W_new, WtX,
+        sums = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile, run, W_new, WtX,
                                      WtX64, product, empty_aligned((min(tile, hi - lo), r), dtype), WH, indptr,
                                      indices, p, empty_aligned((masked_rows, n), dtype),
                                      np.empty((masked_rows, 2 * r), dtype), WtP[0], WtP[1], block_sums, segments)
