@@ -633,11 +633,12 @@ def cmd_demo(args):
 
 
 def cmd_warmup(args):
+    from .warmup import WarmupFailed
     from .warmup import main as warm_up
 
     try:
         warm_up(args.processes)
-    except RuntimeError as exc:  # a share failed (its error printed above), or no several processes here
+    except WarmupFailed as exc:  # a share failed (its error printed above), or no several processes here
         print(f"distfact warmup: {exc}", file=sys.stderr)
         return 1
 

@@ -50,6 +50,12 @@ KINDS = 2 * len(DTYPES)
 #: the most processes the warm-up runs in: one a kind of data (a process more would fit nothing; measured on 2 cores:
 #: BENCHMARKS.md, "The warm-up side by side")
 MAX_PROCESSES = KINDS
+#: seconds a warm-up process stopped early (:func:`warm_up_side_by_side`) has to end before it is killed
+STOP_SECONDS = 10
+
+
+class WarmupFailed(RuntimeError):
+    """A process of :func:`warm_up_side_by_side` failed, or the processes cannot share a cache here."""
 
 
 def cached_kernels() -> dict:
@@ -260,14 +266,14 @@ def warm_up_side_by_side(processes: int, verbose: bool = False) -> dict:
 
     Raises
     ------
-    RuntimeError
+    WarmupFailed
         When a process fails, naming its share and exit status (its error is on standard error), or where the
         processes cannot share a cache (:func:`can_share`).
     """
     if not (isinstance(processes, int) and processes >= 1):
         raise ValueError(f"processes must be an integer of 1 or more, got {processes!r}")
     if not can_share():
-        raise RuntimeError("the warm-up cannot run in several processes here: it needs flock (POSIX) and numba's "
+        raise WarmupFailed("the warm-up cannot run in several processes here: it needs flock (POSIX) and numba's "
                            "IndexDataCacheFile.save to lock numba's cache saves")
     processes = min(processes, KINDS)
     start = time.perf_counter()
@@ -283,13 +289,18 @@ def warm_up_side_by_side(processes: int, verbose: bool = False) -> dict:
                     k=k, n=processes, out=out)], cwd=scratch, stdout=None if verbose else subprocess.DEVNULL))
             statuses = [child.wait() for child in children]
         finally:  # an interrupt, or a process that could not start: none left compiling into the scratch directory
-            for child in children:
-                if child.poll() is None:
-                    child.terminate()
+            running = [child for child in children if child.poll() is None]
+            for child in running:
+                child.terminate()
+            for child in running:
+                try:
+                    child.wait(STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    child.kill()
                     child.wait()
         failed = [f"{k + 1}/{processes} (exit status {status})" for k, status in enumerate(statuses) if status]
         if failed:
-            raise RuntimeError(f"the warm-up's share {', '.join(failed)} failed; see its error above")
+            raise WarmupFailed(f"the warm-up's share {', '.join(failed)} failed; see its error above")
         summaries = []
         for out in outs:
             with open(out) as f:

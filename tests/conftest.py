@@ -48,16 +48,19 @@ def blas_limits_restored():
 
 def pytest_sessionstart(session):
     """The whole suite on a checkout whose kernels have no numba cache yet (a fresh clone, as CI's): compile them
-    first, once, in a process per core (``distfact.warmup.run``), rather than each test process compiling the same
+    first, once, in a process per core (``distfact.warmup.warm_up_side_by_side``; in child processes even on one
+    core, so that a crash there cannot end the session), rather than each test process compiling the same
     signatures side by side as its tests reach them (issue 19: 70 to 130 s of a first run's time). Not in a test
-    process of pytest-xdist (the controller did it), for a run of chosen tests (paths, ``-k``, ``-m``, ``--lf``) or
-    of none (``--collect-only``, ``--fixtures``), with NUMBA_CACHE_DIR set (the cache is elsewhere), or where the
-    cache has entries already (a kernel changed since compiles on first use, as without this). If it fails, for any
-    reason, the tests compile the kernels as they reach them, as without it."""
+    process of pytest-xdist (the controller did it), for a run of chosen tests (paths, ``-k``, ``-m``, ``--lf``,
+    ``--deselect``) or of none (``--collect-only``, ``--fixtures``, ``--setup-plan``, ``--setup-only``), with
+    NUMBA_CACHE_DIR set (the cache is elsewhere), or where the cache has entries already (a kernel changed since
+    compiles on first use, as without this). If it fails, for any reason, the tests compile the kernels as they
+    reach them, as without it."""
     config, option = session.config, session.config.option
     if hasattr(config, "workerinput") or config.args_source != pytest.Config.ArgsSource.TESTPATHS \
             or os.environ.get("NUMBA_CACHE_DIR") or any(getattr(option, name, None) for name in (
-                "keyword", "markexpr", "lf", "collectonly", "showfixtures", "show_fixtures_per_test")):
+                "keyword", "markexpr", "lf", "deselect", "collectonly", "showfixtures", "show_fixtures_per_test",
+                "setupplan", "setuponly")):
         return
     import glob
 
@@ -65,12 +68,12 @@ def pytest_sessionstart(session):
 
     if glob.glob(os.path.join(os.path.dirname(distfact.__file__), "kernels", "__pycache__", "*.nbi")):
         return
-    from distfact.warmup import run, summary_line
+    from distfact.warmup import default_processes, summary_line, warm_up_side_by_side
 
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     say = terminal.write_line if terminal is not None else print
     try:
-        summary = run()
+        summary = warm_up_side_by_side(default_processes())
     except Exception as exc:  # noqa: BLE001 - best effort: the tests do not need it
         say(f"distfact: the warm-up of numba's cache failed ({type(exc).__name__}: {exc}); the tests compile the "
             "kernels")

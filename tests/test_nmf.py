@@ -380,18 +380,43 @@ def test_a_tiles_products_take_runs_of_rows_where_blas_has_small_kernels(monkeyp
     assert k._product_rows(2000, 20, 65) == 65
 
 
-def test_small_product_limit_follows_the_loaded_blas():
-    """OpenBLAS's small-matrix kernels are known for its AVX-512 core types only: the limit is set exactly when
-    every loaded BLAS library (as threadpoolctl reports it) is such an OpenBLAS."""
-    from threadpoolctl import threadpool_info
+def test_small_product_limit_follows_scipys_blas(monkeypatch):
+    """The limit is set where the BLAS of numba's products (scipy's: the one its wheel bundles) is an OpenBLAS of an
+    AVX-512 core type, whatever other BLAS libraries are loaded; where scipy bundles none, where every loaded one is.
+    threadpoolctl's controllers stand in for BLAS libraries of each kind (what it reports of this machine's: below)."""
+    import os
+    import types
 
-    from distfact.kernels.blas_threads import SMALL_KERNEL_CORES, SMALL_PRODUCT, small_product_limit
+    import scipy
 
-    blas = [info for info in threadpool_info() if info["user_api"] == "blas"]
-    assert blas, "no BLAS library loaded"
-    kernels = all(info["internal_api"] == "openblas" and info.get("architecture") in SMALL_KERNEL_CORES
-                  for info in blas)
-    assert small_product_limit() == (SMALL_PRODUCT if kernels else 0)
+    from distfact.kernels import blas_threads
+
+    bundled = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(scipy.__file__))), "scipy.libs")
+
+    def library(directory, api, architecture=None):
+        info = {"internal_api": api, **({"architecture": architecture} if architecture else {})}
+        return types.SimpleNamespace(filepath=os.path.join(directory, "libblas.so"), info=lambda: info)
+
+    elsewhere = "/opt/other/lib"
+    cases = [([library(bundled, "openblas", "SkylakeX"), library(elsewhere, "openblas", "Haswell")], True),
+             ([library(bundled, "openblas", "Haswell"), library(elsewhere, "openblas", "SkylakeX")], False),
+             ([library(bundled, "openblas", "SapphireRapids")], True), ([library(bundled, "openblas")], False),
+             ([library(elsewhere, "openblas", "Cooperlake"), library(elsewhere, "openblas", "SkylakeX")], True),
+             ([library(elsewhere, "openblas", "SkylakeX"), library(elsewhere, "mkl")], False),
+             ([library(elsewhere, "blis")], False), ([], False)]
+    for libraries, kernels in cases:
+        monkeypatch.setattr(blas_threads, "_controller", lambda libraries=libraries: types.SimpleNamespace(
+            lib_controllers=libraries))
+        blas_threads.small_product_limit.cache_clear()
+        assert blas_threads.small_product_limit() == (blas_threads.SMALL_PRODUCT if kernels else 0), libraries
+    monkeypatch.undo()
+    blas_threads.small_product_limit.cache_clear()
+    from threadpoolctl import threadpool_info  # this machine's, as threadpoolctl reports it: the keys exist
+
+    scipys = [info for info in threadpool_info() if os.path.dirname(info["filepath"]) == bundled]
+    if scipys and scipys[0]["internal_api"] == "openblas":
+        expected = scipys[0]["architecture"] in blas_threads.SMALL_KERNEL_CORES
+        assert blas_threads.small_product_limit() == (blas_threads.SMALL_PRODUCT if expected else 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -152,16 +152,28 @@ def test_more_processes_than_kinds_of_data_start_one_a_kind(monkeypatch):
     assert summary["fits"] == warmup.KINDS and summary["compiled"] == {"k": warmup.KINDS} and summary["cache"] == ["c"]
 
 
-def test_an_interrupted_warmup_leaves_no_process_running(monkeypatch):
+@pytest.mark.parametrize("deaf", [False, True])
+def test_an_interrupted_warmup_leaves_no_process_running(monkeypatch, tmp_path, deaf):
     """When the warm-up stops before its processes end (here the second cannot start; an interrupt the same), those
-    started are ended, not left compiling into a scratch directory that is being removed."""
+    started are ended, not left compiling into a scratch directory that is being removed: terminated, or killed when
+    they ignore it for STOP_SECONDS (``deaf``: the first process ignores SIGTERM, and says so before the stop)."""
+    import signal
+    import time
+
     from distfact import warmup
 
-    monkeypatch.setattr(warmup, "_SHARE_SCRIPT", "import time\ntime.sleep(120)")
+    ready = tmp_path / "ready"
+    monkeypatch.setattr(warmup, "STOP_SECONDS", 0.5)
+    monkeypatch.setattr(warmup, "_SHARE_SCRIPT", "import signal, time\n"
+                        + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if deaf else "")
+                        + f"open({str(ready)!r}, 'w').close()\ntime.sleep(120)")
     started, popen = [], subprocess.Popen
 
     def popen_once(*args, **kwargs):
-        if started:
+        if started:  # once the first is sleeping (and deaf, if it is to be)
+            deadline = time.monotonic() + 60
+            while not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise OSError("Resource temporarily unavailable")
         started.append(popen(*args, **kwargs))
         return started[-1]
@@ -169,7 +181,7 @@ def test_an_interrupted_warmup_leaves_no_process_running(monkeypatch):
     monkeypatch.setattr(warmup.subprocess, "Popen", popen_once)
     with pytest.raises(OSError, match="temporarily unavailable"):
         warmup.warm_up_side_by_side(2)
-    assert len(started) == 1 and started[0].poll() is not None  # ended, not sleeping on
+    assert len(started) == 1 and started[0].returncode == (-signal.SIGKILL if deaf else -signal.SIGTERM)
 
 
 @pytest.mark.skipif(not __import__("distfact.warmup").warmup.can_share(), reason="no flock or numba cache save here")

@@ -57,12 +57,21 @@ SMALL_PRODUCT = 100 ** 3
 
 @functools.cache
 def small_product_limit() -> int:
-    """The most multiply-adds (m n k) of a product that the loaded BLAS runs with small-matrix kernels:
-    ``SMALL_PRODUCT`` where every loaded BLAS library is an OpenBLAS of a core type in ``SMALL_KERNEL_CORES``, else 0
-    (none known). The core type is OpenBLAS's own choice for this processor (or ``OPENBLAS_CORETYPE``'s)."""
-    libraries = [library.info() for library in _controller().lib_controllers]
-    if libraries and all(library["internal_api"] == "openblas" and library.get("architecture") in SMALL_KERNEL_CORES
-                         for library in libraries):
+    """The most multiply-adds (m n k) of a product that the BLAS of numba's products runs with small-matrix kernels:
+    ``SMALL_PRODUCT`` where that BLAS is an OpenBLAS of a core type in ``SMALL_KERNEL_CORES``, else 0 (none known). That
+    BLAS is scipy's (numba's ``np.dot`` calls ``scipy.linalg.cython_blas``): the one scipy's wheel bundles, else, where
+    scipy uses a BLAS of the system or of conda, every BLAS loaded when distfact first looks must qualify. So a library
+    loaded later by another package (cvxpy's solvers bundle their own OpenBLAS) does not change the answer, and every
+    process on one machine takes the same runs. The core type is OpenBLAS's choice for the processor (or
+    ``OPENBLAS_CORETYPE``'s)."""
+    import scipy
+
+    libraries = _controller().lib_controllers
+    bundled = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(scipy.__file__))), "scipy.libs")
+    scipys = [library for library in libraries if os.path.dirname(os.path.abspath(library.filepath)) == bundled]
+    infos = [library.info() for library in scipys or libraries]
+    if infos and all(info["internal_api"] == "openblas" and info.get("architecture") in SMALL_KERNEL_CORES
+                     for info in infos):
         return SMALL_PRODUCT
     return 0
 

@@ -185,7 +185,8 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, ru
     models' chunks taken whole, ``_dense_frobenius_local``): X_t H^T,
     W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
     and W_t^T X_t added into WtX (r x n) in tile order, or with ``WtX64`` (float64, r x n; else no rows) into
-    WtX64, each product of ``min(SUM64_ROWS, run)`` rows of the tile summed in float64 (WtX is then not written).
+    WtX64, each product of ``run`` rows of the tile (if at least ``MIN_SMALL_SUM_ROWS``, else
+    ``SUM64_ROWS``) summed in float64 (WtX is then not written).
     X_t H^T and W_new_t H are made ``run`` rows at a time (``_product_rows``: BLAS's small-matrix kernels).
     Scratch: ``product`` (r x n), ``XHt`` (tile x r), ``WH`` (tile x n, or no rows). With ``WH``, returns
     ||X - W_new H||^2 over the rows accumulated in float64 (else 0).
@@ -387,7 +388,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
     ``solver`` None: W is not updated (HHt is not used, nor H without a mask), only W^T X is summed. Returns (W_new,
     W_new^T X, W_new^T W_new, the residual or 0). ``segments``: several models' factors side by side (see
     ``_dense_frobenius_rows``; no mask, no residual, and W_new^T W_new is then not formed: None). ``sums64``: W_new^T X
-    summed in float64 over products of ``SUM64_ROWS`` rows, W_new^T W_new formed in float64 (float32 data; see
+    summed in float64 over products of at most ``SUM64_ROWS`` rows, W_new^T W_new formed in float64 (float32 data; see
     ``frobenius_local``).
 
     Several models whose summed rank R is at least ``WHOLE_CHUNK_RANK`` take each chunk as one tile, read twice
@@ -455,7 +456,7 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
     ``shift``: MU only, added to the denominator (see ``mu_w_update``).
 
     ``sums64`` (dense float32 blocks): W_b^T X_b and W_b^T W_b in float64, the first summed in float64 over
-    products of ``SUM64_ROWS`` rows in float32 (a block of one tile: in float64), so that the statistics formula
+    products of at most ``SUM64_ROWS`` rows in float32 (a block of one tile: in float64), so that the statistics formula
     of the error (``residual_sq_norm``) holds without the residual's third product, to the bound of
     ``methods/nmf.py: FLOAT32_FORMULA_ERROR``.
 

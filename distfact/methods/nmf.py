@@ -16,7 +16,7 @@ Errors come from the statistics, without another pass (DESIGN §1):
     ||X_l - W_l H||_F^2 = ||X_l||_F^2 - 2 <W_l^T X_l, H> + <W_l^T W_l, H H^T>
     D_KL(X_l || W_l H) = sum_nz x log(x / wh) - sum(X_l) + (W_l^T 1) . (H 1)
 (for float32 data the first needs W^T X and W^T W summed in float64: a dense block's W_b^T X_b is then summed
-in float64 over products of 128 rows (``kernels/nmf.py: frobenius_local``'s ``sums64``), which leaves an error
+in float64 over products of at most 128 rows (``kernels/nmf.py: frobenius_local``'s ``sums64``), which leaves an error
 below FLOAT32_FORMULA_ERROR / sqrt(n_eff) ||X_l||^2, n_eff the effective number of terms of <W_l^T X_l, H>.
 Where that is not small against the loss (a group's relative error below about 0.2 on 20,000 x 2,000 U(0, 1)
 data at rank 20, the default tol; always with a few dominant columns; see ``_residuals_needed``), and on CSR
