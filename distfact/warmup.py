@@ -99,6 +99,18 @@ def _data():
         yield sp.csr_matrix(X.astype(dtype)), groups
 
 
+def _tall(X, groups):
+    """Dense data whose first group's block holds more than one tile of the dense local step (``kernels/nmf.py:
+    TILE_BYTES``), so that the fits reach its tiled path (``_dense_frobenius_rows``), which the small data do not:
+    that group's rows repeated, the others' as they are (a tile is 1 MiB: more of them would only slow the warm-up)."""
+    from .kernels.nmf import TILE_BYTES
+
+    first = groups == groups[0]
+    repeats = -(-(TILE_BYTES // (X.shape[1] * X.itemsize) + 1) // int(first.sum()))
+    rows = np.concatenate([np.tile(np.flatnonzero(first), repeats), np.flatnonzero(~first)])
+    return X[rows], groups[rows]
+
+
 def _settings(declaration) -> list[dict]:
     """Every combination of the method's choice parameters, each with few iterations."""
     parameters = declaration.parameters()
@@ -174,8 +186,10 @@ def warm_up(progress=None, part: tuple[int, int] = (0, 1)) -> dict:
     with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         kinds = list(_data())
-        inputs = [(from_arrays(*kinds[k], path), kinds[k][0]) for k in _share_of(part, len(kinds))
-                  for path in (None, f"{scratch}/{k}.zarr")]  # in memory and on disk
+        share = _share_of(part, len(kinds))
+        inputs = [(from_arrays(*data, path), data[0]) for k in share  # in memory and on disk, dense also tall
+                  for data in [kinds[k]] + ([_tall(*kinds[k])] if isinstance(kinds[k][0], np.ndarray) else [])
+                  for path in (None, f"{scratch}/{k}-{data[0].shape[0]}.zarr")]
         for declaration in methods().values():
             if not declaration.numba_kernels:
                 continue

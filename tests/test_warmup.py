@@ -47,6 +47,10 @@ for dtype in (np.float64, np.float32):
             distfact.StratifiedNMF(3, max_iter=3, random_state=0).fit(X, groups=groups, mask=mask)
             distfact.FairerNMF(3, max_iter=2, estimate_max_iter=3, n_estimates=1, random_state=0).fit(
                 X, groups=groups, mask=mask)
+    tall = np.tile(dense, (50, 1)).astype(dtype)  # one block of more than one tile (kernels/nmf.py: TILE_BYTES)
+    for solver in ("mu", "hals"):
+        distfact.NMF(3, solver=solver, max_iter=3, random_state=0).fit(tall).transform(tall)
+    distfact.NMF(3, max_iter=3, random_state=0).fit(tall, mask=(rng.random(tall.shape) > 0.15) * 1.0)
 # The warm-up runs no fits of a method that declares no numba kernels of its own (numba_kernels=False), so these
 # must compile nothing: its defaults from a store of each dtype and layout; each of its settings (as the warm-up
 # would have run them) from a store of three groups and of two, 20 columns wide (the multigroup SVD's SDP grows
