@@ -328,18 +328,9 @@ def warm_up_side_by_side(processes: int, verbose: bool = False) -> dict:
             "seconds": time.perf_counter() - start, "processes": processes}
 
 
-def run(processes: int | None = None, verbose: bool = False) -> dict:
-    """The warm-up in ``processes`` processes (default :func:`default_processes`): in this one for 1
-    (:func:`warm_up`, with progress lines printed when ``verbose``), else :func:`warm_up_side_by_side`. Returns its
-    summary, with ``processes``, how many ran."""
-    processes = default_processes() if processes is None else processes
-    if processes == 1:
-        return {**warm_up(progress=print if verbose else None), "processes": 1}
-    return warm_up_side_by_side(processes, verbose=verbose)
-
-
 def summary_line(summary: dict) -> str:
-    """One line saying what a warm-up (:func:`run`'s summary) did."""
+    """One line saying what a warm-up (:func:`warm_up_side_by_side`'s summary, or :func:`warm_up`'s with
+    ``processes``) did."""
     processes = summary["processes"]
     return (f"{summary['fits']} fits; {sum(summary['compiled'].values())} kernel signatures compiled into "
             f"{', '.join(summary['cache'])} ({summary['seconds']:.1f} s, {processes} process"
@@ -350,7 +341,12 @@ def main(processes: int | None = None) -> None:
     """``distfact warmup`` and setup.py's build step (``python -m distfact.warmup``): warm up, saying so; in a process
     per usable core, at most ``MAX_PROCESSES`` (:func:`warm_up_side_by_side`), unless ``processes`` says how many (1:
     in this process)."""
-    print(summary_line(run(processes, verbose=True)))
+    processes = default_processes() if processes is None else processes
+    if processes == 1:
+        summary = {**warm_up(progress=print), "processes": 1}
+    else:
+        summary = warm_up_side_by_side(processes, verbose=True)
+    print(summary_line(summary))
 
 
 if __name__ == "__main__":

@@ -217,9 +217,7 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, ru
                 sums[2:] += _sums_of(X_t)
         xh = XHt[:stop - start]
         if update:
-            for a in range(0, stop - start, run):
-                b = min(a + run, stop - start)
-                np.dot(X_t[a:b], Ht, xh[a:b])
+            _dot_in_runs(X_t, Ht, xh, run)
         w = W_new[start:stop]
         if update == 1:
             np.dot(W[start:stop], HHt, w)  # the denominator, then the update in place
@@ -249,11 +247,18 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, ru
             sums[:2] += _mask_scatter(X_t, w, Ht, mask_indptr[start:stop + 1], mask_indices, mask_p, WtPx_T, WtPwh_T)
         if WH.shape[0] > 0:
             wh = WH[:stop - start]
-            for a in range(0, stop - start, run):
-                b = min(a + run, stop - start)
-                np.dot(w[a:b], H, wh[a:b])
+            _dot_in_runs(w, H, wh, run)
             sq_err += _sq_diff_sum(X_t, wh)
     return sq_err, sums[0], sums[1], sums[2], sums[3]
+
+
+@numba.njit(nogil=True, cache=True)
+def _dot_in_runs(A, B, out, run):
+    """out = A B, ``run`` rows of A at a time (``_product_rows``: products small enough for BLAS's small-matrix
+    kernels)."""
+    for a in range(0, A.shape[0], run):
+        b = min(a + run, A.shape[0])
+        np.dot(A[a:b], B, out[a:b])
 
 
 @numba.njit(nogil=True, cache=True)
