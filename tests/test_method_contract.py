@@ -11,9 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-from sklearn.utils._param_validation import validate_parameter_constraints
+from sklearn.utils._param_validation import InvalidParameterError, validate_parameter_constraints
 
 from conftest import cli_here, cli_in_process, grouped_data
+from distfact.estimators.contract import Number
 
 TESTS = pathlib.Path(__file__).resolve().parent
 SOURCE = TESTS.parent / "distfact"
@@ -128,6 +129,20 @@ def test_every_parameter_is_declared_with_its_constraints_and_help(declaration):
     validate_parameter_constraints(declaration.estimator._parameter_constraints, defaults,
                                    caller_name=declaration.name)
     assert all(p.help for p in parameters.values()), [p.name for p in parameters.values() if not p.help]
+
+
+@pytest.mark.parametrize("declaration", _builtin_methods(), ids=lambda d: d.name)
+def test_a_boolean_is_refused_where_a_number_is_meant(declaration):
+    """scikit-learn's Interval takes True as the int 1; no number here may be given as a boolean (a spec's
+    ``checkpoint_every = true``), whatever else the parameter allows."""
+    constraints = declaration.estimator._parameter_constraints
+    numbers_meant = sorted(name for name, allowed in constraints.items()
+                           if any(isinstance(c, Number) for c in allowed) and "boolean" not in allowed)
+    assert {"n_components", "max_iter", "checkpoint_every"} <= set(numbers_meant), numbers_meant
+    for name in numbers_meant:
+        with pytest.raises(InvalidParameterError, match=f"'{name}' parameter .* Got True instead"):
+            validate_parameter_constraints(constraints, {**declaration.estimator(2).get_params(deep=False),
+                                                         name: True}, caller_name=declaration.name)
 
 
 @pytest.mark.parametrize("declaration", _builtin_methods(), ids=lambda d: d.name)

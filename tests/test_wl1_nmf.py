@@ -1,6 +1,8 @@
 """distfact.WeightedL1NMF on the engine: Algorithm 6.2's iterates against the dense coordinate-descent
 oracle, objective and per-group errors against direct recomputation, passes, start, schedulers, resume."""
 
+import logging
+import os
 import time
 
 import numpy as np
@@ -148,6 +150,22 @@ def test_time_limit_stops_the_fit():
     started = time.perf_counter()
     model = distfact.WeightedL1NMF(5, hals_iter=10**7, tol=0, time_limit=0.5, random_state=0).fit(X, groups=groups)
     assert model.timed_out_ and model.n_iter_ == 0 and time.perf_counter() - started < 30
+
+
+def test_a_fit_stopped_by_its_time_limit_saves_its_last_iteration(tmp_path, caplog):
+    """The loop's last state is saved when a time limit ends it, as at max_iter: checkpoints due far apart, the
+    newest on disk is the fit's last iteration, and a resumed fit goes on from it."""
+    X, groups = sparse_grouped(m=200, n=80, seed=9)
+    distfact.WeightedL1NMF(5, max_iter=2, random_state=0).fit(X, groups=groups)  # first calls, not what is tested
+    run_dir = tmp_path / "run"
+    params = dict(tol=0, hals_iter=2, random_state=0, checkpoint_dir=run_dir, checkpoint_every=10**6)
+    model = distfact.WeightedL1NMF(5, max_iter=10**6, time_limit=1.0, **params).fit(X, groups=groups)
+    assert model.timed_out_ and 0 < model.n_iter_ < 10**6
+    assert sorted(os.listdir(run_dir / "scd" / "checkpoints"))[-1] == f"iter-{model.n_iter_:06d}"  # the main loop's
+    with caplog.at_level(logging.INFO, logger="distfact"):
+        resumed = distfact.WeightedL1NMF(5, max_iter=model.n_iter_ + 2, resume=True, **params).fit(X, groups=groups)
+    assert f"(iteration {model.n_iter_})" in caplog.text
+    assert resumed.n_iter_ == model.n_iter_ + 2 and not resumed.timed_out_
 
 
 def test_a_bad_rank_writes_nothing_into_the_store(tmp_path):

@@ -81,8 +81,9 @@ class Checkpointer:
     (:meth:`begin`). A fit of cheap iterations would otherwise spend most of its time writing checkpoints: a
     400 x 100 NMF fit of 200 iterations took 13 times as long with one every 10 iterations (BENCHMARKS.md,
     "Checkpoints by their share of a fit's time"). With ``"auto"`` the first checkpoint due is always written, as
-    is the state of a loop that converges or reaches ``max_iter`` (``driver.fit``), and a killed fit loses at most
-    ``AUTO_EVERY`` iterations or about ``1 / TIME_SHARE`` times a checkpoint's own cost, whichever is longer."""
+    is the state of a loop that converges, reaches ``max_iter`` or stops at a time limit (``driver.fit``), and a
+    killed fit loses at most ``AUTO_EVERY`` iterations or about ``1 / TIME_SHARE`` times a checkpoint's own cost,
+    whichever is longer."""
 
     def __init__(self, run_dir, every: int | str, config: dict, keep: int = 2):
         if isinstance(every, str) and every == AUTO:

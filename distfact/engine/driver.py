@@ -222,11 +222,24 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
         reused = ReusedBuffers()  # the global state's aligned copies, made into the same allocations every iteration
         ship = _shipping(method)
         group_names = data.group_names  # for the error message of a non-finite objective
+        saved = state.iteration  # the last iteration whose state is on disk (or was restored, or none ran)
+
+        def save():
+            nonlocal saved
+            checkpointer.save(state.iteration, {
+                "global_state": state.global_state, "stats": state.stats,
+                "objectives": np.asarray(state.objectives, dtype=np.float64),
+                "group_objectives": np.stack(state.group_objectives), "converged": state.converged,
+                "n_passes": executor.n_passes}, executor)
+            saved = state.iteration
+
         while state.iteration < max_iter and not state.converged:
             started = time.perf_counter()
             if deadline is not None and started >= deadline:
                 state.timed_out = True
                 logger.info("time limit reached after %d iterations", state.iteration)
+                if checkpointer is not None and saved != state.iteration:  # the last state, as at max_iter
+                    save()
                 break
             iteration = state.iteration + 1
             try:
@@ -253,14 +266,11 @@ def fit(method: IterativeMethod, data, executor, *, max_iter: int, start: Callab
             logger.info("iteration %d: objective %.6g (%.3f s)", state.iteration, value, seconds)
             if callback is not None:
                 callback(IterationInfo(state.iteration, max_iter, value, per_group, seconds, executor.n_passes))
-            # the last state is always saved, so that a later phase of the same fit can resume after it
+            # the last state is always saved (at a time limit too, above), so that a later phase of the same fit can
+            # resume after it
             finished = state.converged or state.iteration >= max_iter
             if checkpointer is not None and (checkpointer.due(state.iteration) or finished):
-                checkpointer.save(state.iteration, {
-                    "global_state": state.global_state, "stats": state.stats,
-                    "objectives": np.asarray(state.objectives, dtype=np.float64),
-                    "group_objectives": np.stack(state.group_objectives), "converged": state.converged,
-                    "n_passes": executor.n_passes}, executor)
+                save()
     return state
 
 

@@ -27,10 +27,21 @@ from sklearn.utils._param_validation import Interval, StrOptions, validate_param
 #: threads and memory of this process); they are not options of ``distfact fit`` nor keys of a [[fit]] table
 SURFACE_PARAMETERS = frozenset({"n_components", "random_state", "checkpoint_dir", "checkpoint_every", "resume",
                                 "callback", "n_threads", "local_memory_budget", "block_rows"})
+
+
+class Number(Interval):
+    """scikit-learn's ``Interval`` refusing booleans. Python counts ``True`` as the int 1 and scikit-learn's
+    constraint takes it (``sklearn.decomposition.NMF(n_components=True)`` fits at rank 1), but no parameter here is
+    a number given as a boolean: ``checkpoint_every=True`` or ``max_iter = true`` in a spec is a mistake to name."""
+
+    def is_satisfied_by(self, val):
+        return not isinstance(val, bool) and super().is_satisfied_by(val)
+
+
 #: their constraints, and those of the iteration parameters most estimators share
-POSITIVE_INT, COUNT, NON_NEGATIVE = (Interval(numbers.Integral, 1, None, closed="left"),
-                                     Interval(numbers.Integral, 0, None, closed="left"),
-                                     Interval(numbers.Real, 0, None, closed="left"))
+POSITIVE_INT, COUNT, NON_NEGATIVE = (Number(numbers.Integral, 1, None, closed="left"),
+                                     Number(numbers.Integral, 0, None, closed="left"),
+                                     Number(numbers.Real, 0, None, closed="left"))
 SURFACE_CONSTRAINTS = {
     "n_components": [POSITIVE_INT], "random_state": [COUNT, None], "checkpoint_dir": [str, os.PathLike, None],
     "checkpoint_every": [POSITIVE_INT, StrOptions({"auto"})], "resume": ["boolean"], "callback": [callable, None],

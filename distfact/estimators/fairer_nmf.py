@@ -11,7 +11,7 @@ from numbers import Real
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import StrOptions
 
 from .._warnings import user_stacklevel
 from ..engine.driver import initialise, initialise_keeping
@@ -20,7 +20,7 @@ from ..methods.nmf import NMFMethod
 from ..metrics import group_metric_frame
 from .base import FactorEstimator, Phase, check_iteration_params, data_fingerprint
 from .masks import block_masks, observed_group_sums, resolve_mask
-from .contract import COUNT, NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
+from .contract import COUNT, NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, Number, PaperReport
 
 SOLVERS = ("mu", "am")
 
@@ -137,7 +137,7 @@ class FairerNMF(FactorEstimator):
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "solver": [StrOptions(set(SOLVERS))],
                                     "n_estimates": [POSITIVE_INT],
                                     "c_update": [StrOptions({"decaying", "fixed", "largest"})],
-                                    "c_step": [Interval(Real, 0, 1, closed="right")], "max_iter": [COUNT, None],
+                                    "c_step": [Number(Real, 0, 1, closed="right")], "max_iter": [COUNT, None],
                                     "estimate_max_iter": [COUNT], "estimate_tol": [NON_NEGATIVE]}
 
     def __init__(self, n_components, *, solver="mu", n_estimates=5, c_update="decaying", c_step=0.5, tol=1e-5,

@@ -19,7 +19,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, ClassNamePrefixFeatures
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import accuracy_score
 from sklearn.utils import column_or_1d
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 
 from .._warnings import user_stacklevel
@@ -31,7 +31,7 @@ from ..store.masks import check_weights
 from ..store.validate import check_label_spellings
 from .base import (FactorEstimator, Phase, SavedEstimator, check_factor, check_iteration_params, data_fingerprint,
                    given_local, with_input_tags)
-from .contract import NON_NEGATIVE, SURFACE_CONSTRAINTS, FitInput, MethodDeclaration, PaperReport
+from .contract import NON_NEGATIVE, SURFACE_CONSTRAINTS, FitInput, MethodDeclaration, Number, PaperReport
 from .masks import block_masks, resolve_mask, stored_mask_conflict
 
 INITS = ("random", "custom")
@@ -168,7 +168,7 @@ class SSNMF(FactorEstimator):
     """
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "model": [StrOptions(set(MODELS))],
-                                    "lam": [NON_NEGATIVE], "eps": [Interval(Real, 0, None, closed="neither")],
+                                    "lam": [NON_NEGATIVE], "eps": [Number(Real, 0, None, closed="neither")],
                                     "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components, *, model="DF", lam=100.0, max_iter=50, tol=1e-3, eps=1e-10, init="random",

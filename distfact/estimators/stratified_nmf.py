@@ -11,7 +11,7 @@ import os
 from numbers import Real
 
 import numpy as np
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import StrOptions
 
 from ..engine.driver import initialise
 from ..features import feature_names_of, top_feature_names
@@ -19,7 +19,7 @@ from ..methods.stratified_nmf import StratifiedMU
 from ..metrics import group_metric_frame, relative_error
 from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
 from .masks import block_masks, resolve_mask
-from .contract import NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, PaperReport
+from .contract import NON_NEGATIVE, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, Number, PaperReport
 
 INITS = ("random", "custom")
 
@@ -96,7 +96,7 @@ class StratifiedNMF(FactorEstimator):
     """
 
     _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "v_updates": [POSITIVE_INT],
-                                    "tol": [NON_NEGATIVE, None], "eps": [Interval(Real, 0, None, closed="neither")],
+                                    "tol": [NON_NEGATIVE, None], "eps": [Number(Real, 0, None, closed="neither")],
                                     "init": [StrOptions(set(INITS))]}
 
     def __init__(self, n_components, *, v_updates=2, max_iter=10_000, tol=1e-4, eps=1e-9, random_state=None,

@@ -13,7 +13,7 @@ from numbers import Real
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import StrOptions
 
 from .._warnings import user_stacklevel
 from ..engine.driver import initialise
@@ -25,7 +25,7 @@ from ..store.coerce import checked_matrix
 from ..store.grouped import GroupedMatrix
 from .masks import block_masks, resolve_mask
 from .base import FactorEstimator, Phase, check_factor, check_iteration_params, data_fingerprint
-from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration
+from .contract import COUNT, POSITIVE_INT, SURFACE_CONSTRAINTS, MethodDeclaration, Number
 
 INITS = ("hals", "random", "custom")
 
@@ -118,9 +118,9 @@ class WeightedL1NMF(FactorEstimator):
     _select_rank_refusal = ("its HALS start reads X unmasked, so the folds' held-out entries, which share one X, "
                             "would enter every model's start; fit(X, mask=...) alone zeroes them")
 
-    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "lam": [Interval(Real, 0, 1, closed="both")],
+    _parameter_constraints: dict = {**SURFACE_CONSTRAINTS, "lam": [Number(Real, 0, 1, closed="both")],
                                     "init": [StrOptions(set(INITS))], "hals_iter": [COUNT],
-                                    "time_limit": [Interval(Real, 0, None, closed="neither"), None],
+                                    "time_limit": [Number(Real, 0, None, closed="neither"), None],
                                     "column_blocks": [POSITIVE_INT, None]}
 
     def __init__(self, n_components, *, lam=0.01, init="hals", hals_iter=10, max_iter=1000, tol=1e-6,
