@@ -377,7 +377,8 @@ def shares_products(X, Ws, Hs) -> bool:
     """Whether ``frobenius_local_many`` takes these models' local steps on the dense block X: each of them goes
     through the tiled step alone (``_tiled``). On a block of one tile the models' products are small (``products.py``:
     BLAS's on the whole block, or the thin loops'): shared, they were measured no faster (400 x 100, 10 models)."""
-    return isinstance(X, np.ndarray) and all(_tiled(X, W, H) for W, H in zip(Ws, Hs))
+    # the block's size first: a sweep of small blocks asks for every block of every pass
+    return isinstance(X, np.ndarray) and X.shape[0] > _tile_rows(X) and all(_tiled(X, W, H) for W, H in zip(Ws, Hs))
 
 
 def _tiled(X, *factors) -> bool:
