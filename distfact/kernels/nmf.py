@@ -17,6 +17,7 @@ from .memory import aligned, aligned_copy, empty_aligned
 from .prefetch import PREFETCH_DISTANCE, prefetch_row
 from .products import (block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block, wh_at_nonzeros,
                        wt_times_block)
+from .row_vectors import add_scaled_row, gather_row
 
 #: Bytes of X per tile of the dense local step: a tile stays in the core's cache while both products
 #: (X_t H^T, then W_t^T X_t) read it, so that a pass reads X from memory once.
@@ -122,31 +123,19 @@ def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt
     Entry p reads row ``indices[p]`` of H^T and adds into row ``scatter[p]`` of (W^T X)^T (``n_out`` rows):
     ``scatter`` is ``indices`` itself for the whole width, and a block's columns renumbered into its stratum's kept
     columns for Stratified-NMF (``kernels/stratified.py``), which then reads H^T itself, not a gathered copy.
-    ``fastmath`` lets LLVM vectorise the length-r loops (finite data is validated at ingest; reassociation
-    moves results by rounding only). Indices, not row views, in the loops over entries (a view costs a
-    reference count: 7-10% of the step); the rows of H^T and (W^T X)^T an entry reads are prefetched a few entries
-    ahead (``kernels/prefetch.py``), and the gather and the scatter take two entries at a time (fewer loads and
-    stores of xh, two rows' loads in flight): 0.30 -> 0.23 s on the sparse MU benchmark's matrix on one thread, the
-    same bits there (with ``fastmath``'s reassociation)."""
+    The gather and the scatter are vector code of their own (``kernels/row_vectors.py``: the row's sum in
+    registers, no run-time overlap checks or scalar tails), the rows of H^T and (W^T X)^T an entry reads prefetched a
+    few entries ahead (``kernels/prefetch.py``). ``fastmath`` lets LLVM vectorise the length-r loops of the update
+    (finite data is validated at ingest; reassociation moves results by rounding only)."""
     m, r = W.shape
     W_new = np.empty_like(W)
     WtX_T = np.zeros((n_out, r), dtype=W.dtype)
-    xh = np.empty(r, dtype=W.dtype)
+    xh_row = np.empty((1, r), dtype=W.dtype)
+    xh = xh_row[0]
     ahead = indices.shape[0] - PREFETCH_DISTANCE
     for i in range(m):
-        xh[:] = 0.0
         start, stop = indptr[i], indptr[i + 1]
-        for p in range(start, stop - 1, 2):  # two entries at a time: xh is loaded and stored half as often
-            if p + 1 < ahead:
-                prefetch_row(Ht, indices[p + PREFETCH_DISTANCE])
-                prefetch_row(Ht, indices[p + 1 + PREFETCH_DISTANCE])
-            x0, j0, x1, j1 = data[p], indices[p], data[p + 1], indices[p + 1]
-            for k in range(r):
-                xh[k] += x0 * Ht[j0, k] + x1 * Ht[j1, k]
-        if (stop - start) % 2:
-            x, j = data[stop - 1], indices[stop - 1]
-            for k in range(r):
-                xh[k] += x * Ht[j, k]
+        gather_row(xh_row, 0, data, indices, start, stop, Ht)
         w = W_new[i]
         if use_mu:
             for k in range(r):
@@ -162,18 +151,10 @@ def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt
                     acc -= w[q] * HHt[q, k]
                 value = w[k] + acc / gkk
                 w[k] = value if value > 0.0 else 0.0
-        for p in range(start, stop - 1, 2):  # two entries at a time, as the gather
-            if p + 1 < ahead:
+        for p in range(start, stop):
+            if p < ahead:
                 prefetch_row(WtX_T, scatter[p + PREFETCH_DISTANCE])
-                prefetch_row(WtX_T, scatter[p + 1 + PREFETCH_DISTANCE])
-            x0, j0, x1, j1 = data[p], scatter[p], data[p + 1], scatter[p + 1]
-            for k in range(r):
-                WtX_T[j0, k] += x0 * w[k]
-                WtX_T[j1, k] += x1 * w[k]
-        if (stop - start) % 2:
-            x, j = data[stop - 1], scatter[stop - 1]
-            for k in range(r):
-                WtX_T[j, k] += x * w[k]
+            add_scaled_row(WtX_T, scatter[p], data[p], W_new, i)
     return W_new, WtX_T
 
 
