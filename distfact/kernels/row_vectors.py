@@ -18,7 +18,7 @@ Both use ``llvm.fmuladd`` (a fused multiply-add where the processor has one), as
 ``fastmath`` do: on the sparse MU benchmark's matrix the step gives the same bits as those loops. Arrays are 2-D,
 C-contiguous, float64 or float32 (one dtype); row indices are not checked against the arrays' shapes (the callers'
 come from validated CSR blocks). Measured on the sparse MU benchmark's matrix (100,000 x 20,000 at 0.5%, r = 20,
-Emerald Rapids): the fused step alone on one thread 0.87-0.92 of the numba loops' time (medians of 12 alternated
+Emerald Rapids): the fused step alone on one thread 0.84-0.92 of the numba loops' time (medians of 12 alternated
 runs), 0.58-0.80 with H^T's rows all in cache (columns taken modulo 2,000), 0.946 in ``bench_sparse_sweep.py``'s
 thread CPU time (50,000 rows); a fit's MU iteration 0.145 -> 0.114 s (``bench_nmf.py --cases sparse --mu-only``).
 """
