@@ -88,7 +88,8 @@ def test_add_scaled_row_adds_a_multiple_of_one_row_to_another(dtype):
 
 
 def test_row_intrinsics_refuse_what_they_cannot_read():
-    """A Fortran-ordered array, mixed dtypes or an integer array is a typing error, not wrong memory reads."""
+    """A Fortran-ordered array, mixed dtypes, an integer array or strided entries is a typing error, not wrong
+    memory reads."""
     rows = np.zeros((3, 4))
     with pytest.raises(numba.TypingError):
         _add_scaled(np.asfortranarray(rows), 0, 1.0, rows, 1)
@@ -96,3 +97,7 @@ def test_row_intrinsics_refuse_what_they_cannot_read():
         _add_scaled(rows, 0, 1.0, rows.astype(np.float32), 1)
     with pytest.raises(numba.TypingError):
         _gather(rows, 0, np.ones(2), np.zeros(2, dtype=np.int64), 0, 2, rows.astype(np.int64))
+    with pytest.raises(numba.TypingError):  # strided entries: the intrinsic reads them as contiguous
+        _gather(rows, 0, np.ones(4)[::2], np.zeros(2, dtype=np.int64), 0, 2, rows)
+    with pytest.raises(numba.TypingError):
+        _gather(rows, 0, np.ones(2), np.zeros(4, dtype=np.int64)[::2], 0, 2, rows)

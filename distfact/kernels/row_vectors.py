@@ -15,12 +15,13 @@ narrower processors):
   width, then one entry at a time.
 
 Both use ``llvm.fmuladd`` (a fused multiply-add where the processor has one), as the numba loops compiled with
-``fastmath`` do: on the sparse MU benchmark's matrix the step gives the same bits as those loops. Arrays are 2-D,
-C-contiguous, float64 or float32 (one dtype); row indices are not checked against the arrays' shapes (the callers'
-come from validated CSR blocks). Measured on the sparse MU benchmark's matrix (100,000 x 20,000 at 0.5%, r = 20,
-Emerald Rapids): the fused step alone on one thread 0.84-0.92 of the numba loops' time (medians of 12 alternated
-runs), 0.58-0.80 with H^T's rows all in cache (columns taken modulo 2,000), 0.946 in ``bench_sparse_sweep.py``'s
-thread CPU time (50,000 rows); a fit's MU iteration 0.145 -> 0.114 s (``bench_nmf.py --cases sparse --mu-only``).
+``fastmath`` do: on the sparse MU benchmark's matrix the step gives the same bits as those loops. Factor arrays are
+2-D, C-contiguous, float64 or float32 (one dtype); ``data`` and ``indices`` are contiguous; row indices are not
+checked against the arrays' shapes (the callers' come from validated CSR blocks). Measured on the sparse MU
+benchmark's matrix (100,000 x 20,000 at 0.5%, r = 20, Emerald Rapids): the fused step alone on one thread 0.84-0.92
+of the numba loops' time (medians of 12 alternated runs), 0.58-0.80 with H^T's rows all in cache (columns taken
+modulo 2,000), 0.946 in ``bench_sparse_sweep.py``'s thread CPU time (50,000 rows); a fit's MU iteration 0.145 ->
+0.114 s (``bench_nmf.py --cases sparse --mu-only``).
 """
 
 from __future__ import annotations
@@ -127,8 +128,10 @@ def gather_row(typingctx, out, i, data, indices, start, stop, src):
     """``out[i, :] = sum(data[p] * src[indices[p], :] for p in range(start, stop))`` over ``out.shape[1]`` entries
     (``src`` has as many columns); returns nothing."""
     if not (_is_row_array(out) and _is_row_array(src) and out.dtype == src.dtype
-            and isinstance(data, types.Array) and data.ndim == 1 and isinstance(data.dtype, types.Float)
-            and isinstance(indices, types.Array) and indices.ndim == 1 and isinstance(indices.dtype, types.Integer)
+            and isinstance(data, types.Array) and data.ndim == 1 and data.layout == "C"
+            and isinstance(data.dtype, types.Float)
+            and isinstance(indices, types.Array) and indices.ndim == 1 and indices.layout == "C"
+            and isinstance(indices.dtype, types.Integer)
             and all(isinstance(value, types.Integer) for value in (i, start, stop))):
         return None
 
