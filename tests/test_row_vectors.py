@@ -87,9 +87,26 @@ def test_add_scaled_row_adds_a_multiple_of_one_row_to_another(dtype):
         src_region.close()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_of_a_wider_source_are_read_at_its_own_width(dtype):
+    """A source with more columns than the output: its rows start at its own width, its first r entries are read."""
+    rng = np.random.default_rng(2)
+    r, wide = 20, 27
+    src = rng.random((9, wide)).astype(dtype)
+    indices, data = np.array([8, 3, 5], dtype=np.int64), rng.random(3).astype(dtype)
+    out = np.zeros((1, r), dtype=dtype)
+    _gather(out, 0, data, indices, 0, 3, src)
+    expected = (data[:, None].astype(np.float64) * src[indices, :r]).sum(axis=0)
+    np.testing.assert_allclose(out[0], expected, rtol=_tolerance(dtype))
+    dst = rng.random((2, r)).astype(dtype)
+    expected = dst[1].astype(np.float64) + 2.0 * src[8, :r]
+    _add_scaled(dst, 1, 2, src, 8)
+    np.testing.assert_allclose(dst[1], expected, rtol=_tolerance(dtype))
+
+
 def test_row_intrinsics_refuse_what_they_cannot_read():
-    """A Fortran-ordered array, mixed dtypes, an integer array or strided entries is a typing error, not wrong
-    memory reads."""
+    """A Fortran-ordered array, mixed dtypes, an integer array, strided entries, a read-only output or a complex
+    scale is a typing error, not wrong memory reads or writes."""
     rows = np.zeros((3, 4))
     with pytest.raises(numba.TypingError):
         _add_scaled(np.asfortranarray(rows), 0, 1.0, rows, 1)
@@ -97,6 +114,12 @@ def test_row_intrinsics_refuse_what_they_cannot_read():
         _add_scaled(rows, 0, 1.0, rows.astype(np.float32), 1)
     with pytest.raises(numba.TypingError):
         _gather(rows, 0, np.ones(2), np.zeros(2, dtype=np.int64), 0, 2, rows.astype(np.int64))
+    read_only = rows.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(numba.TypingError):
+        _add_scaled(read_only, 0, 1.0, rows, 1)
+    with pytest.raises(numba.TypingError):
+        _add_scaled(rows, 0, 1j, rows, 1)
     with pytest.raises(numba.TypingError):  # strided entries: the intrinsic reads them as contiguous
         _gather(rows, 0, np.ones(4)[::2], np.zeros(2, dtype=np.int64), 0, 2, rows)
     with pytest.raises(numba.TypingError):

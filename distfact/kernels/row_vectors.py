@@ -40,9 +40,9 @@ _VECTOR_BYTES = 64
 _I32 = ir.IntType(32)
 
 
-def _is_row_array(array) -> bool:
+def _is_row_array(array, written: bool = False) -> bool:
     return (isinstance(array, types.Array) and array.ndim == 2 and array.layout == "C"
-            and array.dtype in (types.float64, types.float32))
+            and array.dtype in (types.float64, types.float32) and (array.mutable or not written))
 
 
 def _suffix(vector: ir.VectorType) -> str:
@@ -85,9 +85,11 @@ def _vector_at(builder, row, offset, vector):
 
 @intrinsic
 def add_scaled_row(typingctx, dst, i, a, src, j):
-    """``dst[i, :] += a * src[j, :]`` over ``dst.shape[1]`` entries; returns nothing."""
-    if not (_is_row_array(dst) and _is_row_array(src) and dst.dtype == src.dtype
-            and isinstance(i, types.Integer) and isinstance(j, types.Integer) and isinstance(a, types.Number)):
+    """``dst[i, :] += a * src[j, :dst.shape[1]]``; ``src`` has at least as many columns (not checked: every caller's
+    are equal); returns nothing."""
+    if not (_is_row_array(dst, written=True) and _is_row_array(src) and dst.dtype == src.dtype
+            and isinstance(i, types.Integer) and isinstance(j, types.Integer)
+            and isinstance(a, (types.Integer, types.Float))):
         return None
 
     def codegen(context, builder, signature, args):
@@ -126,8 +128,8 @@ def add_scaled_row(typingctx, dst, i, a, src, j):
 @intrinsic
 def gather_row(typingctx, out, i, data, indices, start, stop, src):
     """``out[i, :] = sum(data[p] * src[indices[p], :] for p in range(start, stop))`` over ``out.shape[1]`` entries
-    (``src`` has as many columns); returns nothing."""
-    if not (_is_row_array(out) and _is_row_array(src) and out.dtype == src.dtype
+    (``src`` has at least as many columns, not checked: every caller's are equal); returns nothing."""
+    if not (_is_row_array(out, written=True) and _is_row_array(src) and out.dtype == src.dtype
             and isinstance(data, types.Array) and data.ndim == 1 and data.layout == "C"
             and isinstance(data.dtype, types.Float)
             and isinstance(indices, types.Array) and indices.ndim == 1 and indices.layout == "C"
@@ -142,6 +144,7 @@ def gather_row(typingctx, out, i, data, indices, start, stop, src):
         intp = context.get_value_type(types.intp)
         out_row, r = _row(context, builder, out_type, args[0], args[1], i_type)
         src = context.make_array(src_type)(context, builder, args[6])
+        src_width = cgutils.unpack_tuple(builder, src.shape)[1]
         data = context.make_array(data_type)(context, builder, args[2])
         indices = context.make_array(indices_type)(context, builder, args[3])
         n_indices = cgutils.unpack_tuple(builder, indices.shape)[0]
@@ -158,7 +161,7 @@ def gather_row(typingctx, out, i, data, indices, start, stop, src):
 
         def src_row(p, offset):
             column = context.cast(builder, builder.load(builder.gep(indices.data, [p])), indices_type.dtype, types.intp)
-            return builder.gep(src.data, [builder.add(builder.mul(column, r), offset)])
+            return builder.gep(src.data, [builder.add(builder.mul(column, src_width), offset)])
 
         span = ir.Constant(intp, lanes * GATHER_VECTORS)
         with cgutils.for_range_slice(builder, ir.Constant(intp, 0), r, span) as (offset, _):
@@ -166,7 +169,9 @@ def gather_row(typingctx, out, i, data, indices, start, stop, src):
             masks = [builder.icmp_signed("<", builder.add(_splat(builder, first, lane_numbers), lane_offsets), ends)
                      for first in firsts]
             sums = [cgutils.alloca_once_value(builder, zero) for _ in range(GATHER_VECTORS)]
-            row_bytes = builder.mul(builder.sub(r, offset), ir.Constant(intp, itemsize))
+            left = builder.sub(r, offset)  # this sweep's entries of a row: at most span
+            row_bytes = builder.mul(builder.select(builder.icmp_signed("<", left, span), left, span),
+                                    ir.Constant(intp, itemsize))
             with cgutils.for_range_slice(builder, start, stop, ir.Constant(intp, 1)) as (p, _):
                 ahead = builder.add(p, ir.Constant(intp, PREFETCH_DISTANCE))
                 with builder.if_then(builder.icmp_signed("<", ahead, n_indices), likely=True):
