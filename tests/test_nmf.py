@@ -103,9 +103,9 @@ def test_csr_local_step_equals_scipy_products(rank, dtype):
 
 @pytest.mark.parametrize("solver", ["mu", "hals"])
 def test_csr_local_step_on_rows_of_every_length(solver):
-    """The fused CSR sweep takes a row's entries two at a time and prefetches rows some entries ahead: rows of 0 to
-    11 entries (even, odd, none), in both orders of length, the longest at the end of the arrays, against scipy's
-    products (MU) and the dense path's sweep (HALS)."""
+    """The fused CSR sweep gathers a row's entries in vector registers and prefetches rows some entries ahead: rows
+    of 0 to 11 entries (none included), in both orders of length, the longest at the end of the arrays, against
+    scipy's products (MU) and the dense path's sweep (HALS)."""
     from distfact.kernels import nmf as k
 
     rng = np.random.default_rng(7)
