@@ -121,6 +121,49 @@ def test_bad_values_name_group_row_and_column_and_write_nothing(value, what, spa
     assert nothing_written(path)
 
 
+@pytest.mark.parametrize("indices,indptr,what", [
+    ([0, 5, 1], [0, 2, 3], "row 0 stores column index 5, outside its 3 columns"),
+    ([0, 2, -1], [0, 2, 3], "row 1 stores column index -1, outside its 3 columns"),
+    ([0, 1, 1], [0, 3, 2], "its indptr must rise from 0")])
+def test_a_malformed_csr_matrix_is_refused_before_anything_is_written(indices, indptr, what, tmp_path):
+    """scipy builds a CSR matrix from (data, indices, indptr) without checking them (its own ``toarray`` then puts
+    an entry of column 5 into the next row): a fit, an ingest, a store refuse it, naming the problem."""
+    X = sp.csr_matrix((np.array([1.0, 2.0, 3.0]), np.array(indices, np.int32), np.array(indptr, np.int32)),
+                      shape=(2, 3))
+    path = tmp_path / "bad.zarr"
+    with pytest.raises(ValueError, match=f"X is a malformed CSR matrix: {what}"):
+        distfact.from_arrays(X, ["a", "b"], path)
+    assert nothing_written(path)
+    with pytest.raises(ValueError, match="malformed CSR"):
+        distfact.NMF(1, max_iter=2).fit(X)
+
+
+def test_csr_blocks_of_contiguous_rows_are_canonical_copies_and_x_is_untouched():
+    """Groups of contiguous rows are taken as ranges of X's stored entries (not scipy's row slices): each block
+    holds its rows' entries, duplicates summed and explicit zeros dropped, columns sorted, and the caller's X, read-only
+    with unsorted columns and a duplicate, is left as it was."""
+    rng = np.random.default_rng(5)
+    dense = rng.random((40, 12)) * (rng.random((40, 12)) < 0.4)
+    coo = sp.coo_matrix(dense)
+    order = rng.permutation(coo.nnz)  # unsorted columns within rows once converted without summing
+    rows, cols, vals = coo.row[order], coo.col[order], coo.data[order]
+    rows, cols, vals = np.r_[rows, 3, 7], np.r_[cols, cols[rows == 3][:1], 0], np.r_[vals, 0.5, 0.0]
+    indptr = np.r_[0, np.cumsum(np.bincount(rows, minlength=40))]
+    by_row = np.argsort(rows, kind="stable")
+    X = sp.csr_matrix((vals[by_row], cols[by_row], indptr), shape=(40, 12))
+    expected = X.toarray()
+    before = [a.copy() for a in (X.data, X.indices, X.indptr)]
+    for a in (X.data, X.indices, X.indptr):
+        a.flags.writeable = False
+    groups = np.repeat(["a", "b"], 20)
+    store = distfact.from_arrays(X, groups, block_rows=7)
+    check_round_trip(store, expected, groups)
+    for b in store.blocks:
+        block = store.load_block(b.index)
+        assert block.has_canonical_format and np.all(block.data != 0)
+    assert all(np.array_equal(a, b) for a, b in zip((X.data, X.indices, X.indptr), before))
+
+
 def test_bad_value_in_a_later_block_leaves_no_partial_store(tmp_path):
     X, groups = grouped_data(m=200, n=4)
     last_group_row = int(np.flatnonzero(groups == "g2")[-1])

@@ -16,7 +16,7 @@ from ..lazy import scipy_sparse as sp, store_chunks as chunks, zarr, zarr_storag
 from .format import Block, BlockMask, GroupStats, Metadata
 from .grouped import GroupedMatrix
 from .masks import FORM_NAMES, ComplementMask, block_form, block_observed_total, check_weights, nan_missing, zero_missing
-from .validate import check_block_values, check_groups, group_lookup, working_dtype
+from .validate import check_block_values, check_csr_structure, check_groups, group_lookup, working_dtype
 from .writing import DEFAULT_BLOCK_BYTES, array_records, block_stats, check_destination, write_arrays
 
 
@@ -331,8 +331,18 @@ def split_rows(rows: np.ndarray, block_rows: int) -> list[np.ndarray]:
     return np.array_split(rows, n_parts) if n_parts else []
 
 
+def _csr_row_range(X, lo: int, hi: int):
+    """Rows lo..hi of the CSR matrix X, its entries copied (a block's duplicates are summed in place) as they are
+    stored: scipy's row slice checks every entry's column (issue 19: 8 against 3 ms for a 20,000-row corpus)."""
+    start, stop = int(X.indptr[lo]), int(X.indptr[hi])
+    return type(X)((X.data[start:stop].copy(), X.indices[start:stop].copy(), X.indptr[lo:hi + 1] - start),
+                   shape=(hi - lo, X.shape[1]))
+
+
 def _take_rows(X, rows: np.ndarray):
     contiguous = rows[-1] - rows[0] + 1 == len(rows) and (np.diff(rows) == 1).all()
+    if contiguous and sp.issparse(X) and X.format == "csr":
+        return _csr_row_range(X, int(rows[0]), int(rows[-1]) + 1)
     index = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
     part = X[index]
     if hasattr(part, "compute"):  # a dask array: materialise this block only
@@ -446,7 +456,10 @@ def input_rows(X, feature_names=None, missing=None):
         raise ValueError(f"X must be 2-D (samples x features), got shape {X.shape}")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError(f"X is empty (shape {X.shape})")
-    return (X.tocsr() if sp.issparse(X) else X), feature_names
+    if sp.issparse(X):
+        X = X.tocsr()
+        check_csr_structure(X)
+    return X, feature_names
 
 
 def write_rows(writer: StoreWriter, X, codes: np.ndarray, names: list[str], block_rows, block_bytes,

@@ -23,6 +23,23 @@ def working_dtype(dtype, where: str = "X") -> np.dtype:
     raise ValueError(f"{where} has dtype {dtype}, which is not numeric; expected real numbers")
 
 
+def check_csr_structure(X, where: str = "X") -> None:
+    """Refuse a CSR matrix whose structure does not hold: ``indptr`` of m + 1 non-decreasing offsets from 0 to the
+    number of stored entries, and column indices within 0..n-1. scipy builds such a matrix from (data, indices,
+    indptr) without looking (its ``toarray`` then writes entries into other rows); distfact's kernels read H^T
+    and write sums at the indices they are given."""
+    m, n = X.shape
+    indptr, indices = X.indptr, X.indices
+    if indptr.shape != (m + 1,) or indptr[0] != 0 or indptr[-1] != indices.size or (np.diff(indptr) < 0).any():
+        raise ValueError(f"{where} is a malformed CSR matrix: its indptr must rise from 0 to its {indices.size} "
+                         f"stored entries in {m + 1} offsets, one per row and one more")
+    if indices.size and not (0 <= indices.min() and indices.max() < n):
+        flat = int(np.flatnonzero((indices < 0) | (indices >= n))[0])
+        row = int(np.searchsorted(indptr, flat, side="right") - 1)
+        raise ValueError(f"{where} is a malformed CSR matrix: row {row} stores column index {int(indices[flat])}, "
+                         f"outside its {n} columns (0..{n - 1})")
+
+
 def check_block_values(block, group_name: str, source_rows: np.ndarray, where: str = "X",
                        signed: bool = False, square_sum: float = 0.0) -> None:
     """Refuse NaN, infinite and (unless ``signed``) negative entries, and data whose squares overflow;
