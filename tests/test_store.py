@@ -122,20 +122,28 @@ def test_bad_values_name_group_row_and_column_and_write_nothing(value, what, spa
 
 
 @pytest.mark.parametrize("indices,indptr,what", [
-    ([0, 5, 1], [0, 2, 3], "row 0 stores column index 5, outside its 3 columns"),
-    ([0, 2, -1], [0, 2, 3], "row 1 stores column index -1, outside its 3 columns"),
+    ([0, 5, 1], [0, 2, 3], "row 0 stores index 5, outside its 3 columns"),
+    ([0, 2, -1], [0, 2, 3], "row 1 stores index -1, outside its 3 columns"),
     ([0, 1, 1], [0, 3, 2], "its indptr must rise from 0")])
 def test_a_malformed_csr_matrix_is_refused_before_anything_is_written(indices, indptr, what, tmp_path):
     """scipy builds a CSR matrix from (data, indices, indptr) without checking them (its own ``toarray`` then puts
-    an entry of column 5 into the next row): a fit, an ingest, a store refuse it, naming the problem."""
-    X = sp.csr_matrix((np.array([1.0, 2.0, 3.0]), np.array(indices, np.int32), np.array(indptr, np.int32)),
-                      shape=(2, 3))
+    an entry of column 5 into the next row): an ingest, a fit (also with mask="nonzero", and of its CSC transpose), a
+    transform and a sparse mask refuse it, naming the problem, before any conversion reads it."""
+    arrays = (np.array([1.0, 2.0, 3.0]), np.array(indices, np.int32), np.array(indptr, np.int32))
+    X = sp.csr_matrix(arrays, shape=(2, 3))
     path = tmp_path / "bad.zarr"
     with pytest.raises(ValueError, match=f"X is a malformed CSR matrix: {what}"):
         distfact.from_arrays(X, ["a", "b"], path)
     assert nothing_written(path)
-    with pytest.raises(ValueError, match="malformed CSR"):
-        distfact.NMF(1, max_iter=2).fit(X)
+    for fit in (lambda: distfact.NMF(1, max_iter=2).fit(X), lambda: distfact.NMF(1, max_iter=2).fit(X, mask="nonzero"),
+                lambda: distfact.NMF(1, max_iter=2).fit(np.ones((2, 3))).transform(X)):
+        with pytest.raises(ValueError, match=f"X is a malformed CSR matrix: {what}"):
+            fit()
+    with pytest.raises(ValueError, match="mask is a malformed CSR matrix"):
+        distfact.NMF(1, max_iter=2).fit(np.ones((2, 3)), mask=X)
+    with pytest.raises(ValueError, match="X is a malformed CSC matrix: (column 0 stores index 5, outside its 3 rows|"
+                                         "column 1 stores index -1|its indptr)"):
+        distfact.NMF(1, max_iter=2).fit(sp.csc_matrix(arrays, shape=(3, 2)))
 
 
 def test_csr_blocks_of_contiguous_rows_are_canonical_copies_and_x_is_untouched():

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 
 from .grouped import GroupedMatrix
 from .ingest import from_arrays
-from .validate import SUPPORTED_DTYPES
+from .validate import SUPPORTED_DTYPES, check_csr_structure
 
 # Arrays already in memory are cut into about as many blocks as there are threads, of nearly equal rows: the blocks
 # of a pass run side by side and end together; each block costs an r x n statistics array per pass, and there is no
@@ -81,6 +81,7 @@ def checked_matrix(X, where: str):
     from sklearn.utils.validation import check_array
 
     dtype = X.dtype if getattr(X, "dtype", object) in SUPPORTED_DTYPES else np.float64
+    check_csr_structure(X, where)  # before check_array converts it
     return check_array(X, accept_sparse=("csr", "csc", "coo"), dtype=dtype, ensure_all_finite=False,
                        input_name=where, copy=False)
 

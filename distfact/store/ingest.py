@@ -457,8 +457,8 @@ def input_rows(X, feature_names=None, missing=None):
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError(f"X is empty (shape {X.shape})")
     if sp.issparse(X):
+        check_csr_structure(X)  # before scipy converts it: its conversions trust the indices
         X = X.tocsr()
-        check_csr_structure(X)
     return X, feature_names
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..kernels.mask_forms import COMPLEMENT, OBSERVED
 from ..lazy import scipy_sparse as sp  # not imported by ``distfact info``
+from .validate import check_csr_structure
 
 #: how the metadata names the forms (the kernels' names are the keys of a block's local state)
 FORM_NAMES = {COMPLEMENT: "complement", OBSERVED: "observed"}
@@ -65,6 +66,7 @@ def check_weights(mask, shape):
         raise ValueError(f"mask={mask!r} is resolved from X in memory before X is grouped (distfact.estimators."
                          "masks.resolve_mask, which fit calls); here only a weight array is accepted")
     if sp.issparse(mask):
+        check_csr_structure(mask, "mask")
         weights = sp.csr_matrix(mask, dtype=np.float64, copy=True)
         weights.sum_duplicates()
         values = weights.data

@@ -24,20 +24,23 @@ def working_dtype(dtype, where: str = "X") -> np.dtype:
 
 
 def check_csr_structure(X, where: str = "X") -> None:
-    """Refuse a CSR matrix whose structure does not hold: ``indptr`` of m + 1 non-decreasing offsets from 0 to the
-    number of stored entries, and column indices within 0..n-1. scipy builds such a matrix from (data, indices,
-    indptr) without looking (its ``toarray`` then writes entries into other rows); distfact's kernels read H^T
-    and write sums at the indices they are given."""
-    m, n = X.shape
+    """Refuse a CSR (or CSC) matrix whose structure does not hold: ``indptr`` of one offset per row (column) and one
+    more, non-decreasing from 0 to the number of stored entries, and indices within the columns (rows). scipy builds
+    such a matrix from (data, indices, indptr) without looking, and its own conversions and ``toarray`` then write
+    out of place; distfact's kernels read H^T and write sums at the indices they are given. Other formats pass."""
+    if not sp.issparse(X) or X.format not in ("csr", "csc"):
+        return
+    (major, minor), (line, other) = (X.shape, ("row", "columns")) if X.format == "csr" else \
+        (X.shape[::-1], ("column", "rows"))
     indptr, indices = X.indptr, X.indices
-    if indptr.shape != (m + 1,) or indptr[0] != 0 or indptr[-1] != indices.size or (np.diff(indptr) < 0).any():
-        raise ValueError(f"{where} is a malformed CSR matrix: its indptr must rise from 0 to its {indices.size} "
-                         f"stored entries in {m + 1} offsets, one per row and one more")
-    if indices.size and not (0 <= indices.min() and indices.max() < n):
-        flat = int(np.flatnonzero((indices < 0) | (indices >= n))[0])
-        row = int(np.searchsorted(indptr, flat, side="right") - 1)
-        raise ValueError(f"{where} is a malformed CSR matrix: row {row} stores column index {int(indices[flat])}, "
-                         f"outside its {n} columns (0..{n - 1})")
+    if indptr.shape != (major + 1,) or indptr[0] != 0 or indptr[-1] != indices.size or (np.diff(indptr) < 0).any():
+        raise ValueError(f"{where} is a malformed {X.format.upper()} matrix: its indptr must rise from 0 to its "
+                         f"{indices.size} stored entries in {major + 1} offsets, one per {line} and one more")
+    if indices.size and not (0 <= indices.min() and indices.max() < minor):
+        flat = int(np.flatnonzero((indices < 0) | (indices >= minor))[0])
+        at = int(np.searchsorted(indptr, flat, side="right") - 1)
+        raise ValueError(f"{where} is a malformed {X.format.upper()} matrix: {line} {at} stores index "
+                         f"{int(indices[flat])}, outside its {minor} {other} (0..{minor - 1})")
 
 
 def check_block_values(block, group_name: str, source_rows: np.ndarray, where: str = "X",
