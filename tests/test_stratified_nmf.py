@@ -75,6 +75,12 @@ def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
     s, n, r = 5, 30_000, 8
     stored = rng.random((s, n)) < 0.4
     kept, starts = ks.kept_columns(stored.astype(np.float64))
+    strata, columns = np.nonzero(stored)  # numpy's: each stratum's columns in order, stratum by stratum
+    assert np.array_equal(kept, columns) and np.array_equal(starts, np.searchsorted(strata, np.arange(s + 1)))
+    empty_stratum = stored.astype(np.float64)
+    empty_stratum[2] = 0
+    assert np.array_equal(ks.kept_columns(empty_stratum)[1], np.searchsorted(np.nonzero(empty_stratum)[0],
+                                                                             np.arange(s + 1)))
     assert kept.size * r >= ks.DRIVER_PARALLEL_ENTRIES
     AtW = [rng.random((starts[i + 1] - starts[i], r)) for i in range(s)]
     dense = np.zeros((s, r, n))
@@ -287,6 +293,9 @@ def test_a_csr_block_with_a_column_outside_its_kept_columns_is_refused():
     np.testing.assert_allclose(AtW, A.T @ W_new, rtol=1e-12)
     with pytest.raises(ValueError, match="outside its stratum's kept columns"):
         kept_columns_mu_step(A, W, np.ascontiguousarray(H.T), H @ H.T, np.zeros(2), np.array([0, 2]))
+    wider = sp.csr_matrix((np.array([1.0, 3.0]), np.array([0, 3], np.int64), np.array([0, 1, 2])), shape=(2, 4))
+    with pytest.raises(ValueError, match="outside its stratum's kept columns"):  # beyond H^T's rows: not read
+        kept_columns_mu_step(wider, W, np.ascontiguousarray(H.T), H @ H.T, np.zeros(2), np.array([0, 1, 2]))
 
 
 def test_the_kept_column_step_is_the_whole_width_step_at_the_kept_columns():

@@ -116,11 +116,12 @@ def hals_h_update(H, WtX, WtW):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt, use_mu, eps):
+def _csr_frobenius_local(indptr, indices, scatter, data, W, Ht, HHt, WHHt, use_mu, eps, W_new, WtX_T):
     """Fused CSR local step, one row at a time while its entries are in cache: gather
     x_i H^T, update row i of W (MU from the precomputed W H H^T, or a HALS sweep over
-    its r entries), scatter x_ij w_i into (W^T X)^T. Returns (W_new, (W^T X)^T).
-    Entry p reads row ``indices[p]`` of H^T and adds into row ``scatter[p]`` of (W^T X)^T (``n_out`` rows):
+    its r entries), scatter x_ij w_i into (W^T X)^T. Writes W_new (W's shape) and (W^T X)^T (``WtX_T``, zeroed here),
+    the caller's (64-byte aligned: the pass would copy numba's own, at 32 bytes, again).
+    Entry p reads row ``indices[p]`` of H^T and adds into row ``scatter[p]`` of (W^T X)^T:
     ``scatter`` is ``indices`` itself for the whole width, and a block's columns renumbered into its stratum's kept
     columns for Stratified-NMF (``kernels/stratified.py``), which then reads H^T itself, not a gathered copy.
     The gather and the scatter are vector code of their own (``kernels/row_vectors.py``: the row's sum in
@@ -128,8 +129,7 @@ def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt
     few entries ahead (``kernels/prefetch.py``). ``fastmath`` lets LLVM vectorise the length-r loops of the update
     (finite data is validated at ingest; reassociation moves results by rounding only)."""
     m, r = W.shape
-    W_new = np.empty_like(W)
-    WtX_T = np.zeros((n_out, r), dtype=W.dtype)
+    WtX_T[:, :] = 0
     xh_row = np.empty((1, r), dtype=W.dtype)
     xh = xh_row[0]
     ahead = indices.shape[0] - PREFETCH_DISTANCE
@@ -155,7 +155,6 @@ def _csr_frobenius_local(indptr, indices, scatter, n_out, data, W, Ht, HHt, WHHt
             if p < ahead:
                 prefetch_row(WtX_T, scatter[p + PREFETCH_DISTANCE])
             add_scaled_row(WtX_T, scatter[p], data[p], W_new, i)
-    return W_new, WtX_T
 
 
 @numba.njit(nogil=True, cache=True)
@@ -459,9 +458,9 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
             WHHt = W @ HHt
             if shift is not None:
                 WHHt += shift
-        W_new, WtX_T = _csr_frobenius_local(X.indptr, X.indices, X.indices, H.shape[1], X.data, W,
-                                            np.ascontiguousarray(H.T), np.ascontiguousarray(HHt), WHHt,
-                                            solver == "mu", floor_eps(W.dtype))
+        W_new, WtX_T = empty_aligned(W.shape, W.dtype), empty_aligned((H.shape[1], W.shape[1]), W.dtype)
+        _csr_frobenius_local(X.indptr, X.indices, X.indices, X.data, W, np.ascontiguousarray(H.T),
+                             np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype), W_new, WtX_T)
         WtX = aligned_copy(WtX_T.T)  # aligned already: the pass need not copy it again
         WtW = gram(W_new)
     elif not _tiled(X, W, H, HHt):

@@ -258,22 +258,21 @@ class StratifiedMU:
         G = self.final_global(G, stats)
         colsum, Mt1 = self.stratum_colsums(G, stats)
         kept = "AtW_kept" in stats[0]
-        if kept:  # the state's own (float64 like every factor of a fit)
-            H, v, HHt = G["H"], G["v"], G["HHt"]
+        H, v = np.asarray(G["H"], dtype=np.float64), np.asarray(G["v"], dtype=np.float64)
+        if H is G["H"] and v is G["v"]:  # the state's own products (float64 like every factor of a fit)
+            HHt, Hv = G["HHt"], G["Hv"]
         else:
-            H, v = G["H"].astype(np.float64), G["v"].astype(np.float64)
-            HHt = H @ H.T
+            HHt, Hv = H @ H.T, v @ H.T
         if Mt1 is not None:
             return np.maximum(np.array([
                 float(s["Mxx"]) + Mt1[i] @ (v[i] * v[i]) + np.vdot(s["WtW"], HHt)
                 + np.einsum("kj,jkl,lj->", H, s["WtMW_cols"], H) - 2.0 * (v[i] @ colsum[i])
                 - 2.0 * np.vdot(s["WtA"], H) + 2.0 * np.vdot(s["WtM"], H * v[i]) for i, s in enumerate(stats)]), 0.0)
-        if kept:  # <W^T A, H> at the kept columns; (W^T 1)^T H v from the state's H v (s x r)
+        if kept:  # <W^T A, H> at the kept columns
             WtA_H = ks.kept_inners([s["AtW_kept"] for s in stats], G["Ht"], G["kept"], G["kept_starts"])
-            Wt1_Hv = [s["Wt1"] @ G["Hv"][i] for i, s in enumerate(stats)]
         else:
             WtA_H = [s["WtA_H"] if "WtA_H" in s else np.vdot(s["WtA"], H) for s in stats]
-            Wt1_Hv = [s["Wt1"] @ (H @ v[i]) for i, s in enumerate(stats)]
+        Wt1_Hv = [s["Wt1"] @ Hv[i] for i, s in enumerate(stats)]  # (W^T 1)^T H v(i) from v H^T (s x r)
         sizes = data.group_sizes.astype(np.float64)
         errs = np.array([
             data.group_sq_norms[i] + sizes[i] * (v[i] @ v[i]) + np.vdot(s["WtW"], HHt)
