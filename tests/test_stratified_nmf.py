@@ -281,6 +281,43 @@ def test_inverse_transform_adds_each_rows_stratum_shift():
         model.inverse_transform(W[:2], ["1", "nine"])
 
 
+def test_a_blocks_kept_column_form_is_made_once_while_the_block_lives(monkeypatch):
+    """The kept-column step sums its statistic from the block's entries by column (``kept_column_form``), made once
+    for a block held in memory: the same form again for the same block and kept columns, a new one for other kept
+    columns or once the block's arrays were replaced, none kept beyond ``KEPT_FORMS_BYTES``, and none left once the
+    block is gone. Every form gives the same bits."""
+    import gc
+
+    from distfact.kernels import stratified as ks
+
+    rng = np.random.default_rng(8)
+    A = sp.hstack([sp.random(50, 30, density=0.2, random_state=9), sp.csr_matrix((50, 10))], format="csr")
+    kept = np.union1d(np.unique(A.indices), [39]).astype(np.int64)
+    W, H, shift = rng.random((50, 4)), rng.random((4, 40)), rng.random(4)
+    Ht = np.ascontiguousarray(H.T)
+    first = ks.kept_columns_mu_step(A, W, Ht, H @ H.T, shift, kept)
+    form = ks.kept_column_form(A, kept, 40)
+    assert ks.kept_column_form(A, kept.copy(), 40) is form
+    starts, rows, values = form
+    for c, column in enumerate(kept):  # each kept column's entries, rows in order
+        np.testing.assert_array_equal(rows[starts[c]:starts[c + 1]], np.flatnonzero(A[:, column].toarray()))
+        np.testing.assert_array_equal(values[starts[c]:starts[c + 1]], A[:, column].data)
+    A.data = A.data.copy()
+    renewed = ks.kept_column_form(A, kept, 40)
+    assert renewed is not form and ks.kept_column_form(A, kept, 40) is renewed
+    assert ks.kept_column_form(A, np.union1d(kept, [33, 35]).astype(np.int64), 40) is not renewed
+    monkeypatch.setattr(ks, "KEPT_FORMS_BYTES", 0)
+    B = A.copy()
+    assert ks.kept_column_form(B, kept, 40) is not ks.kept_column_form(B, kept, 40)
+    again = ks.kept_columns_mu_step(B, W, Ht, H @ H.T, shift, kept)
+    assert all(np.array_equal(x, y) for x, y in zip(first, again))
+    held = ks._forms_bytes
+    assert id(A) in ks._forms and held > 0
+    del A, form, renewed
+    gc.collect()
+    assert ks._forms_bytes < held and not any(entry[0]() is None for entry in ks._forms.values())
+
+
 def test_a_csr_block_with_a_column_outside_its_kept_columns_is_refused():
     """The kept-column step adds into its statistic at renumbered column indices, unchecked inside the sweep: a block
     storing a column its stratum's pass 0 did not see is refused before the sweep (no out-of-bounds write)."""

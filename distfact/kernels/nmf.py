@@ -116,14 +116,12 @@ def hals_h_update(H, WtX, WtW):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _csr_frobenius_local(indptr, indices, scatter, data, W, Ht, HHt, WHHt, use_mu, eps, W_new, WtX_T):
+def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, W_new, WtX_T):
     """Fused CSR local step, one row at a time while its entries are in cache: gather
     x_i H^T, update row i of W (MU from the precomputed W H H^T, or a HALS sweep over
-    its r entries), scatter x_ij w_i into (W^T X)^T. Writes W_new (W's shape) and (W^T X)^T (``WtX_T``, zeroed here),
-    the caller's (64-byte aligned: the pass would copy numba's own, at 32 bytes, again).
-    Entry p reads row ``indices[p]`` of H^T and adds into row ``scatter[p]`` of (W^T X)^T:
-    ``scatter`` is ``indices`` itself for the whole width, and a block's columns renumbered into its stratum's kept
-    columns for Stratified-NMF (``kernels/stratified.py``), which then reads H^T itself, not a gathered copy.
+    its r entries: ``_csr_w_row``), scatter x_ij w_i into (W^T X)^T. Writes W_new (W's shape) and (W^T X)^T
+    (``WtX_T``, zeroed here), the caller's (64-byte aligned: the pass would copy numba's own, at 32 bytes, again).
+    Entry p reads row ``indices[p]`` of H^T and adds into row ``indices[p]`` of (W^T X)^T.
     The gather and the scatter are vector code of their own (``kernels/row_vectors.py``: the row's sum in
     registers, no run-time overlap checks or scalar tails), the rows of H^T and (W^T X)^T an entry reads prefetched a
     few entries ahead (``kernels/prefetch.py``). ``fastmath`` lets LLVM vectorise the length-r loops of the update
@@ -131,30 +129,44 @@ def _csr_frobenius_local(indptr, indices, scatter, data, W, Ht, HHt, WHHt, use_m
     m, r = W.shape
     WtX_T[:, :] = 0
     xh_row = np.empty((1, r), dtype=W.dtype)
-    xh = xh_row[0]
     ahead = indices.shape[0] - PREFETCH_DISTANCE
     for i in range(m):
         start, stop = indptr[i], indptr[i + 1]
-        gather_row(xh_row, 0, data, indices, start, stop, Ht)
-        w = W_new[i]
-        if use_mu:
-            for k in range(r):
-                w[k] = W[i, k] * xh[k] / max(WHHt[i, k], eps)
-        else:
-            w[:] = W[i]
-            for k in range(r):
-                gkk = HHt[k, k]
-                if gkk <= 0.0:
-                    continue
-                acc = xh[k]
-                for q in range(r):
-                    acc -= w[q] * HHt[q, k]
-                value = w[k] + acc / gkk
-                w[k] = value if value > 0.0 else 0.0
+        _csr_w_row(i, start, stop, data, indices, W, Ht, HHt, WHHt, use_mu, eps, W_new, xh_row)
         for p in range(start, stop):
             if p < ahead:
-                prefetch_row(WtX_T, scatter[p + PREFETCH_DISTANCE])
-            add_scaled_row(WtX_T, scatter[p], data[p], W_new, i)
+                prefetch_row(WtX_T, indices[p + PREFETCH_DISTANCE])
+            add_scaled_row(WtX_T, indices[p], data[p], W_new, i)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def csr_w_update(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, W_new):
+    """The W half of ``_csr_frobenius_local`` alone (the same bits): W_new's rows, the statistic left to the caller
+    (Stratified-NMF sums it column by column, ``kernels/stratified.py``)."""
+    xh_row = np.empty((1, W.shape[1]), dtype=W.dtype)
+    for i in range(W.shape[0]):
+        _csr_w_row(i, indptr[i], indptr[i + 1], data, indices, W, Ht, HHt, WHHt, use_mu, eps, W_new, xh_row)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _csr_w_row(i, start, stop, data, indices, W, Ht, HHt, WHHt, use_mu, eps, W_new, xh_row):
+    """Row i of W_new from x_i H^T (gathered into ``xh_row``): MU from W H H^T, or a HALS sweep over its r entries."""
+    gather_row(xh_row, 0, data, indices, start, stop, Ht)
+    xh, w, r = xh_row[0], W_new[i], W.shape[1]
+    if use_mu:
+        for k in range(r):
+            w[k] = W[i, k] * xh[k] / max(WHHt[i, k], eps)
+    else:
+        w[:] = W[i]
+        for k in range(r):
+            gkk = HHt[k, k]
+            if gkk <= 0.0:
+                continue
+            acc = xh[k]
+            for q in range(r):
+                acc -= w[q] * HHt[q, k]
+            value = w[k] + acc / gkk
+            w[k] = value if value > 0.0 else 0.0
 
 
 @numba.njit(nogil=True, cache=True)
@@ -459,7 +471,7 @@ def frobenius_local(X, W, H, HHt, solver: str, shift=None, residual: bool = Fals
             if shift is not None:
                 WHHt += shift
         W_new, WtX_T = empty_aligned(W.shape, W.dtype), empty_aligned((H.shape[1], W.shape[1]), W.dtype)
-        _csr_frobenius_local(X.indptr, X.indices, X.indices, X.data, W, np.ascontiguousarray(H.T),
+        _csr_frobenius_local(X.indptr, X.indices, X.data, W, np.ascontiguousarray(H.T),
                              np.ascontiguousarray(HHt), WHHt, solver == "mu", floor_eps(W.dtype), W_new, WtX_T)
         WtX = aligned_copy(WtX_T.T)  # aligned already: the pass need not copy it again
         WtW = gram(W_new)

@@ -9,13 +9,17 @@ k_i x r instead of r x n. The kept columns of every stratum travel as one array,
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numba
 import numpy as np
 
 from .blas_threads import map_on_cores
 from .memory import empty_aligned
-from .nmf import _csr_frobenius_local
+from .nmf import csr_w_update
 from .products import floor_eps
+from .row_vectors import gather_row
 
 #: The driver's sweeps over r x n and s x n arrays (line 8's sum and ratio, line 5, the objective's inner products)
 #: run in this many pieces on the cores (``map_on_cores``) from this many entries on (issue 19: half of a sparse
@@ -67,41 +71,99 @@ def kept_columns_mu_step(A, W, Ht, HHt, shift, kept):
     """Line 7's MU step on a CSR block whose stored columns are all among ``kept`` (its stratum's), and the new
     W's statistic there: returns (W_new, A^T W_new at ``kept``, k x r).
 
-    The fused CSR sweep of ``kernels/nmf.py`` reading H^T at the block's columns and adding into (W^T A)^T at their
-    places among ``kept``: the same products in the same order as on the whole width, so W_new and the kept rows
-    of (W^T A)^T are the same bits; the other columns' statistic, all zeros, is never made. H^T is read where it is
-    (issue 19: a copy of its kept rows per block took the stratified benchmark's 20 blocks, one after another, from
-    88 to 125 ms)."""
-    columns = _places_among_kept(A.indices, kept, Ht.shape[0])
-    if columns is None:  # the sweep does not check its indices: refuse before it runs
-        raise ValueError("a CSR block stores a column outside its stratum's kept columns (the data changed after "
-                         "pass 0)")
+    W_new from the CSR sweep of ``kernels/nmf.py`` (``csr_w_update``: H^T read where it is; issue 19: a copy of its
+    kept rows per block took the stratified benchmark's 20 blocks, one after another, from 88 to 125 ms); then each
+    kept column's row of A^T W_new summed in registers from the block's entries in that column, rows in order
+    (``_sums_by_column``, over the block's kept-column form, :func:`kept_column_form`): the additions of the whole-width
+    sweep's scatter, in its order, so W_new and the kept rows of (W^T A)^T are its bits, and each row of the statistic
+    is written once, not added into at every entry (the scatter's random read-modify-writes of a k x r array: 20
+    blocks of ``bench_stratified`` on 2 threads, 28 -> 18 ms with their forms kept). The other columns' statistic, all
+    zeros, is never made."""
+    starts, rows, values = kept_column_form(A, kept, Ht.shape[0])
     W = np.ascontiguousarray(W)
     WHHt = W @ HHt
     WHHt += shift
     W_new, AtW = empty_aligned(W.shape, W.dtype), empty_aligned((kept.size, W.shape[1]), W.dtype)
-    _csr_frobenius_local(A.indptr, A.indices, columns, A.data, W, np.ascontiguousarray(Ht),
-                         np.ascontiguousarray(HHt), WHHt, True, floor_eps(W.dtype), W_new, AtW)
+    csr_w_update(A.indptr, A.indices, A.data, W, np.ascontiguousarray(Ht), np.ascontiguousarray(HHt), WHHt, True,
+                 floor_eps(W.dtype), W_new)
+    _sums_by_column(starts, rows, values, W_new, AtW)
     return W_new, AtW
 
 
 @numba.njit(nogil=True, cache=True)
-def _places_among_kept(indices, kept, n):
-    """Each stored entry's place among the kept columns (``kept``: sorted, of n columns), or None if a column is not
-    kept (or not among the n). In one compiled loop: numpy's map and ``min`` took 0.4 ms of a 2.7 ms step (a 1,000-row block of 100,000
-    entries of ``bench_stratified``)."""
-    places = np.full(n, -1, indices.dtype)
+def _sums_by_column(starts, rows, values, W, out):
+    """Row c of ``out`` = sum over the entries of kept column c (``starts[c]`` to ``starts[c + 1]``) of value times
+    row ``rows[p]`` of W."""
+    for c in range(starts.shape[0] - 1):
+        gather_row(out, c, values, rows, starts[c], starts[c + 1], W)
+
+
+#: Bytes of kept-column forms (:func:`kept_column_form`) kept between passes, in all: a block held in memory (the
+#: in-process executor's, every pass the same object) has its form made once while they fit, else in every pass
+#: (0.5 ms of a 1,000-row block of 100,000 entries, ``bench_stratified``; about its CSR arrays' size)
+KEPT_FORMS_BYTES = 256 << 20
+_forms: dict = {}  # id(A) -> (weak reference to A, A's indptr, indices, data, the kept columns, the form, its bytes)
+_forms_bytes = 0
+_forms_lock = threading.RLock()  # re-entered when a collection the lock's holder set off forgets a block
+
+
+def kept_column_form(A, kept: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The CSR block A's entries by column, at their places among ``kept`` (sorted, of n columns): (starts, k + 1;
+    rows, in order within a column; values). ValueError if A stores a column outside ``kept`` (or beyond n). Kept
+    for A while it lives, its arrays are the same and ``kept`` is equal (see ``KEPT_FORMS_BYTES``): a block is not
+    written after ingest."""
+    global _forms_bytes
+    key = id(A)
+    entry = _forms.get(key)
+    if (entry is not None and entry[0]() is A and entry[1] is A.indptr and entry[2] is A.indices
+            and entry[3] is A.data and np.array_equal(entry[4], kept)):
+        return entry[5]
+    form = _by_kept_column(A.indptr, A.indices, A.data, kept, n)
+    if form is None:  # the sweeps do not check their indices: refuse before they run
+        raise ValueError("a CSR block stores a column outside its stratum's kept columns (the data changed after "
+                         "pass 0)")
+    nbytes = sum(array.nbytes for array in form)
+    with _forms_lock:
+        _forget(key)  # a form of A for other kept columns, or of a block that had A's id
+        if _forms_bytes + nbytes <= KEPT_FORMS_BYTES:
+            _forms[key] = (weakref.ref(A, lambda _, key=key: _forget(key)), A.indptr, A.indices, A.data, kept.copy(),
+                           form, nbytes)
+            _forms_bytes += nbytes
+    return form
+
+
+def _forget(key: int) -> None:
+    global _forms_bytes
+    with _forms_lock:
+        entry = _forms.pop(key, None)
+        if entry is not None:
+            _forms_bytes -= entry[6]
+
+
+@numba.njit(nogil=True, cache=True)
+def _by_kept_column(indptr, indices, data, kept, n):
+    """(starts, rows, values) of :func:`kept_column_form`, or None if an entry's column is not kept (or not among the
+    n): a count of each kept column's entries, then each entry placed, rows in order."""
+    places = np.full(n, -1, np.int64)
     for t in range(kept.shape[0]):
         places[kept[t]] = t
-    columns = np.empty_like(indices)
-    lowest = 0
+    starts = np.zeros(kept.shape[0] + 1, np.int64)
     for p in range(indices.shape[0]):
         index = indices[p]
-        if index < 0 or index >= n:
+        if index < 0 or index >= n or places[index] < 0:
             return None
-        columns[p] = places[index]
-        lowest = min(lowest, columns[p])
-    return None if lowest < 0 else columns
+        starts[places[index] + 1] += 1
+    for c in range(kept.shape[0]):
+        starts[c + 1] += starts[c]
+    following = starts[:-1].copy()
+    rows, values = np.empty(indices.shape[0], np.int32), np.empty_like(data)
+    for i in range(indptr.shape[0] - 1):
+        for p in range(indptr[i], indptr[i + 1]):
+            c = places[indices[p]]
+            rows[following[c]] = i
+            values[following[c]] = data[p]
+            following[c] += 1
+    return starts, rows, values
 
 
 def inner_at_start(A, W, H) -> float:
