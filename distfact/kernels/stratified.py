@@ -48,8 +48,8 @@ def kept_columns(stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @numba.njit(nogil=True, cache=True)
 def _kept_columns(stored):
-    """``np.nonzero``'s columns and where each row's begin, without its branch per entry (a stratum stores entries
-    in a third of a corpus's columns, at random: 20 x 50,000, 7 ms against 1.5 in ``bench_stratified``)."""
+    """``np.nonzero``'s columns and where each row's columns begin, without its branch per entry (a stratum stores
+    entries in a third of a corpus's columns, at random: 20 x 50,000, 7 ms against 1.5 in ``bench_stratified``)."""
     s, n = stored.shape
     kept = np.empty(s * n, np.int64)
     starts = np.zeros(s + 1, np.int64)
