@@ -262,7 +262,8 @@ def small_case(n_iter):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the script")
-    parser.add_argument("--output", help="default: results/nmf.json (--quick: results/nmf-quick.json)")
+    parser.add_argument("--output", help="default: results/nmf.json (--quick: results/nmf-quick.json; a run of some "
+                                         "cases or --mu-only: results/nmf-partial.json, not replacing a whole run's)")
     parser.add_argument("--cases", default="small,dense,sparse", help="comma-separated subset (default: all)")
     parser.add_argument("--mu-only", action="store_true", help="dense and sparse: the MU comparison only (no HALS vs cd)")
     args = parser.parse_args()
@@ -299,8 +300,9 @@ def main():
         print("sparse", json.dumps(results["sparse"]))
 
     results["load_average_at_end"] = os.getloadavg()
-    write_results(results, args.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                       "nmf-quick.json" if args.quick else "nmf.json"))
+    partial = cases != {"small", "dense", "sparse"} or args.mu_only
+    name = "nmf-quick.json" if args.quick else "nmf-partial.json" if partial else "nmf.json"
+    write_results(results, args.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name))
 
 
 if __name__ == "__main__":
