@@ -832,6 +832,19 @@ def test_blas_limit_is_restored_after_overlapping_fits():
     assert blas_threads() == before
 
 
+def test_map_on_cores_with_blas_holds_it_at_one_thread_in_its_pieces():
+    """The driver's pieces that call BLAS (``map_on_cores(..., blas=True)``, Stratified-NMF's line 8) run with BLAS at
+    one thread (two pieces each on BLAS's threads would oversubscribe the cores), BLAS's limit restored after; pieces
+    without BLAS leave it as it is."""
+    from distfact.kernels.blas_threads import map_on_cores
+
+    skip_unless_blas_threads()
+    before = blas_threads()
+    assert map_on_cores(lambda i: (i, max(blas_threads())), [0, 1, 2, 3], blas=True) == [(i, 1) for i in range(4)]
+    assert blas_threads() == before
+    assert map_on_cores(lambda i: max(blas_threads()), [0, 1]) == [max(before)] * 2
+
+
 def test_an_executor_as_a_context_manager_closes_on_error_and_twice_is_harmless():
     """``with`` an executor releases what it holds (here BLAS at one thread, for parallel blocks) when the body
     raises; a second close changes nothing (one hold, released once)."""

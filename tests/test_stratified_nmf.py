@@ -66,9 +66,10 @@ def test_csr_strata_on_few_columns_equal_the_transcription():
 
 def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
     """Line 8's sum over the strata's kept columns and ratio, line 5 and the objective's inner products run in column
-    ranges (strata) on the cores from ``DRIVER_PARALLEL_ENTRIES`` on (issue 19): every entry's operations are the
-    ones of a single sweep. At a size above the threshold, against numpy's sum of the strata's r x n statistics and
-    the single sweeps; and a whole CSR fit with every sweep cut into pieces, against the same fit in one piece."""
+    ranges (strata) on the cores from ``DRIVER_PARALLEL_ENTRIES`` on (issue 19): the ranges are fixed by the size,
+    never by the cores. At a size above the threshold, against numpy's sum of the strata's r x n statistics and the
+    single sweeps (line 8's sums over the columns to rounding); and a whole CSR fit with every sweep cut into pieces,
+    the same bits on one core as on the cores, and as the same fit in one piece to rounding."""
     from distfact.kernels import stratified as ks
 
     rng = np.random.default_rng(54)
@@ -99,6 +100,16 @@ def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
     numerator, H, denominator, shift = (rng.random((r, n)) for _ in range(4))
     expected = numerator * H / (denominator + shift + 1e-9)
     assert np.array_equal(ks.mu_ratio_in_place(numerator, H, denominator, shift, 1e-9), expected)
+    # unmasked line 8 with what line 5 and the objective take from the new H, range by range: against numpy's whole
+    # products (the sums over the columns are cut by the ranges: to rounding)
+    numerator, WtW, Wt1 = rng.random((r, n)), rng.random((r, r)), rng.random((s, r))
+    expected = numerator * H / (WtW @ H + Wt1.T @ v + 1e-9)
+    H_new, Ht, HtWt1, Wt1_Hv = ks.line8(numerator.copy(), H, v, WtW, Wt1, 1e-9, True)
+    np.testing.assert_allclose(H_new, expected, rtol=1e-13)
+    assert np.array_equal(Ht, H_new.T) and Ht.flags.c_contiguous
+    np.testing.assert_allclose(HtWt1, Wt1 @ H_new, rtol=1e-13)
+    np.testing.assert_allclose(Wt1_Hv, np.einsum("ir,ir->i", Wt1, v @ H_new.T), rtol=1e-12)
+    assert ks.line8(numerator.copy(), H, v, WtW, Wt1, 1e-9, False)[1] is None
 
     # a map called from one of its own pieces runs inline (waiting on the pool from its threads could hang)
     from distfact.kernels.blas_threads import map_on_cores
@@ -120,9 +131,15 @@ def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
     whole = fit()
     monkeypatch.setattr(ks, "DRIVER_PARALLEL_ENTRIES", 0)
     pieces = fit()
-    assert np.array_equal(pieces.components_, whole.components_)
-    assert np.array_equal(pieces.strata_features_, whole.strata_features_)
-    assert np.array_equal(pieces.loss_history_, whole.loss_history_)
+    from distfact.kernels import blas_threads
+
+    monkeypatch.setattr(blas_threads, "usable_cores", lambda: 1)
+    one_core = fit()  # the same ranges, one after the other
+    assert np.array_equal(pieces.components_, one_core.components_)
+    assert np.array_equal(pieces.strata_features_, one_core.strata_features_)
+    assert np.array_equal(pieces.loss_history_, one_core.loss_history_)
+    np.testing.assert_allclose(pieces.components_, whole.components_, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(pieces.loss_history_, whole.loss_history_, rtol=1e-12)
 
 
 @pytest.mark.parametrize("sparse", [False, True])

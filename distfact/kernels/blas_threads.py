@@ -91,6 +91,11 @@ def map_on_blas_threads(fn, items: list) -> list:
         return [fn(item) for item in items]
     if held:
         return _on_threads(fn, items, n_threads)
+    return _on_threads_blas_held(fn, items, n_threads)
+
+
+def _on_threads_blas_held(fn, items: list, n_threads: int) -> list:
+    """:func:`_on_threads` with BLAS held at one thread meanwhile."""
     hold_one_thread()
     try:
         return _on_threads(fn, items, n_threads)
@@ -141,18 +146,21 @@ def pieces_on_cores():
         release_one_thread()
 
 
-def map_on_cores(fn, items: list) -> list:
+def map_on_cores(fn, items: list, blas: bool = False) -> list:
     """``[fn(item) for item in items]``, in order, computed on as many threads as the process has cores
     (:func:`usable_cores`, as BLAS's own default), whatever BLAS's limit: for the driver's work between passes
     (nothing else of the fit runs then; an in-process executor whose blocks run in parallel threads keeps BLAS on one
-    thread for the whole fit, so :func:`map_on_blas_threads` would run it in one thread), in pieces that call no BLAS
-    (compiled ``nogil`` kernels) and are fixed by the caller, so that the results do not depend on the number of
-    cores. An estimator's ``n_threads`` sets its executor's block threads, not these (nor a dense block's tiles on
-    BLAS's threads). The first exception, in item order, is raised once every piece has ended."""
+    thread for the whole fit, so :func:`map_on_blas_threads` would run it in one thread), in pieces fixed by the
+    caller, so that the results do not depend on the number of cores: compiled ``nogil`` kernels, or with ``blas``
+    BLAS products too, BLAS then held at one thread (:func:`hold_one_thread`) unless it is already. An estimator's
+    ``n_threads`` sets its executor's block threads, not these (nor a dense block's tiles on BLAS's threads). The
+    first exception, in item order, is raised once every piece has ended."""
     n_threads = min(usable_cores(), len(items))
     if n_threads <= 1:
         return [fn(item) for item in items]
-    return _on_threads(fn, items, n_threads)
+    if not blas or _holds:
+        return _on_threads(fn, items, n_threads)
+    return _on_threads_blas_held(fn, items, n_threads)
 
 
 def _on_threads(fn, items: list, n_threads: int) -> list:

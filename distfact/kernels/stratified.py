@@ -29,14 +29,14 @@ DRIVER_PIECES = 8
 DRIVER_PARALLEL_ENTRIES = 1 << 17
 
 
-def _on_column_ranges(sweep, n: int, entries: int) -> None:
-    """``sweep(lo, hi)`` over columns 0..n: in one call below ``DRIVER_PARALLEL_ENTRIES`` entries (small fits make it
-    every iteration), else in ``DRIVER_PIECES`` ranges on the cores."""
+def _on_column_ranges(sweep, n: int, entries: int, blas: bool = False) -> list:
+    """``[sweep(lo, hi)]`` over columns 0..n: in one call below ``DRIVER_PARALLEL_ENTRIES`` entries (small fits make it
+    every iteration), else in ``DRIVER_PIECES`` ranges on the cores (``blas``: ``sweep`` calls BLAS, held at one
+    thread meanwhile)."""
     if entries < DRIVER_PARALLEL_ENTRIES:
-        sweep(0, n)
-        return
+        return [sweep(0, n)]
     bounds = np.linspace(0, n, min(DRIVER_PIECES, n) + 1).astype(np.int64).tolist()
-    map_on_cores(lambda span: sweep(*span), list(zip(bounds[:-1], bounds[1:])))
+    return map_on_cores(lambda span: sweep(*span), list(zip(bounds[:-1], bounds[1:])), blas=blas)
 
 
 def kept_columns(stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,14 +242,48 @@ def v_updates(v, colsum, sizes, HtWt1, eps: float, n_updates: int) -> np.ndarray
 
 
 @numba.njit(nogil=True, cache=True)
-def _mu_ratio(numerator, H, denominator, shift, eps, lo, hi):
+def _mu_ratio(numerator, H, denominator, eps, lo, hi, offset):
+    """numerator <- numerator * H / (denominator + eps) at columns lo..hi (denominator's columns from ``offset``)."""
     for q in range(H.shape[0]):
         for j in range(lo, hi):
-            numerator[q, j] = numerator[q, j] * H[q, j] / (denominator[q, j] + shift[q, j] + eps)
+            numerator[q, j] = numerator[q, j] * H[q, j] / (denominator[q, j - offset] + eps)
 
 
 def mu_ratio_in_place(numerator, H, denominator, shift, eps: float) -> np.ndarray:
     """numerator <- numerator * H / (denominator + shift + eps) (line 8), entry by entry in numpy's order, by ranges
-    of columns on the cores."""
-    _on_column_ranges(lambda lo, hi: _mu_ratio(numerator, H, denominator, shift, eps, lo, hi), H.shape[1], H.size)
+    of columns on the cores. ``denominator`` is overwritten (with denominator + shift)."""
+    denominator += shift
+    _on_column_ranges(lambda lo, hi: _mu_ratio(numerator, H, denominator, eps, lo, hi, 0), H.shape[1], H.size)
     return numerator
+
+
+def line8(numerator, H, v, WtW, Wt1, eps: float, transposed: bool):
+    """Line 8 without a mask, in place in ``numerator`` (sum_i W(i)^T A(i), r x n): H <- numerator * H / (WtW H +
+    Wt1^T v + eps), WtW = sum_i W(i)^T W(i) and Wt1 (s x r) the strata's W(i)^T 1 as rows; and of the new H, what
+    the objective and line 5 take from it: returns (H, H^T aligned if ``transposed`` else None, H^T W(i)^T 1 for
+    every stratum as rows of Wt1 H (s x n, line 5's), and (W(i)^T 1)^T H v(i) for every stratum (the objective's,
+    at G's v): the sum over the columns of v o (Wt1 H)).
+
+    By ranges of columns on the cores (from ``DRIVER_PARALLEL_ENTRIES`` entries of H on), each range's products
+    (BLAS on one thread; k = r or s, so they keep the cores busy, unlike H H^T's) and sweeps made while the range is
+    in cache: the denominator never exists as r x n. Each range's share of the last sums is added in range order:
+    the ranges are fixed by the size, never by the number of cores (issue 19: the driver's products on one thread
+    took a sixth of a sparse fit)."""
+    r, n = H.shape
+    HtWt1 = empty_aligned((v.shape[0], n), np.result_type(Wt1, H))
+    Ht = empty_aligned((n, r), H.dtype) if transposed else None
+
+    def columns(lo, hi):
+        denominator = WtW @ H[:, lo:hi]
+        denominator += Wt1.T @ v[:, lo:hi]  # the shift, added before eps (numpy's order for (WtW H + Wt1^T v) + eps)
+        _mu_ratio(numerator, H, denominator, eps, lo, hi, lo)
+        np.matmul(Wt1, numerator[:, lo:hi], out=HtWt1[:, lo:hi])
+        if Ht is not None:
+            Ht[lo:hi] = numerator[:, lo:hi].T
+        return np.einsum("ij,ij->i", HtWt1[:, lo:hi], v[:, lo:hi])
+
+    parts = _on_column_ranges(columns, n, H.size, blas=True)
+    Wt1_Hv = parts[0]
+    for part in parts[1:]:
+        Wt1_Hv = Wt1_Hv + part
+    return numerator, Ht, HtWt1, Wt1_Hv

@@ -98,16 +98,19 @@ class StratifiedMU:
         W = rows.uniform(self.n_components) / np.sqrt(self.n_components)
         return W if inputs is None else {**inputs, "W": W}
 
-    def with_derived(self, H, v, colsum=None, w_moved=False, Mt1=None, kept=None, like=None, Hv=None):
+    def with_derived(self, H, v, colsum=None, w_moved=False, Mt1=None, kept=None, like=None, passes=True):
         """Global state: H and v plus what the blocks need from them. ``w_moved``: W has been
         updated since H was (line 8 is due at the next global step). ``colsum`` (and, masked, ``Mt1``):
         the constants of pass 0. ``kept``: (kept, kept_starts), every stratum's kept columns (CSR blocks,
         unmasked: ``kernels/stratified.py``), known from pass 0's statistics; their blocks read H^T, not H.
-        ``like``: a state of the same H whose H H^T (and H^T) are taken, not made again; ``Hv``: v H^T, if made
-        already (each of these s x r and r x r products reads an r x n array: a few ms on a sparse corpus)."""
+        ``like``: a state of the same H whose H H^T (and H^T) are taken, not made again (each of these products
+        reads an r x n array: a few ms on a sparse corpus). ``passes``: whether a pass may run from the state (then
+        it holds v H^T, line 7's shift; the state after line 8 that only the objective and the results read has
+        none)."""
         same = like is not None and like["H"] is H
-        state = {"H": H, "HHt": like["HHt"] if same else H @ H.T, "v": v, "Hv": v @ H.T if Hv is None else Hv,
-                 "w_moved": w_moved}
+        state = {"H": H, "HHt": like["HHt"] if same else H @ H.T, "v": v, "w_moved": w_moved}
+        if passes:
+            state["Hv"] = v @ H.T
         if colsum is not None:
             state["colsum"] = colsum
         if Mt1 is not None:
@@ -187,28 +190,33 @@ class StratifiedMU:
         return stats
 
     # -- global ---------------------------------------------------------------------
-    def h_update(self, G, stats):
-        """Line 8 from the statistics of the current W and the current v."""
+    def line8(self, G, stats) -> dict:
+        """Line 8 from the statistics of the current W and the current v: {"H": the new H, "HHt", and, unmasked, what
+        line 5 and the objective take from the new H (``kernels/stratified.py: line8``): "HtWt1" (H^T W(i)^T 1 as rows,
+        s x n), "Wt1_Hv" ((W(i)^T 1)^T H v(i) at G's v, per stratum), "Ht" with kept columns}."""
         H, v = G["H"], G["v"]
         if "AtW_kept" in stats[0]:
             numerator = ks.sum_over_strata([s["AtW_kept"] for s in stats], G["kept"], G["kept_starts"], H.shape[1])
         else:
             numerator = sum(s["WtA"] for s in stats)
+        WtW = sum(s["WtW"] for s in stats)
         if "WtM" in stats[0]:  # masked: sum_i (W^T W) H + WtMWH_adj + (W^T M) diag(v(i))
-            denominator = sum(s["WtW"] for s in stats) @ H + sum(s["WtMWH_adj"] for s in stats)
             shift = sum(s["WtM"] * v[i] for i, s in enumerate(stats))
-        else:
-            # sum_i W(i)^T W(i) H + (W(i)^T 1) v(i)^T as two products over all strata (not 2 s products of r x n)
-            denominator, shift = sum(s["WtW"] for s in stats) @ H, np.stack([s["Wt1"] for s in stats], axis=1) @ v
-        return ks.mu_ratio_in_place(numerator, H, denominator, shift, self.eps)
+            H_new = ks.mu_ratio_in_place(numerator, H, WtW @ H + sum(s["WtMWH_adj"] for s in stats), shift, self.eps)
+            return {"H": H_new, "HHt": H_new @ H_new.T}
+        # sum_i W(i)^T W(i) H + (W(i)^T 1) v(i)^T as two products over all strata (not 2 s products of r x n)
+        H_new, Ht, HtWt1, Wt1_Hv = ks.line8(numerator, H, v, WtW, np.stack([s["Wt1"] for s in stats]), self.eps,
+                                            "kept" in G)
+        made = {"H": H_new, "HHt": H_new @ H_new.T, "HtWt1": HtWt1, "Wt1_Hv": Wt1_Hv}
+        return made if Ht is None else {**made, "Ht": Ht}
 
-    def v_update(self, v, H, stats, colsum, sizes):
-        """Line 5, ``v_updates`` times (H^T W(i)^T 1 does not change between them). Masked: ``sizes`` is M(i)^T 1
-        (s x n) and H^T W(i)^T 1 becomes the column sums of H o W(i)^T M(i)."""
+    def v_update(self, v, H, stats, colsum, sizes, HtWt1=None):
+        """Line 5, ``v_updates`` times (H^T W(i)^T 1, ``HtWt1`` if made already, does not change between them).
+        Masked: ``sizes`` is M(i)^T 1 (s x n) and H^T W(i)^T 1 becomes the column sums of H o W(i)^T M(i)."""
         if "WtM" in stats[0]:
             HtWt1 = np.stack([(H * s["WtM"]).sum(axis=0) for s in stats])
         else:
-            HtWt1 = np.stack([s["Wt1"] for s in stats]) @ H
+            HtWt1 = np.stack([s["Wt1"] for s in stats]) @ H if HtWt1 is None else HtWt1
             sizes = sizes[:, None]
         return ks.v_updates(v, colsum, sizes, HtWt1, self.eps, self.v_updates)
 
@@ -216,24 +224,24 @@ class StratifiedMU:
         colsum, Mt1 = self.stratum_colsums(G, stats)
         after = self.final_global(G, stats)  # line 8 (the objective's, when it ran on these statistics)
         v = self.v_update(G["v"], after["H"], stats, colsum,
-                          data.group_sizes.astype(np.float64) if Mt1 is None else Mt1)
+                          data.group_sizes.astype(np.float64) if Mt1 is None else Mt1, G.get("line8", {}).get("HtWt1"))
         return self.with_derived(after["H"], v, colsum, w_moved=True, Mt1=Mt1,
                                  kept=self.stratum_kept_columns(G, stats), like=after)
 
     def final_global(self, G, stats):
-        """The state after the last iteration's line 8. The objective evaluates it first and leaves it in ``G`` (as
-        ``G["line8"]``: the new H, what the blocks need of it alone, and v H^T of G's v), where the next global step
+        """The state after the last iteration's line 8 (for the objective and the results: no pass runs from it, see
+        ``with_derived``; unmasked, with "Wt1_Hv", the objective's (W(i)^T 1)^T H v(i)). The objective evaluates
+        line 8 first and leaves it in ``G`` (as ``G["line8"]``: :meth:`line8`'s arrays), where the next global step
         and the end of the fit find it: line 8 is O(s r n) on the driver, against O(nnz r) for the pass (``G`` is the
         state the pass ran from, and ``stats`` that pass's: line 8 of ``G`` is a function of them)."""
         if not G["w_moved"]:
             return G
-        line8 = G.get("line8")
-        after = self.with_derived(self.h_update(G, stats) if line8 is None else line8["H"], G["v"], G.get("colsum"),
-                                  w_moved=False, Mt1=G.get("Mt1"), kept=self.stratum_kept_columns(G, stats), like=line8,
-                                  Hv=None if line8 is None else line8.get("Hv"))
-        if line8 is None:  # added to G after the driver aligned it: aligned here, as the next global step takes it
-            G["line8"] = aligned({name: after[name] for name in ("H", "HHt", "Ht", "Hv") if name in after})
-        return after
+        if "line8" not in G:  # added to G after the driver aligned it: aligned here, as the next global step takes it
+            G["line8"] = aligned(self.line8(G, stats))
+        line8 = G["line8"]
+        after = self.with_derived(line8["H"], G["v"], G.get("colsum"), w_moved=False, Mt1=G.get("Mt1"),
+                                  kept=self.stratum_kept_columns(G, stats), like=line8, passes=False)
+        return after if "Wt1_Hv" not in line8 else {**after, "Wt1_Hv": line8["Wt1_Hv"]}
 
     @staticmethod
     def stratum_kept_columns(G, stats) -> tuple[np.ndarray, np.ndarray] | None:
@@ -259,10 +267,7 @@ class StratifiedMU:
         colsum, Mt1 = self.stratum_colsums(G, stats)
         kept = "AtW_kept" in stats[0]
         H, v = np.asarray(G["H"], dtype=np.float64), np.asarray(G["v"], dtype=np.float64)
-        if H is G["H"] and v is G["v"]:  # the state's own products (float64 like every factor of a fit)
-            HHt, Hv = G["HHt"], G["Hv"]
-        else:
-            HHt, Hv = H @ H.T, v @ H.T
+        HHt = G["HHt"] if H is G["H"] else H @ H.T  # the state's own (float64 like every factor of a fit)
         if Mt1 is not None:
             return np.maximum(np.array([
                 float(s["Mxx"]) + Mt1[i] @ (v[i] * v[i]) + np.vdot(s["WtW"], HHt)
@@ -272,7 +277,11 @@ class StratifiedMU:
             WtA_H = ks.kept_inners([s["AtW_kept"] for s in stats], G["Ht"], G["kept"], G["kept_starts"])
         else:
             WtA_H = [s["WtA_H"] if "WtA_H" in s else np.vdot(s["WtA"], H) for s in stats]
-        Wt1_Hv = [s["Wt1"] @ Hv[i] for i, s in enumerate(stats)]  # (W^T 1)^T H v(i) from v H^T (s x r)
+        if "Wt1_Hv" in G:  # after line 8: made with the new H
+            Wt1_Hv = G["Wt1_Hv"]
+        else:  # (W^T 1)^T H v(i) from v H^T (s x r)
+            Hv = G["Hv"] if "Hv" in G and H is G["H"] and v is G["v"] else v @ H.T
+            Wt1_Hv = [s["Wt1"] @ Hv[i] for i, s in enumerate(stats)]
         sizes = data.group_sizes.astype(np.float64)
         errs = np.array([
             data.group_sq_norms[i] + sizes[i] * (v[i] @ v[i]) + np.vdot(s["WtW"], HHt)
