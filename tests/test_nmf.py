@@ -24,6 +24,22 @@ def relative_diff(a, b):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
+@pytest.mark.parametrize("solver", ["mu", "hals"])
+def test_csr_fits_in_bands_equal_numpy_transcription(solver, monkeypatch):
+    """A CSR fit whose blocks are read in bands of columns (``CSR_BAND_BYTES`` made small: 4 bands of 7 columns;
+    the fused sweep in the first passes, the blocks' forms from the second) iterates as the transcription."""
+    from distfact.kernels import nmf as k
+
+    monkeypatch.setattr(k, "CSR_BAND_BYTES", 2 * 4 * 8 * 7)
+    X, groups = grouped_data(m=90, n=25, density=0.4, seed=3)
+    W0, H0 = start_point(X, 4)
+    model = distfact.NMF(4, solver=solver, init="custom", max_iter=30, tol=0, block_rows=13)
+    W = model.fit_transform(sp.csr_matrix(X), groups=groups, W=W0, H=H0)
+    W_ref, H_ref = ORACLES[solver, "frobenius"](X, W0, H0, 30)
+    assert relative_diff(model.components_, H_ref) < 1e-10
+    assert relative_diff(W, W_ref) < 1e-10
+
+
 @pytest.mark.parametrize("solver,loss", CASES)
 @pytest.mark.parametrize("sparse", [False, True])
 def test_iterates_equal_numpy_transcription(solver, loss, sparse):
@@ -124,6 +140,46 @@ def test_csr_local_step_on_rows_of_every_length(solver):
         expected = k.w_update(W, XHt, HHt, "hals")
     assert relative_diff(W_new, expected) < 1e-12
     assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
+
+
+@pytest.mark.parametrize("solver", ["mu", "hals"])
+def test_csr_step_in_bands_equals_scipy_products_and_its_form_gives_the_same_bits(solver, monkeypatch):
+    """Where H^T and (W^T X)^T exceed ``CSR_BAND_BYTES`` the CSR step reads the block in bands of columns (issue 19):
+    at a block's first sight by the fused sweep, each row's x_i H^T summed band by band; from its second on, over its
+    entries by band (``_csr_bands``, kept while the block lives): the same bits, and scipy's products to rounding
+    (MU; HALS: the dense path's sweep given scipy's X H^T). Rows with no entry in some bands, rows with none, and a
+    row whose columns are not sorted (its sum still takes every entry once). A block read anew in every pass (a new
+    object each time) never has its form made."""
+    import gc
+
+    from distfact.kernels import block_forms as bf
+    from distfact.kernels import nmf as k
+
+    rng = np.random.default_rng(11)
+    n, r = 300, 6
+    X = sp.random(120, n, density=0.08, random_state=12, format="csr")
+    X = sp.vstack([X, sp.csr_matrix((2, n)), sp.csr_matrix(np.where(np.arange(n) < 20, 1.0, 0.0))], format="csr")
+    unsorted = X.indptr[-2], X.indptr[-1]
+    X.indices[unsorted[0]:unsorted[1]] = X.indices[unsorted[0]:unsorted[1]][::-1].copy()
+    X.has_sorted_indices = False
+    W, H = rng.random((X.shape[0], r)) + 0.1, rng.random((r, n)) + 0.1
+    HHt = H @ H.T
+    monkeypatch.setattr(k, "CSR_BAND_BYTES", 2 * r * 8 * 45)  # bands of 45 columns: 7 bands
+    assert k.csr_band_width(n, r, 8) == 45
+    steps = [k.frobenius_local(X, W, H, HHt, solver) for _ in range(3)]  # fused, form made, form kept
+    form = bf._forms[id(X), "bands"][5]
+    assert form is not None and form[0].size == 7 * X.shape[0] + 1
+    for step in steps[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(step, steps[0]))
+    XHt = np.asarray(X @ H.T)
+    expected = (W * XHt / np.maximum(W @ HHt, np.finfo(float).eps) if solver == "mu"
+                else k.w_update(W, XHt, HHt, "hals"))
+    W_new, WtX, _ = steps[0]
+    assert relative_diff(W_new, expected) < 1e-12
+    assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
+    assert k.frobenius_local(X.copy(), W, H, HHt, solver) is not None  # a new block: seen once
+    gc.collect()
+    assert not any(key[1] == "bands" and entry[0]() is not X for key, entry in bf._forms.items())
 
 
 @pytest.mark.parametrize("ranks", [[1, 4, 7], [20, 25, 30]])

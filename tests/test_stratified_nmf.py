@@ -301,10 +301,11 @@ def test_inverse_transform_adds_each_rows_stratum_shift():
 def test_a_blocks_kept_column_form_is_made_once_while_the_block_lives(monkeypatch):
     """The kept-column step sums its statistic from the block's entries by column (``kept_column_form``), made once
     for a block held in memory: the same form again for the same block and kept columns, a new one for other kept
-    columns or once the block's arrays were replaced, none kept beyond ``KEPT_FORMS_BYTES``, and none left once the
+    columns or once the block's arrays were replaced, none kept beyond ``FORMS_BYTES``, and none left once the
     block is gone. Every form gives the same bits."""
     import gc
 
+    from distfact.kernels import block_forms as bf
     from distfact.kernels import stratified as ks
 
     rng = np.random.default_rng(8)
@@ -323,16 +324,16 @@ def test_a_blocks_kept_column_form_is_made_once_while_the_block_lives(monkeypatc
     renewed = ks.kept_column_form(A, kept, 40)
     assert renewed is not form and ks.kept_column_form(A, kept, 40) is renewed
     assert ks.kept_column_form(A, np.union1d(kept, [33, 35]).astype(np.int64), 40) is not renewed
-    monkeypatch.setattr(ks, "KEPT_FORMS_BYTES", 0)
+    monkeypatch.setattr(bf, "FORMS_BYTES", 0)
     B = A.copy()
     assert ks.kept_column_form(B, kept, 40) is not ks.kept_column_form(B, kept, 40)
     again = ks.kept_columns_mu_step(B, W, Ht, H @ H.T, shift, kept)
     assert all(np.array_equal(x, y) for x, y in zip(first, again))
-    held = ks._forms_bytes
-    assert id(A) in ks._forms and held > 0
+    held = bf._forms_bytes
+    assert (id(A), "kept columns") in bf._forms and held > 0
     del A, form, renewed
     gc.collect()
-    assert ks._forms_bytes < held and not any(entry[0]() is None for entry in ks._forms.values())
+    assert bf._forms_bytes < held and not any(entry[0]() is None for entry in bf._forms.values())
 
 
 def test_a_csr_block_with_a_column_outside_its_kept_columns_is_refused():

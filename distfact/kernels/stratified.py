@@ -9,13 +9,11 @@ k_i x r instead of r x n. The kept columns of every stratum travel as one array,
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import numba
 import numpy as np
 
 from .blas_threads import map_on_cores
+from .block_forms import block_form
 from .memory import empty_aligned
 from .nmf import csr_w_update
 from .products import floor_eps
@@ -71,11 +69,12 @@ def kept_columns_mu_step(A, W, Ht, HHt, shift, kept):
     """Line 7's MU step on a CSR block whose stored columns are all among ``kept`` (its stratum's), and the new
     W's statistic there: returns (W_new, A^T W_new at ``kept``, k x r).
 
-    W_new from the CSR sweep of ``kernels/nmf.py`` (``csr_w_update``: H^T read where it is; issue 19: a copy of its
-    kept rows per block took the stratified benchmark's 20 blocks, one after another, from 88 to 125 ms); then each
-    kept column's row of A^T W_new summed in registers from the block's entries in that column, rows in order
-    (``_sums_by_column``, over the block's kept-column form, :func:`kept_column_form`): the additions of the whole-width
-    sweep's scatter, in its order, so W_new and the kept rows of (W^T A)^T are its bits, and each row of the statistic
+    W_new from the CSR sweep of ``kernels/nmf.py`` (``csr_w_update`` in one band: H^T read where it is; issue 19: a
+    copy of its kept rows per block took the stratified benchmark's 20 blocks, one after another, from 88 to 125 ms;
+    in bands, ``csr_band_width``, no faster on its 1,000-row blocks); then each kept column's row of A^T W_new summed
+    in registers from the block's entries in that column, rows in order (``_sums_by_column``, over the block's
+    kept-column form, :func:`kept_column_form`): the additions of the whole-width sweep's scatter, in its order, so
+    W_new and the kept rows of (W^T A)^T are its bits (where it has one band), and each row of the statistic
     is written once, not added into at every entry (the scatter's random read-modify-writes of a k x r array: 20
     blocks of ``bench_stratified`` on 2 threads, 28 -> 18 ms with their forms kept). The other columns' statistic, all
     zeros, is never made."""
@@ -85,7 +84,7 @@ def kept_columns_mu_step(A, W, Ht, HHt, shift, kept):
     WHHt += shift
     W_new, AtW = empty_aligned(W.shape, W.dtype), empty_aligned((kept.size, W.shape[1]), W.dtype)
     csr_w_update(A.indptr, A.indices, A.data, W, np.ascontiguousarray(Ht), np.ascontiguousarray(HHt), WHHt, True,
-                 floor_eps(W.dtype), W_new)
+                 floor_eps(W.dtype), Ht.shape[0], W_new)
     _sums_by_column(starts, rows, values, W_new, AtW)
     return W_new, AtW
 
@@ -98,46 +97,16 @@ def _sums_by_column(starts, rows, values, W, out):
         gather_row(out, c, values, rows, starts[c], starts[c + 1], W)
 
 
-#: Bytes of kept-column forms (:func:`kept_column_form`) kept between passes, in all: a block held in memory (the
-#: in-process executor's, every pass the same object) has its form made once while they fit, else in every pass
-#: (0.5 ms of a 1,000-row block of 100,000 entries, ``bench_stratified``; about its CSR arrays' size)
-KEPT_FORMS_BYTES = 256 << 20
-_forms: dict = {}  # id(A) -> (weak reference to A, A's indptr, indices, data, the kept columns, the form, its bytes)
-_forms_bytes = 0
-_forms_lock = threading.RLock()  # re-entered when a collection the lock's holder set off forgets a block
-
-
 def kept_column_form(A, kept: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The CSR block A's entries by column, at their places among ``kept`` (sorted, of n columns): (starts, k + 1;
     rows, in order within a column; values). ValueError if A stores a column outside ``kept`` (or beyond n). Kept
-    for A while it lives, its arrays are the same and ``kept`` is equal (see ``KEPT_FORMS_BYTES``): a block is not
-    written after ingest."""
-    global _forms_bytes
-    key = id(A)
-    entry = _forms.get(key)
-    if (entry is not None and entry[0]() is A and entry[1] is A.indptr and entry[2] is A.indices
-            and entry[3] is A.data and np.array_equal(entry[4], kept)):
-        return entry[5]
-    form = _by_kept_column(A.indptr, A.indices, A.data, kept, n)
+    for A while it lives (``kernels/block_forms.py``; 0.5 ms to make for a 1,000-row block of 100,000 entries,
+    ``bench_stratified``, so made in every pass beyond ``FORMS_BYTES``)."""
+    form = block_form(A, "kept columns", kept, lambda: _by_kept_column(A.indptr, A.indices, A.data, kept, n))
     if form is None:  # the sweeps do not check their indices: refuse before they run
         raise ValueError("a CSR block stores a column outside its stratum's kept columns (the data changed after "
                          "pass 0)")
-    nbytes = sum(array.nbytes for array in form)
-    with _forms_lock:
-        _forget(key)  # a form of A for other kept columns, or of a block that had A's id
-        if _forms_bytes + nbytes <= KEPT_FORMS_BYTES:
-            _forms[key] = (weakref.ref(A, lambda _, key=key: _forget(key)), A.indptr, A.indices, A.data, kept.copy(),
-                           form, nbytes)
-            _forms_bytes += nbytes
     return form
-
-
-def _forget(key: int) -> None:
-    global _forms_bytes
-    with _forms_lock:
-        entry = _forms.pop(key, None)
-        if entry is not None:
-            _forms_bytes -= entry[6]
 
 
 @numba.njit(nogil=True, cache=True)
