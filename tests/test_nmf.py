@@ -27,7 +27,7 @@ def relative_diff(a, b):
 @pytest.mark.parametrize("solver", ["mu", "hals"])
 def test_csr_fits_in_bands_equal_numpy_transcription(solver, monkeypatch):
     """A CSR fit whose blocks are read in bands of columns (``CSR_BAND_BYTES`` made small: 4 bands of 7 columns;
-    the fused sweep in the first passes, the blocks' forms from the second) iterates as the transcription."""
+    the fused sweep in the first pass, the blocks' forms from the second) iterates as the transcription."""
     from distfact.kernels import nmf as k
 
     monkeypatch.setattr(k, "CSR_BAND_BYTES", 2 * 4 * 8 * 7)
@@ -142,30 +142,29 @@ def test_csr_local_step_on_rows_of_every_length(solver):
     assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
 
 
+@pytest.mark.parametrize("rank", [6, 37])
 @pytest.mark.parametrize("solver", ["mu", "hals"])
-def test_csr_step_in_bands_equals_scipy_products_and_its_form_gives_the_same_bits(solver, monkeypatch):
-    """Where H^T and (W^T X)^T exceed ``CSR_BAND_BYTES`` the CSR step reads the block in bands of columns (issue 19):
-    at a block's first sight by the fused sweep, each row's x_i H^T summed band by band; from its second on, over its
-    entries by band (``_csr_bands``, kept while the block lives): the same bits, and scipy's products to rounding
-    (MU; HALS: the dense path's sweep given scipy's X H^T). Rows with no entry in some bands, rows with none, and a
-    row whose columns are not sorted (its sum still takes every entry once). A block read anew in every pass (a new
-    object each time) never has its form made."""
+def test_csr_step_in_bands_gives_the_fused_sweeps_bits(solver, rank, monkeypatch):
+    """Where H^T and (W^T X)^T exceed ``CSR_BAND_BYTES`` a held block's CSR step reads it in bands of columns (issue
+    19): the fused sweep at its first sight, from its second on its entries by band (``_csr_bands``, kept while the
+    block lives), each row's x_i H^T gathered band after band onto the last: the fused sweep's bits, and scipy's
+    products to rounding (MU; HALS: the dense path's sweep given scipy's X H^T). Rows with no entry in some bands,
+    rows with none; ranks of one sweep of the gather's registers and of two. A block whose rows' columns are not
+    sorted, or one read anew in every pass (a new object each time), has no form made."""
     import gc
 
     from distfact.kernels import block_forms as bf
     from distfact.kernels import nmf as k
 
     rng = np.random.default_rng(11)
-    n, r = 300, 6
+    n = 300
     X = sp.random(120, n, density=0.08, random_state=12, format="csr")
     X = sp.vstack([X, sp.csr_matrix((2, n)), sp.csr_matrix(np.where(np.arange(n) < 20, 1.0, 0.0))], format="csr")
-    unsorted = X.indptr[-2], X.indptr[-1]
-    X.indices[unsorted[0]:unsorted[1]] = X.indices[unsorted[0]:unsorted[1]][::-1].copy()
-    X.has_sorted_indices = False
-    W, H = rng.random((X.shape[0], r)) + 0.1, rng.random((r, n)) + 0.1
+    assert X.has_sorted_indices
+    W, H = rng.random((X.shape[0], rank)) + 0.1, rng.random((rank, n)) + 0.1
     HHt = H @ H.T
-    monkeypatch.setattr(k, "CSR_BAND_BYTES", 2 * r * 8 * 45)  # bands of 45 columns: 7 bands
-    assert k.csr_band_width(n, r, 8) == 45
+    monkeypatch.setattr(k, "CSR_BAND_BYTES", 2 * rank * 8 * 45)  # bands of 45 columns: 7 bands
+    assert k.csr_band_width(n, rank, 8) == 45
     steps = [k.frobenius_local(X, W, H, HHt, solver) for _ in range(3)]  # fused, form made, form kept
     form = bf._forms[id(X), "bands"][5]
     assert form is not None and form[0].size == 7 * X.shape[0] + 1
@@ -177,9 +176,19 @@ def test_csr_step_in_bands_equals_scipy_products_and_its_form_gives_the_same_bit
     W_new, WtX, _ = steps[0]
     assert relative_diff(W_new, expected) < 1e-12
     assert relative_diff(WtX, (X.T @ W_new).T) < 1e-12
-    assert k.frobenius_local(X.copy(), W, H, HHt, solver) is not None  # a new block: seen once
+
+    unsorted = X.copy()
+    first, last = unsorted.indptr[-2], unsorted.indptr[-1]
+    unsorted.indices[first:last] = unsorted.indices[first:last][::-1].copy()
+    unsorted.has_sorted_indices = False
+    for _ in range(3):
+        W_unsorted = k.frobenius_local(unsorted, W, H, HHt, solver)[0]
+    assert (id(unsorted), "bands") not in bf._forms
+    assert relative_diff(W_unsorted, expected) < 1e-12
+    assert k.frobenius_local(X.copy(), W, H, HHt, solver) is not None  # a new block: seen once, no form made
     gc.collect()
-    assert not any(key[1] == "bands" and entry[0]() is not X for key, entry in bf._forms.items())
+    assert not any(key[1] == "bands" and entry[0]() is not X and entry[5] is not None
+                   for key, entry in bf._forms.items())
 
 
 @pytest.mark.parametrize("ranks", [[1, 4, 7], [20, 25, 30]])

@@ -18,7 +18,7 @@ from .memory import aligned, aligned_copy, empty_aligned
 from .prefetch import PREFETCH_DISTANCE, prefetch_row
 from .products import (block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block, wh_at_nonzeros,
                        wt_times_block)
-from .row_vectors import add_scaled_row, gather_row
+from .row_vectors import add_scaled_row, gather_row, gather_row_onto
 
 #: Bytes of X per tile of the dense local step: a tile stays in the core's cache while both products
 #: (X_t H^T, then W_t^T X_t) read it, so that a pass reads X from memory once.
@@ -28,9 +28,10 @@ TILE_BYTES = 1 << 20
 #: only (and the runs of ``_product_rows`` on the kind of BLAS), so the sums are the same on any number of threads and
 #: on a cluster's workers of one kind.
 MAX_CHUNKS = 8
-#: A CSR step whose H^T and (W^T X)^T (n x r each) take more than this together reads the block in bands of columns
-#: (``csr_band_width``), so that each band's rows of both stay in the core's cache while every row's entries in the
-#: band are read (rows of 160 bytes at rank 20, read at random: 6.4 MB at 20,000 columns, against 2 MiB of L2)
+#: A CSR step whose H^T and (W^T X)^T (n x r each) take more than this together reads a held block in bands of
+#: columns (``csr_band_width``, ``csr_frobenius_local``), so that each band's rows of both stay in the core's cache
+#: while every row's entries in the band are read (rows of 160 bytes at rank 20, read at random: 6.4 MB at 20,000
+#: columns, against 2 MiB of L2 here)
 CSR_BAND_BYTES = 1 << 20
 #: Blocks with fewer multiply-adds (rows x columns x rank) than this run their chunks in the calling thread.
 PARALLEL_WORK = 1 << 22
@@ -121,14 +122,14 @@ def hals_h_update(H, WtX, WtW):
 
 
 def csr_band_width(n: int, r: int, itemsize: int) -> int:
-    """Columns of a band of the CSR step (``_csr_frobenius_local``): n (one band) while H^T and (W^T X)^T (n x r each)
-    fit in ``CSR_BAND_BYTES`` together."""
+    """Columns of a band of a held block's CSR step (``csr_frobenius_local``): n (one band) while H^T and (W^T X)^T
+    (n x r each) fit in ``CSR_BAND_BYTES`` together."""
     width = max(1, CSR_BAND_BYTES // (2 * r * itemsize))
     return width if width < n else n
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, width, W_new, WtX_T):
+def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, W_new, WtX_T):
     """Fused CSR local step, one row at a time while its entries are in cache: gather
     x_i H^T, update row i of W (MU from the precomputed W H H^T, or a HALS sweep over
     its r entries: ``_csr_w_row``), scatter x_ij w_i into (W^T X)^T. Writes W_new (W's shape) and (W^T X)^T
@@ -137,15 +138,14 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, w
     The gather and the scatter are vector code of their own (``kernels/row_vectors.py``: the row's sum in
     registers, no run-time overlap checks or scalar tails), the rows of H^T and (W^T X)^T an entry reads prefetched a
     few entries ahead (``kernels/prefetch.py``). ``fastmath`` lets LLVM vectorise the length-r loops of the update
-    (finite data is validated at ingest; reassociation moves results by rounding only). ``width``: the columns of a
-    band (``csr_band_width``): x_i H^T is summed band by band (``_csr_w_row``), as ``_csr_banded_local`` sums it."""
+    (finite data is validated at ingest; reassociation moves results by rounding only)."""
     m, r = W.shape
     WtX_T[:, :] = 0
-    xh_row, part_row = np.empty((1, r), dtype=W.dtype), np.empty((1, r), dtype=W.dtype)
+    xh_row = np.empty((1, r), dtype=W.dtype)
     ahead = indices.shape[0] - PREFETCH_DISTANCE
     for i in range(m):
         start, stop = indptr[i], indptr[i + 1]
-        _csr_w_row(i, start, stop, data, indices, W, Ht, HHt, WHHt, use_mu, eps, width, W_new, xh_row, part_row)
+        _csr_w_row(i, start, stop, data, indices, W, Ht, HHt, WHHt, use_mu, eps, W_new, xh_row)
         for p in range(start, stop):
             if p < ahead:
                 prefetch_row(WtX_T, indices[p + PREFETCH_DISTANCE])
@@ -153,35 +153,18 @@ def _csr_frobenius_local(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, w
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def csr_w_update(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, width, W_new):
+def csr_w_update(indptr, indices, data, W, Ht, HHt, WHHt, use_mu, eps, W_new):
     """The W half of ``_csr_frobenius_local`` alone (the same bits): W_new's rows, the statistic left to the caller
     (Stratified-NMF sums it column by column, ``kernels/stratified.py``)."""
-    xh_row, part_row = np.empty((1, W.shape[1]), dtype=W.dtype), np.empty((1, W.shape[1]), dtype=W.dtype)
+    xh_row = np.empty((1, W.shape[1]), dtype=W.dtype)
     for i in range(W.shape[0]):
-        _csr_w_row(i, indptr[i], indptr[i + 1], data, indices, W, Ht, HHt, WHHt, use_mu, eps, width, W_new, xh_row,
-                   part_row)
+        _csr_w_row(i, indptr[i], indptr[i + 1], data, indices, W, Ht, HHt, WHHt, use_mu, eps, W_new, xh_row)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _csr_w_row(i, start, stop, data, indices, W, Ht, HHt, WHHt, use_mu, eps, width, W_new, xh_row, part_row):
-    """Row i of W_new from x_i H^T (gathered into ``xh_row``): MU from W H H^T, or a HALS sweep over its r entries.
-    With bands (``width`` < H^T's rows), x_i H^T is 0 plus each band's sum, bands in order (a band's entries are the
-    row's run of columns below its end: all of them in their band where the row's columns are sorted, as ingest
-    sorts them; every entry once in any case)."""
-    if width >= Ht.shape[0]:
-        gather_row(xh_row, 0, data, indices, start, stop, Ht)
-    else:
-        xh_row[0, :] = 0
-        end = width
-        while start < stop:
-            cut = start
-            while cut < stop and indices[cut] < end:
-                cut += 1
-            if cut > start:
-                gather_row(part_row, 0, data, indices, start, cut, Ht)
-                for k in range(xh_row.shape[1]):
-                    xh_row[0, k] += part_row[0, k]
-            start, end = cut, end + width
+def _csr_w_row(i, start, stop, data, indices, W, Ht, HHt, WHHt, use_mu, eps, W_new, xh_row):
+    """Row i of W_new from x_i H^T (gathered into ``xh_row``): MU from W H H^T, or a HALS sweep over its r entries."""
+    gather_row(xh_row, 0, data, indices, start, stop, Ht)
     _w_row_update(i, W, xh_row[0], HHt, WHHt, use_mu, eps, W_new)
 
 
@@ -209,8 +192,8 @@ def _w_row_update(i, W, xh, HHt, WHHt, use_mu, eps, W_new):
 def _csr_bands(indptr, indices, data, width, n):
     """The CSR block's entries band by band of ``width`` columns (n columns), each band's rows in order, a row's
     entries in their order: (starts, bands x rows + 1: band b's row i from ``starts[b * rows + i]``; indices;
-    values). A row's entries of band b are those ``_csr_w_row`` takes for it (its run of columns below the band's
-    end, after the earlier bands' runs: an entry at or past the end moves the row on to the next band)."""
+    values). A row's entries of band b are its run of columns below the band's end, after the earlier bands' runs (an
+    entry at or past the end moves the row on to the next band: with its columns sorted, those in the band)."""
     m = indptr.shape[0] - 1
     bands = (n + width - 1) // width
     starts = np.zeros(bands * m + 1, np.int64)
@@ -237,21 +220,19 @@ def _csr_bands(indptr, indices, data, width, n):
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
 def _csr_banded_local(starts, indices, data, W, Ht, HHt, WHHt, use_mu, eps, W_new, WtX_T):
-    """``_csr_frobenius_local`` with bands, the same bits, over the block's entries band by band (``_csr_bands``):
-    X H^T summed into W_new's rows band after band (each band's rows of H^T in cache for all of the block's rows),
-    then the rows' updates, then (W^T X)^T band after band (each band's rows of it in cache). Issue 19: the sparse MU
-    benchmark's iteration 87-88 -> 58-73 ms (2 blocks of 50,000 x 20,000 at 0.5%, rank 20, 7 bands)."""
+    """``_csr_frobenius_local`` over the block's entries band by band (``_csr_bands``; rows' columns sorted): X H^T
+    gathered into W_new's rows band after band (each band's rows of H^T in cache for all of the block's rows), each
+    band's run onto the last (``gather_row_onto``: the fused sweep's sums, in its order, so the same bits), then the
+    rows' updates, then (W^T X)^T band after band (each band's rows of it in cache; a column's additions in row order,
+    as the fused sweep's). Issue 19: 2 blocks of the sparse MU benchmark (50,000 x 20,000 at 0.5%, rank 20, 7 bands)
+    on 2 threads 74 -> 52 ms."""
     m, r = W.shape
     bands = (starts.shape[0] - 1) // m
-    part_row, xh = np.empty((1, r), dtype=W.dtype), np.empty(r, dtype=W.dtype)
+    xh = np.empty(r, dtype=W.dtype)
     W_new[:, :] = 0
     for b in range(bands):
         for i in range(m):
-            start, stop = starts[b * m + i], starts[b * m + i + 1]
-            if stop > start:
-                gather_row(part_row, 0, data, indices, start, stop, Ht)
-                for k in range(r):
-                    W_new[i, k] += part_row[0, k]
+            gather_row_onto(W_new, i, data, indices, starts[b * m + i], starts[b * m + i + 1], Ht)
     for i in range(m):
         xh[:] = W_new[i]
         _w_row_update(i, W, xh, HHt, WHHt, use_mu, eps, W_new)
@@ -266,17 +247,18 @@ def _csr_banded_local(starts, indices, data, W, Ht, HHt, WHHt, use_mu, eps, W_ne
 
 
 def csr_frobenius_local(X, W, Ht, HHt, WHHt, use_mu: bool, eps: float, W_new, WtX_T) -> None:
-    """The CSR step into W_new and WtX_T: in bands of ``csr_band_width`` columns, over the block's entries by band
-    (``_csr_bands``, kept for a block held in memory from its second pass on: ``kernels/block_forms.py``), else the
-    fused sweep; the same bits either way."""
+    """The CSR step into W_new and WtX_T: the fused sweep, or for a block held in memory whose rows' columns are
+    sorted (ingest sorts them), from its second pass on, the same sums band by band of ``csr_band_width`` columns
+    (``_csr_banded_local`` over ``_csr_bands``, kept while the block lives: ``kernels/block_forms.py``): the same bits
+    either way."""
     n, r = Ht.shape
     width = csr_band_width(n, r, W.dtype.itemsize)
     form = None
-    if width < n:
+    if width < n and X.has_sorted_indices:
         form = block_form(X, "bands", width, lambda: _csr_bands(X.indptr, X.indices, X.data, width, n),
                           second_sight=True)
     if form is None:
-        _csr_frobenius_local(X.indptr, X.indices, X.data, W, Ht, HHt, WHHt, use_mu, eps, width, W_new, WtX_T)
+        _csr_frobenius_local(X.indptr, X.indices, X.data, W, Ht, HHt, WHHt, use_mu, eps, W_new, WtX_T)
     else:
         _csr_banded_local(*form, W, Ht, HHt, WHHt, use_mu, eps, W_new, WtX_T)
 

@@ -11,6 +11,7 @@ narrower processors):
 - ``gather_row(out, i, data, indices, start, stop, src)``: row i of ``out`` = the sum over p in [start, stop) of
   data[p] src[indices[p]], the sum in registers (``GATHER_VECTORS`` vectors of r's entries at a time, lanes past r
   masked), with row indices[p + PREFETCH_DISTANCE] of ``src`` prefetched (``kernels/prefetch.py``);
+- ``gather_row_onto``: the same sum continued from row i of ``out`` (a row gathered in runs, band by band);
 - ``add_scaled_row(dst, i, a, src, j)``: row i of ``dst`` += a row j of ``src``, in full vectors, then one of half
   width, then one entry at a time.
 
@@ -125,18 +126,34 @@ def add_scaled_row(typingctx, dst, i, a, src, j):
     return types.void(dst, i, a, src, j), codegen
 
 
-@intrinsic
-def gather_row(typingctx, out, i, data, indices, start, stop, src):
-    """``out[i, :] = sum(data[p] * src[indices[p], :] for p in range(start, stop))`` over ``out.shape[1]`` entries
-    (``src`` has at least as many columns, not checked: every caller's are equal); returns nothing."""
-    if not (_is_row_array(out, written=True) and _is_row_array(src) and out.dtype == src.dtype
+def _gather_arguments(out, i, data, indices, start, stop, src) -> bool:
+    return (_is_row_array(out, written=True) and _is_row_array(src) and out.dtype == src.dtype
             and isinstance(data, types.Array) and data.ndim == 1 and data.layout == "C"
             and isinstance(data.dtype, types.Float)
             and isinstance(indices, types.Array) and indices.ndim == 1 and indices.layout == "C"
             and isinstance(indices.dtype, types.Integer)
-            and all(isinstance(value, types.Integer) for value in (i, start, stop))):
-        return None
+            and all(isinstance(value, types.Integer) for value in (i, start, stop)))
 
+
+@intrinsic
+def gather_row(typingctx, out, i, data, indices, start, stop, src):
+    """``out[i, :] = sum(data[p] * src[indices[p], :] for p in range(start, stop))`` over ``out.shape[1]`` entries
+    (``src`` has at least as many columns, not checked: every caller's are equal); returns nothing."""
+    if not _gather_arguments(out, i, data, indices, start, stop, src):
+        return None
+    return types.void(out, i, data, indices, start, stop, src), _gather_codegen(onto=False)
+
+
+@intrinsic
+def gather_row_onto(typingctx, out, i, data, indices, start, stop, src):
+    """``gather_row`` whose sums start from ``out[i, :]`` rather than 0: gathering a row's entries in runs, in
+    order, one run onto the last, makes the bits of one ``gather_row`` of them all."""
+    if not _gather_arguments(out, i, data, indices, start, stop, src):
+        return None
+    return types.void(out, i, data, indices, start, stop, src), _gather_codegen(onto=True)
+
+
+def _gather_codegen(onto: bool):
     def codegen(context, builder, signature, args):
         out_type, i_type, data_type, indices_type, start_type, stop_type, src_type = signature.args
         element = context.get_data_type(out_type.dtype)
@@ -168,7 +185,9 @@ def gather_row(typingctx, out, i, data, indices, start, stop, src):
             firsts = [builder.add(offset, ir.Constant(intp, g * lanes)) for g in range(GATHER_VECTORS)]
             masks = [builder.icmp_signed("<", builder.add(_splat(builder, first, lane_numbers), lane_offsets), ends)
                      for first in firsts]
-            sums = [cgutils.alloca_once_value(builder, zero) for _ in range(GATHER_VECTORS)]
+            sums = [cgutils.alloca_once_value(builder, builder.call(load, [_vector_at(builder, out_row, first, vector),
+                                                                            align, mask, zero]) if onto else zero)
+                    for first, mask in zip(firsts, masks)]
             left = builder.sub(r, offset)  # this sweep's entries of a row: at most span
             row_bytes = builder.mul(builder.select(builder.icmp_signed("<", left, span), left, span),
                                     ir.Constant(intp, itemsize))
@@ -187,4 +206,4 @@ def gather_row(typingctx, out, i, data, indices, start, stop, src):
                                      masks[g]])
         return context.get_dummy_value()
 
-    return types.void(out, i, data, indices, start, stop, src), codegen
+    return codegen

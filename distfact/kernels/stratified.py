@@ -69,12 +69,12 @@ def kept_columns_mu_step(A, W, Ht, HHt, shift, kept):
     """Line 7's MU step on a CSR block whose stored columns are all among ``kept`` (its stratum's), and the new
     W's statistic there: returns (W_new, A^T W_new at ``kept``, k x r).
 
-    W_new from the CSR sweep of ``kernels/nmf.py`` (``csr_w_update`` in one band: H^T read where it is; issue 19: a
-    copy of its kept rows per block took the stratified benchmark's 20 blocks, one after another, from 88 to 125 ms;
-    in bands, ``csr_band_width``, no faster on its 1,000-row blocks); then each kept column's row of A^T W_new summed
-    in registers from the block's entries in that column, rows in order (``_sums_by_column``, over the block's
-    kept-column form, :func:`kept_column_form`): the additions of the whole-width sweep's scatter, in its order, so
-    W_new and the kept rows of (W^T A)^T are its bits (where it has one band), and each row of the statistic
+    W_new from the CSR sweep of ``kernels/nmf.py`` (``csr_w_update``: H^T read where it is; issue 19: a copy of its
+    kept rows per block took the stratified benchmark's 20 blocks, one after another, from 88 to 125 ms; in bands of
+    columns, as NMF's step reads a held block, no faster on its 1,000-row blocks); then each kept column's row of
+    A^T W_new summed in registers from the block's entries in that column, rows in order (``_sums_by_column``, over the
+    block's kept-column form, :func:`kept_column_form`): the additions of the whole-width sweep's scatter, in its
+    order, so W_new and the kept rows of (W^T A)^T are its bits, and each row of the statistic
     is written once, not added into at every entry (the scatter's random read-modify-writes of a k x r array: 20
     blocks of ``bench_stratified`` on 2 threads, 28 -> 18 ms with their forms kept). The other columns' statistic, all
     zeros, is never made."""
@@ -84,7 +84,7 @@ def kept_columns_mu_step(A, W, Ht, HHt, shift, kept):
     WHHt += shift
     W_new, AtW = empty_aligned(W.shape, W.dtype), empty_aligned((kept.size, W.shape[1]), W.dtype)
     csr_w_update(A.indptr, A.indices, A.data, W, np.ascontiguousarray(Ht), np.ascontiguousarray(HHt), WHHt, True,
-                 floor_eps(W.dtype), Ht.shape[0], W_new)
+                 floor_eps(W.dtype), W_new)
     _sums_by_column(starts, rows, values, W_new, AtW)
     return W_new, AtW
 
