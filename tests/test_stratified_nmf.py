@@ -87,7 +87,6 @@ def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
     dense = np.zeros((s, r, n))
     for i in range(s):
         dense[i][:, ks.kept_of(kept, starts, i)] = AtW[i].T
-    assert np.array_equal(ks.sum_over_strata(AtW, kept, starts, n), sum(dense[i] for i in range(s)))
     Ht = rng.random((n, r))
     assert ks.kept_inners(AtW, Ht, kept, starts) == [ks.kept_inner(AtW[i], Ht, ks.kept_of(kept, starts, i))
                                                      for i in range(s)]
@@ -101,15 +100,18 @@ def test_driver_sweeps_in_pieces_on_the_cores_give_the_same_bits(monkeypatch):
     expected = numerator * H / (denominator + shift + 1e-9)
     assert np.array_equal(ks.mu_ratio_in_place(numerator, H, denominator, shift, 1e-9), expected)
     # unmasked line 8 with what line 5 and the objective take from the new H, range by range: against numpy's whole
-    # products (the sums over the columns are cut by the ranges: to rounding)
-    numerator, WtW, Wt1 = rng.random((r, n)), rng.random((r, r)), rng.random((s, r))
+    # products (the sums over the columns are cut by the ranges: to rounding); the strata's statistics at their kept
+    # columns summed range by range give the bits of their r x n statistics' sum
+    numerator, WtW, Wt1 = sum(dense[i] for i in range(s)), rng.random((r, r)), rng.random((s, r))
     expected = numerator * H / (WtW @ H + Wt1.T @ v + 1e-9)
-    H_new, Ht, HtWt1, Wt1_Hv = ks.line8(numerator.copy(), H, v, WtW, Wt1, 1e-9, True)
+    whole = ks.line8(H, v, WtW, Wt1, 1e-9, numerator=numerator.copy())
+    assert whole[1] is None
+    H_new, Ht, HtWt1, Wt1_Hv = ks.line8(H, v, WtW, Wt1, 1e-9, kept_sums=(AtW, kept, starts))
+    assert np.array_equal(H_new, whole[0]) and np.array_equal(HtWt1, whole[2]) and np.array_equal(Wt1_Hv, whole[3])
     np.testing.assert_allclose(H_new, expected, rtol=1e-13)
     assert np.array_equal(Ht, H_new.T) and Ht.flags.c_contiguous
     np.testing.assert_allclose(HtWt1, Wt1 @ H_new, rtol=1e-13)
     np.testing.assert_allclose(Wt1_Hv, np.einsum("ir,ir->i", Wt1, v @ H_new.T), rtol=1e-12)
-    assert ks.line8(numerator.copy(), H, v, WtW, Wt1, 1e-9, False)[1] is None
 
     # a map called from one of its own pieces runs inline (waiting on the pool from its threads could hang)
     from distfact.kernels.blas_threads import map_on_cores

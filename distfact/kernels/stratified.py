@@ -19,7 +19,7 @@ from .nmf import csr_w_update
 from .products import floor_eps
 from .row_vectors import gather_row
 
-#: The driver's sweeps over r x n and s x n arrays (line 8's sum and ratio, line 5, the objective's inner products)
+#: The driver's sweeps over r x n and s x n arrays (line 8, line 5, the objective's inner products)
 #: run in this many pieces on the cores (``map_on_cores``) from this many entries on (issue 19: half of a sparse
 #: fit's iteration was driver work on one core). Every entry's operations are the same whatever the pieces: the
 #: same bits on any number of cores.
@@ -141,31 +141,13 @@ def inner_at_start(A, W, H) -> float:
 
 
 @numba.njit(nogil=True, cache=True)
-def _add_kept_rows(out_T, AtW, kept, lo, hi):
-    """out_T[kept[t]] += AtW[t] for t in lo..hi (each entry one addition: the sum's order is the caller's)."""
+def _add_kept_rows(out_T, AtW, kept, lo, hi, first_column):
+    """out_T[kept[t] - first_column] += AtW[t] for t in lo..hi (each entry one addition: the sum's order is the
+    caller's)."""
     for t in range(lo, hi):
-        row = out_T[kept[t]]
+        row = out_T[kept[t] - first_column]
         for q in range(AtW.shape[1]):
             row[q] += AtW[t, q]
-
-
-def sum_over_strata(AtW_kept: list, kept: np.ndarray, kept_starts: np.ndarray, n: int) -> np.ndarray:
-    """sum_i W(i)^T A(i) (r x n) from each stratum's A(i)^T W(i) at its kept columns, added stratum by stratum in
-    order: every entry the same sum, in the same order, as adding the strata's r x n statistics (zeros elsewhere).
-    Summed as n x r (each kept column's r entries side by side), then transposed; by ranges of columns on the cores
-    (each range's entries take every stratum in order, whichever core adds them)."""
-    r, dtype = AtW_kept[0].shape[1], AtW_kept[0].dtype
-    out_T, out = np.zeros((n, r), dtype=dtype), empty_aligned((r, n), dtype)  # aligned: the engine need not copy it
-    strata = [kept_of(kept, kept_starts, i) for i in range(len(AtW_kept))]
-
-    def add(lo, hi):
-        for AtW, columns in zip(AtW_kept, strata):
-            first, last = np.searchsorted(columns, (lo, hi))  # the stratum's kept columns in lo..hi (sorted)
-            _add_kept_rows(out_T, AtW, columns, first, last)
-        out[:, lo:hi] = out_T[lo:hi].T
-
-    _on_column_ranges(add, n, kept.size * r)
-    return out
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
@@ -218,6 +200,17 @@ def _mu_ratio(numerator, H, denominator, eps, lo, hi, offset):
             numerator[q, j] = numerator[q, j] * H[q, j] / (denominator[q, j - offset] + eps)
 
 
+@numba.njit(nogil=True, cache=True)
+def _mu_ratio_by_columns(numerator_T, H, denominator, eps, lo, out, out_T):
+    """out[q, lo + j] = out_T[lo + j, q] = numerator_T[j, q] * H[q, lo + j] / (denominator[q, j] + eps): the
+    numerator of columns lo.. as rows (``_add_kept_rows``'), the new H and its transpose."""
+    for j in range(numerator_T.shape[0]):
+        for q in range(H.shape[0]):
+            value = numerator_T[j, q] * H[q, lo + j] / (denominator[q, j] + eps)
+            out[q, lo + j] = value
+            out_T[lo + j, q] = value
+
+
 def mu_ratio_in_place(numerator, H, denominator, shift, eps: float) -> np.ndarray:
     """numerator <- numerator * H / (denominator + shift + eps) (line 8), entry by entry in numpy's order, by ranges
     of columns on the cores. ``denominator`` is overwritten (with denominator + shift)."""
@@ -226,33 +219,47 @@ def mu_ratio_in_place(numerator, H, denominator, shift, eps: float) -> np.ndarra
     return numerator
 
 
-def line8(numerator, H, v, WtW, Wt1, eps: float, transposed: bool):
-    """Line 8 without a mask, in place in ``numerator`` (sum_i W(i)^T A(i), r x n): H <- numerator * H / (WtW H +
-    Wt1^T v + eps), WtW = sum_i W(i)^T W(i) and Wt1 (s x r) the strata's W(i)^T 1 as rows; and of the new H, what
-    the objective and line 5 take from it: returns (H, H^T aligned if ``transposed`` else None, H^T W(i)^T 1 for
-    every stratum as rows of Wt1 H (s x n, line 5's), and (W(i)^T 1)^T H v(i) for every stratum (the objective's,
-    at G's v): the sum over the columns of v o (Wt1 H)).
+def line8(H, v, WtW, Wt1, eps: float, numerator=None, kept_sums=None):
+    """Line 8 without a mask: H <- N * H / (WtW H + Wt1^T v + eps), N = sum_i W(i)^T A(i), WtW = sum_i W(i)^T W(i)
+    and Wt1 (s x r) the strata's W(i)^T 1 as rows; N given as ``numerator`` (r x n, overwritten with the new H) or as
+    ``kept_sums`` (CSR blocks: each stratum's A(i)^T W(i) at its kept columns, kept, kept_starts), then summed range
+    by range, stratum by stratum in order (every entry the same sum, in the same order, as adding the strata's r x n
+    statistics, zeros elsewhere: the same bits). Returns the new H, its transpose (aligned; with ``kept_sums``,
+    whose blocks read it, else None), and what the objective and line 5 take from it: H^T W(i)^T 1 for every stratum
+    as rows of Wt1 H (s x n, line 5's), and (W(i)^T 1)^T H v(i) for every stratum (the objective's, at G's v): the
+    sum over the columns of v o (Wt1 H).
 
-    By ranges of columns on the cores (from ``DRIVER_PARALLEL_ENTRIES`` entries of H on), each range's products
-    (BLAS on one thread; k = r or s, so they keep the cores busy, unlike H H^T's) and sweeps made while the range is
-    in cache: the denominator never exists as r x n. Each range's share of the last sums is added in range order:
-    the ranges are fixed by the size, never by the number of cores (issue 19: the driver's products on one thread
-    took a sixth of a sparse fit)."""
+    By ranges of columns on the cores (from ``DRIVER_PARALLEL_ENTRIES`` entries of H on), each range's sum,
+    products (BLAS on one thread; k = r or s, so they keep the cores busy, unlike H H^T's) and sweeps made while the
+    range is in cache: neither N nor the denominator exists as r x n. Each range's share of the last sums is added in
+    range order: the ranges are fixed by the size, never by the number of cores (issue 19: the driver's products on
+    one thread took a sixth of a sparse fit; N made whole, then transposed, then read again, a sixth of what was
+    left: 21-27 against 11-13 ms for the stratified benchmark's line 8)."""
     r, n = H.shape
     HtWt1 = empty_aligned((v.shape[0], n), np.result_type(Wt1, H))
-    Ht = empty_aligned((n, r), H.dtype) if transposed else None
+    if kept_sums is None:
+        H_new, Ht = numerator, None
+    else:
+        AtW_kept, kept, kept_starts = kept_sums
+        H_new, Ht = empty_aligned((r, n), H.dtype), empty_aligned((n, r), H.dtype)
+        strata = [kept_of(kept, kept_starts, i) for i in range(len(AtW_kept))]
 
     def columns(lo, hi):
         denominator = WtW @ H[:, lo:hi]
         denominator += Wt1.T @ v[:, lo:hi]  # the shift, added before eps (numpy's order for (WtW H + Wt1^T v) + eps)
-        _mu_ratio(numerator, H, denominator, eps, lo, hi, lo)
-        np.matmul(Wt1, numerator[:, lo:hi], out=HtWt1[:, lo:hi])
-        if Ht is not None:
-            Ht[lo:hi] = numerator[:, lo:hi].T
+        if Ht is None:
+            _mu_ratio(numerator, H, denominator, eps, lo, hi, lo)
+        else:
+            sums_T = np.zeros((hi - lo, r), AtW_kept[0].dtype)  # each kept column's r entries side by side
+            for AtW, columns_i in zip(AtW_kept, strata):
+                first, last = np.searchsorted(columns_i, (lo, hi))  # the stratum's kept columns in lo..hi (sorted)
+                _add_kept_rows(sums_T, AtW, columns_i, first, last, lo)
+            _mu_ratio_by_columns(sums_T, H, denominator, eps, lo, H_new, Ht)
+        np.matmul(Wt1, H_new[:, lo:hi], out=HtWt1[:, lo:hi])
         return np.einsum("ij,ij->i", HtWt1[:, lo:hi], v[:, lo:hi])
 
     parts = _on_column_ranges(columns, n, H.size, blas=True)
     Wt1_Hv = parts[0]
     for part in parts[1:]:
         Wt1_Hv = Wt1_Hv + part
-    return numerator, Ht, HtWt1, Wt1_Hv
+    return H_new, Ht, HtWt1, Wt1_Hv

@@ -195,18 +195,19 @@ class StratifiedMU:
         line 5 and the objective take from the new H (``kernels/stratified.py: line8``): "HtWt1" (H^T W(i)^T 1 as rows,
         s x n), "Wt1_Hv" ((W(i)^T 1)^T H v(i) at G's v, per stratum), "Ht" with kept columns}."""
         H, v = G["H"], G["v"]
-        if "AtW_kept" in stats[0]:
-            numerator = ks.sum_over_strata([s["AtW_kept"] for s in stats], G["kept"], G["kept_starts"], H.shape[1])
-        else:
-            numerator = sum(s["WtA"] for s in stats)
         WtW = sum(s["WtW"] for s in stats)
         if "WtM" in stats[0]:  # masked: sum_i (W^T W) H + WtMWH_adj + (W^T M) diag(v(i))
             shift = sum(s["WtM"] * v[i] for i, s in enumerate(stats))
-            H_new = ks.mu_ratio_in_place(numerator, H, WtW @ H + sum(s["WtMWH_adj"] for s in stats), shift, self.eps)
+            H_new = ks.mu_ratio_in_place(sum(s["WtA"] for s in stats), H,
+                                         WtW @ H + sum(s["WtMWH_adj"] for s in stats), shift, self.eps)
             return {"H": H_new, "HHt": H_new @ H_new.T}
         # sum_i W(i)^T W(i) H + (W(i)^T 1) v(i)^T as two products over all strata (not 2 s products of r x n)
-        H_new, Ht, HtWt1, Wt1_Hv = ks.line8(numerator, H, v, WtW, np.stack([s["Wt1"] for s in stats]), self.eps,
-                                            "kept" in G)
+        Wt1 = np.stack([s["Wt1"] for s in stats])
+        if "AtW_kept" in stats[0]:
+            H_new, Ht, HtWt1, Wt1_Hv = ks.line8(H, v, WtW, Wt1, self.eps, kept_sums=(
+                [s["AtW_kept"] for s in stats], G["kept"], G["kept_starts"]))
+        else:
+            H_new, Ht, HtWt1, Wt1_Hv = ks.line8(H, v, WtW, Wt1, self.eps, numerator=sum(s["WtA"] for s in stats))
         made = {"H": H_new, "HHt": H_new @ H_new.T, "HtWt1": HtWt1, "Wt1_Hv": Wt1_Hv}
         return made if Ht is None else {**made, "Ht": Ht}
 
