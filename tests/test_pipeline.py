@@ -134,7 +134,7 @@ block_rows = 300
 [[fit]]
 method = "nmf"
 rank = 8
-max_iter = 150
+max_iter = 1000
 tol = 0.0
 [output]
 checkpoint_every = 5
@@ -153,7 +153,8 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path, monkeypatch, capsys)
     deadline = time.time() + 300
     while not list(partial.glob(COMMITTED_CHECKPOINT)) and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
-    time.sleep(0.3)  # a few more iterations, mid-fit
+    # at once: the rest of the fit (1,000 iterations) takes about 1.5 s here; at 150 iterations a 0.3 s wait
+    # outlasted it on CI
     process.send_signal(signal.SIGKILL)
     process.wait()
     run_dir = tmp_path / "cut" / "resumable" / DATE
@@ -163,7 +164,7 @@ def test_a_killed_fit_resumes_to_the_same_factors(tmp_path, monkeypatch, capsys)
     assert "skip" in err and '"stage": "ingest", "event": "skip"' in err
     whole = tmp_path / "whole" / "resumable" / DATE / "fit" / "nmf-r8"
     assert np.array_equal(np.load(run_dir / "fit" / "nmf-r8" / "components.npy"), np.load(whole / "components.npy"))
-    assert json.loads((run_dir / "fit" / "nmf-r8" / "fit.json").read_text())["n_iter"] == 150
+    assert json.loads((run_dir / "fit" / "nmf-r8" / "fit.json").read_text())["n_iter"] == 1000
 
 
 #: SMALL with one NMF rank: the pipeline of the resume, fsspec and scheduler tests
