@@ -489,7 +489,8 @@ def test_small_product_limit_follows_scipys_blas(monkeypatch):
 def test_the_tiled_step_in_runs_of_rows_equals_whole_tiles(monkeypatch, solver, dtype):
     """The dense step's products made on runs of 9 rows of each tile (a limit of 9 n r multiply-adds; tiles of
     32 or 64 rows, so runs with remainders) give the step of whole tiles to rounding, and the numpy transcription's
-    W_new, W_new^T X and residual; float32 with its float64 sums (``sums64``) summed in runs of 16 rows."""
+    W_new, W_new^T X and residual; float32 with its float64 sums (``sums64``): products of runs of 16 rows summed in
+    float32 over 128 rows, then in float64."""
     from distfact.kernels import nmf as k
 
     rng = np.random.default_rng(31)

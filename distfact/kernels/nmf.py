@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from .blas_threads import map_on_blas_threads, small_product_limit
 from .block_forms import block_form
+from .gemm import gemm_into
 from .memory import aligned, aligned_copy, empty_aligned
 from .prefetch import PREFETCH_DISTANCE, prefetch_row
 from .products import (block_times_ht, floor_eps, gram, is_sparse, sparse_wt_times_block, wh_at_nonzeros,
@@ -45,11 +46,6 @@ WHOLE_CHUNK_RANK = 64
 #: are made on runs of the tile's rows small enough for them (``_product_rows``), if that is at least this many rows
 #: (fewer: the products of whole tiles, as without such kernels)
 MIN_SMALL_ROWS = 8
-#: ... and float32 data's W_t^T X_t products, summed in float64 (``SUM64_ROWS``), on the same runs if they are at least
-#: this many rows: each run's sum adds r x n float64 numbers, which shorter runs pay more often than the kernels save
-#: (20,000 x 2,000 float32 at rank 50, runs of 10 rows: 1.09 times the time of 128-row sums; at rank 20, runs of 25:
-#: 0.63 times)
-MIN_SMALL_SUM_ROWS = 16
 
 
 # --------------------------------------------------------------------- Frobenius
@@ -270,11 +266,11 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, ru
     """Rows lo:hi of the dense local step, ``tile`` rows at a time (while they are in cache, but for several
     models' chunks taken whole, ``_dense_frobenius_local``): X_t H^T,
     W_t's update (``update`` 1: MU from W_t H H^T + shift, 2: a HALS sweep, 0: none, W_new = W) into W_new,
-    and W_t^T X_t added into WtX (r x n) in tile order, or with ``WtX64`` (float64, r x n; else no rows) into
-    WtX64, each product of ``run`` rows of the tile (if at least ``MIN_SMALL_SUM_ROWS``, else
-    ``SUM64_ROWS``) summed in float64 (WtX is then not written).
+    and W_t^T X_t added into WtX (r x n) in tile order, ``run`` rows at a time (``_sum_products``), or with ``WtX64``
+    (float64, r x n; else no rows) into WtX64: summed in float32 over at most ``SUM64_ROWS`` rows (in runs of at
+    most ``run`` rows), each such sum added in float64 (WtX is then not written).
     X_t H^T and W_new_t H are made ``run`` rows at a time (``_product_rows``: BLAS's small-matrix kernels).
-    Scratch: ``product`` (r x n), ``XHt`` (tile x r), ``WH`` (tile x n, or no rows). With ``WH``, returns
+    Scratch: ``product`` (r x n for float64 sums, else no rows), ``XHt`` (tile x r), ``WH`` (tile x n, or no rows). With ``WH``, returns
     ||X - W_new H||^2 over the rows accumulated in float64 (else 0).
 
     Several models at once (``frobenius_local_many``): W's columns (and H's rows) are the models' side by
@@ -293,7 +289,8 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, ru
     sq_err = 0.0
     sums = np.zeros(4)
     masked = mask_indptr.shape[0] > 0
-    sum_rows = min(SUM64_ROWS, run) if run >= MIN_SMALL_SUM_ROWS else SUM64_ROWS
+    piece = min(run, SUM64_ROWS)  # float32 sums: products of runs, each float32 sum of at most SUM64_ROWS rows
+    sum_rows = SUM64_ROWS // piece * piece
     for start in range(lo, hi, tile):
         stop = min(start + tile, hi)
         X_t = X[start:stop]
@@ -322,13 +319,10 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, ru
         if WtX64.shape[0] > 0:
             for a in range(0, stop - start, sum_rows):
                 b = min(a + sum_rows, stop - start)
-                np.dot(w[a:b].T, X_t[a:b], product)
+                _sum_products(w[a:b], X_t[a:b], product, piece, 0.0)
                 WtX64 += product
-        elif start == lo:
-            np.dot(w.T, X_t, WtX)
         else:
-            np.dot(w.T, X_t, product)
-            WtX += product
+            _sum_products(w, X_t, WtX, run, 0.0 if start == lo else 1.0)
         if masked:
             sums[:2] += _mask_scatter(X_t, w, Ht, mask_indptr[start:stop + 1], mask_indices, mask_p, WtPx_T, WtPwh_T)
         if WH.shape[0] > 0:
@@ -336,6 +330,18 @@ def _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, eps, lo, hi, tile, ru
             _dot_in_runs(w, H, wh, run)
             sq_err += _sq_diff_sum(X_t, wh)
     return sq_err, sums[0], sums[1], sums[2], sums[3]
+
+
+@numba.njit(nogil=True, cache=True)
+def _sum_products(A, B, out, run, beta):
+    """out = A^T B + beta out, ``run`` rows of A and B at a time, each run's product added where BLAS makes it
+    (``gemm_into``): no scratch product to add, and runs small enough for BLAS's small-matrix kernels
+    (``_product_rows``). At 2,000 columns and rank 20, one thread, OpenBLAS's SkylakeX kernels: a 65-row float64
+    tile's W_t^T X_t added into an r x n sum 62.5 us against 72.2 as one product then added, a 131-row float32 tile
+    70.9 against 129.8 us; the float64 MU step of 20,000 x 2,000 on two threads 33.1 against 41.4 ms (BENCHMARKS.md)."""
+    for a in range(0, A.shape[0], run):
+        b = min(a + run, A.shape[0])
+        gemm_into(A[a:b].T, B[a:b], out, beta if a == 0 else 1.0)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -519,7 +525,7 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
         hi = min(lo + chunk, m)
         WtX = empty_aligned((0 if sums64 else r, n), dtype)
         WtX64 = np.zeros((r, n) if sums64 else (0, 0))
-        product = empty_aligned((r if hi - lo > tile or sums64 else 0, n), dtype)
+        product = empty_aligned((r if sums64 else 0, n), dtype)
         WH = empty_aligned((min(tile, hi - lo) if residual else 0, n), dtype)
         WtP = np.zeros((2, n if mask is not None else 0, r), dtype)
         sums = _dense_frobenius_rows(X, W, H, Ht, HHt, shift, update, floor_eps(dtype), lo, hi, tile, run, W_new, WtX,
