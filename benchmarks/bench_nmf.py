@@ -143,6 +143,11 @@ def mu_ratio(X, r, n1, n2, repeats, float32=False):
         return distfact.NMF(r, solver="mu", init="random", max_iter=k, tol=0, random_state=0, callback=callback)
 
     X32 = X.astype(np.float32) if float32 else None
+    # a first fit of each kind in this process, untimed: its one-time costs (numba's cache loaded, BLAS's threads
+    # started, pages of fresh buffers) once made a first round's T(n1) exceed its T(n2) (a ratio of -1.8)
+    SkNMF(r, solver="mu", init="random", max_iter=n1, tol=0, random_state=0).fit(X)
+    for data in (X, X32) if float32 else (X,):
+        model(n1, None).fit(data)
     sk, mine, floors, singles, steady64, steady32 = [], [], [], [], [], []
     for _ in range(repeats):
         sk.append(per_iteration(lambda k: SkNMF(r, solver="mu", init="random", max_iter=k, tol=0,

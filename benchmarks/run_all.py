@@ -4,8 +4,9 @@
     python benchmarks/run_all.py --only small nmf   # some (names as in the table below)
     python benchmarks/run_all.py --list
 
-Each benchmark writes its own raw results (``benchmarks/results/*.json``); this keeps
-``benchmarks/results/run_all.json``: per benchmark, its latest run's commit, date, command, wall time, exit
+It first compiles distfact's numba kernels into numba's cache (``distfact warmup``), so that no benchmark's first
+round pays for their compilation. Each benchmark writes its own raw results (``benchmarks/results/*.json``); this
+keeps ``benchmarks/results/run_all.json``: per benchmark, its latest run's commit, date, command, wall time, exit
 status and the load average before and after (the machine is shared: a figure taken at a load above 2 on 2 cores
 is not a quiet machine's). A run with ``--only`` replaces the records of the benchmarks it ran and keeps the
 others', so the file says which commit each figure was last measured on. Benchmarks that compare with an earlier version (``--before DIR``) are run without one here:
@@ -108,6 +109,12 @@ def main(argv=None) -> int:
     record = HERE / "results" / "run_all.json"
     runs, here, env = earlier_runs(record), commit(), {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
                                                                               os.environ.get("PYTHONPATH")]))}
+    # numba's kernels compiled into its cache first, so that no benchmark's first round pays for their compilation
+    # (a fresh editable install has none: bench_nmf's first round once measured -1.8 of scikit-learn's time)
+    print("== distfact warmup", flush=True)
+    warmup = [sys.executable, "-c", "from distfact.cli import main; raise SystemExit(main(['warmup']))"]
+    if subprocess.run(warmup, cwd=HERE.parent, env=env).returncode:
+        raise SystemExit("distfact warmup failed: its message is above")
     for name in names:
         extra, _ = BENCHMARKS[name]
         command = [sys.executable, str(HERE / f"bench_{name}.py"), *extra]
