@@ -1,7 +1,9 @@
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -50,7 +52,10 @@ def pytest_sessionstart(session):
     """The whole suite on a checkout whose kernels have no numba cache yet (a fresh clone, as CI's): compile them
     first, once, in a process per core (``distfact.warmup.warm_up_side_by_side``; in child processes even on one
     core, so that a crash there cannot end the session), rather than each test process compiling the same
-    signatures side by side as its tests reach them (issue 19: 70 to 130 s of a first run's time). Not in a test
+    signatures side by side as its tests reach them (issue 19: 70 to 130 s of a first run's time). The warm-up runs
+    into an empty cache of its own, copied into the checkout's after (``_warm_up_aside``): with 2 processes it is the
+    warm-up ``tests/test_warmup.py`` checks, which then need not make another (100 s of a test process's time, and
+    both cores, on the standard machine). Not in a test
     process of pytest-xdist (the controller did it), for a run of chosen tests (paths, ``-k``, ``-m``, ``--lf``,
     ``--deselect``) or of none (``--collect-only``, ``--fixtures``, ``--setup-plan``, ``--setup-only``), with
     NUMBA_CACHE_DIR set (the cache is elsewhere), or where the cache has entries already (a kernel changed since
@@ -68,17 +73,65 @@ def pytest_sessionstart(session):
 
     if glob.glob(os.path.join(os.path.dirname(distfact.__file__), "kernels", "__pycache__", "*.nbi")):
         return
-    from distfact.warmup import default_processes, summary_line, warm_up_side_by_side
+    from distfact.warmup import default_processes
 
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     say = terminal.write_line if terminal is not None else print
+    processes = default_processes()
+    made = tempfile.mkdtemp(prefix="distfact-tests-warmup-")
     try:
-        summary = warm_up_side_by_side(default_processes())
+        output = _warm_up_aside(distfact, processes, made)
     except Exception as exc:  # noqa: BLE001 - best effort: the tests do not need it
+        shutil.rmtree(made, ignore_errors=True)
         say(f"distfact: the warm-up of numba's cache failed ({type(exc).__name__}: {exc}); the tests compile the "
             "kernels")
         return
-    say(f"distfact, before the tests: {summary_line(summary)}")
+    config.stash[_WARMUP_MADE] = made
+    if processes == 2:  # the warm-up test_warmup.py checks: its fixture reads this one instead of making its own
+        os.environ[SESSION_WARMUP] = made  # read by the test processes, started after this hook
+    say(f"distfact, before the tests: {output.strip().splitlines()[-1]}")
+
+
+#: The environment variable naming the directory of the session's warm-up (``pytest_sessionstart``): its cache
+#: (``cache``, numba's layout under NUMBA_CACHE_DIR) and what ``distfact.warmup.main(2)`` printed (``output.txt``).
+SESSION_WARMUP = "DISTFACT_TESTS_SESSION_WARMUP"
+_WARMUP_MADE = pytest.StashKey[str]()
+
+
+def _warm_up_aside(package, processes: int, made: str) -> str:
+    """``distfact.warmup.main(processes)`` of ``package`` (the copy the tests import) in a new process, into an
+    empty cache of its own (``made/cache``, as ``NUMBA_CACHE_DIR``); its entries then copied into the package's own
+    ``__pycache__`` folders, where numba looks for them without NUMBA_CACHE_DIR (each folder's entries under
+    NUMBA_CACHE_DIR are in a folder named by numba's ``get_suitable_cache_subpath``; an entry already there is not
+    replaced). Returns what the warm-up printed (also in ``made/output.txt``)."""
+    from numba.core.caching import _CacheLocator
+
+    cache, scratch = os.path.join(made, "cache"), os.path.join(made, "cwd")
+    os.mkdir(scratch)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__)))
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache,
+           "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    output = subprocess.run([sys.executable, "-c", f"from distfact.warmup import main; main({processes})"],
+                            cwd=scratch, env=env, check=True, capture_output=True, text=True, timeout=1800).stdout
+    with open(os.path.join(made, "output.txt"), "w") as f:
+        f.write(output)
+    for folder, _, _ in os.walk(os.path.dirname(os.path.abspath(package.__file__))):
+        entries = os.path.join(cache, _CacheLocator.get_suitable_cache_subpath(os.path.join(folder, "_.py")))
+        if os.path.basename(folder) == "__pycache__" or not os.path.isdir(entries):
+            continue
+        os.makedirs(os.path.join(folder, "__pycache__"), exist_ok=True)
+        for name in os.listdir(entries):
+            target = os.path.join(folder, "__pycache__", name)
+            if name.endswith((".nbi", ".nbc")) and not os.path.exists(target):
+                shutil.copy2(os.path.join(entries, name), target)
+    return output
+
+
+def pytest_sessionfinish(session):
+    """The session's warm-up directory (``pytest_sessionstart``) goes with the session."""
+    made = session.config.stash.get(_WARMUP_MADE, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

@@ -4,10 +4,14 @@ count a signature that was not found in the cache as a miss)."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
+
+import distfact
+from conftest import SESSION_WARMUP
 
 # The estimators as a user calls them (every solver and model path, dense and CSR, float64 and float32, transform and
 # score included; from arrays, and from stores for the methods the warm-up runs no fits of), in a fresh process;
@@ -79,16 +83,25 @@ print(json.dumps({"compiled": compilations(kernels), "kernels": len(kernels),
 
 
 def in_fresh_process(args, cache_dir, tmp_path):
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
-    out = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, check=True, capture_output=True,
-                         text=True, timeout=600).stdout
-    return out
+    """``python ARGS`` in ``tmp_path`` with ``cache_dir`` as numba's cache, importing the distfact these tests import
+    (the checkout's under ``python -m pytest``; the session's warm-up is of that copy, ``conftest.py``)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(distfact.__file__)))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir),
+           "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, check=True, capture_output=True,
+                          text=True, timeout=600).stdout
 
 
 @pytest.fixture(scope="module")
 def warmed_cache(tmp_path_factory):
     """A numba cache directory of its own (the source tree's may hold entries from other tests), warmed up in two
-    processes side by side (each with its share of the fits), as on a machine of 2 cores or more."""
+    processes side by side (each with its share of the fits), as on a machine of 2 cores or more: the session's
+    warm-up where it made one so (``conftest.py: pytest_sessionstart``, on a checkout without a cache), else made
+    here."""
+    made = os.environ.get(SESSION_WARMUP)
+    if made and os.path.isdir(made):
+        with open(os.path.join(made, "output.txt")) as f:
+            return pathlib.Path(made, "cache"), f.read()
     cache_dir = tmp_path_factory.mktemp("numba-cache")
     out = in_fresh_process(["-c", "from distfact.warmup import main; main(2)"], cache_dir,
                            tmp_path_factory.mktemp("cwd"))
