@@ -1,6 +1,7 @@
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,8 +82,10 @@ def pytest_sessionstart(session):
     made = tempfile.mkdtemp(prefix="distfact-tests-warmup-")
     try:
         output = _warm_up_aside(distfact, processes, made)
-    except Exception as exc:  # noqa: BLE001 - best effort: the tests do not need it
+    except BaseException as exc:  # noqa: BLE001 - best effort: the tests do not need it
         shutil.rmtree(made, ignore_errors=True)
+        if not isinstance(exc, Exception):  # an interrupt: the directory goes, the session stops
+            raise
         say(f"distfact: the warm-up of numba's cache failed ({type(exc).__name__}: {exc}); the tests compile the "
             "kernels")
         return
@@ -102,8 +105,10 @@ def _warm_up_aside(package, processes: int, made: str) -> str:
     """``distfact.warmup.main(processes)`` of ``package`` (the copy the tests import) in a new process, into an
     empty cache of its own (``made/cache``, as ``NUMBA_CACHE_DIR``); its entries then copied into the package's own
     ``__pycache__`` folders, where numba looks for them without NUMBA_CACHE_DIR (each folder's entries under
-    NUMBA_CACHE_DIR are in a folder named by numba's ``get_suitable_cache_subpath``; an entry already there is not
-    replaced). Returns what the warm-up printed (also in ``made/output.txt``)."""
+    NUMBA_CACHE_DIR are in a folder named by numba's ``get_suitable_cache_subpath``): a kernel's data files, then its
+    index, for each kernel whose index is not there already (a data file left there without its index is replaced:
+    the copied index names its own). The warm-up's errors reach standard error; on the time-out its processes (its
+    shares too) are killed. Returns what the warm-up printed (also in ``made/output.txt``)."""
     from numba.core.caching import _CacheLocator
 
     cache, scratch = os.path.join(made, "cache"), os.path.join(made, "cwd")
@@ -111,19 +116,31 @@ def _warm_up_aside(package, processes: int, made: str) -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__)))
     env = {**os.environ, "NUMBA_CACHE_DIR": cache,
            "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
-    output = subprocess.run([sys.executable, "-c", f"from distfact.warmup import main; main({processes})"],
-                            cwd=scratch, env=env, check=True, capture_output=True, text=True, timeout=1800).stdout
+    with subprocess.Popen([sys.executable, "-c", f"from distfact.warmup import main; main({processes})"],
+                          cwd=scratch, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True) as child:
+        try:
+            output = child.communicate(timeout=1800)[0]
+        except BaseException:
+            os.killpg(child.pid, signal.SIGKILL)
+            raise
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, child.args, output)
     with open(os.path.join(made, "output.txt"), "w") as f:
         f.write(output)
     for folder, _, _ in os.walk(os.path.dirname(os.path.abspath(package.__file__))):
         entries = os.path.join(cache, _CacheLocator.get_suitable_cache_subpath(os.path.join(folder, "_.py")))
         if os.path.basename(folder) == "__pycache__" or not os.path.isdir(entries):
             continue
-        os.makedirs(os.path.join(folder, "__pycache__"), exist_ok=True)
-        for name in os.listdir(entries):
-            target = os.path.join(folder, "__pycache__", name)
-            if name.endswith((".nbi", ".nbc")) and not os.path.exists(target):
-                shutil.copy2(os.path.join(entries, name), target)
+        target = os.path.join(folder, "__pycache__")
+        os.makedirs(target, exist_ok=True)
+        names = os.listdir(entries)
+        for index in (name for name in names if name.endswith(".nbi")):
+            if os.path.exists(os.path.join(target, index)):
+                continue
+            base = index[:-len(".nbi")]
+            for name in (n for n in names if n.startswith(base + ".") and n.endswith(".nbc")):
+                shutil.copy2(os.path.join(entries, name), os.path.join(target, name))
+            shutil.copy2(os.path.join(entries, index), os.path.join(target, index))
     return output
 
 
