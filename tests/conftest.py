@@ -50,18 +50,17 @@ def blas_limits_restored():
 
 
 def pytest_sessionstart(session):
-    """The whole suite on a checkout whose kernels have no numba cache yet (a fresh clone, as CI's): compile them
-    first, once, in a process per core (``distfact.warmup.warm_up_side_by_side``; in child processes even on one
-    core, so that a crash there cannot end the session), rather than each test process compiling the same
-    signatures side by side as its tests reach them (issue 19: 70 to 130 s of a first run's time). The warm-up runs
-    into an empty cache of its own, copied into the checkout's after (``_warm_up_aside``): with 2 processes it is the
-    warm-up ``tests/test_warmup.py`` checks, which then need not make another (100 s of a test process's time, and
-    both cores, on the standard machine). Not in a test
-    process of pytest-xdist (the controller did it), for a run of chosen tests (paths, ``-k``, ``-m``, ``--lf``,
-    ``--deselect``) or of none (``--collect-only``, ``--fixtures``, ``--setup-plan``, ``--setup-only``), with
-    NUMBA_CACHE_DIR set (the cache is elsewhere), or where the cache has entries already (a kernel changed since
-    compiles on first use, as without this). If it fails, for any reason, the tests compile the kernels as they
-    reach them, as without it."""
+    """The whole suite on a checkout whose kernels have no numba cache yet (a fresh clone, as CI's): compile them first,
+    once, in a process per core (``distfact.warmup.main``, in a child process, so that a crash there cannot end the
+    session), rather than each test process compiling the same signatures side by side as its tests reach them
+    (issue 19: 70 to 130 s of a first run's time). The warm-up runs into an empty cache of its own, copied into the
+    checkout's after (``_warm_up_aside``): with 2 processes it is the warm-up ``tests/test_warmup.py`` checks, which
+    then need not make another (100 s of a test process's time, and both cores, on the standard machine). Not in a
+    test process of pytest-xdist (the controller did it), for a run of chosen tests (paths, ``-k``, ``-m``,
+    ``--lf``, ``--deselect``) or of none (``--collect-only``, ``--fixtures``, ``--setup-plan``, ``--setup-only``),
+    with NUMBA_CACHE_DIR set (the cache is elsewhere), or where the cache has entries already (a kernel changed
+    since compiles on first use, as without this). If it fails, for any reason, the tests compile the kernels as
+    they reach them, as without it."""
     config, option = session.config, session.config.option
     if hasattr(config, "workerinput") or config.args_source != pytest.Config.ArgsSource.TESTPATHS \
             or os.environ.get("NUMBA_CACHE_DIR") or any(getattr(option, name, None) for name in (
@@ -101,6 +100,14 @@ SESSION_WARMUP = "DISTFACT_TESTS_SESSION_WARMUP"
 _WARMUP_MADE = pytest.StashKey[str]()
 
 
+def numba_cache_env(package, cache) -> dict:
+    """This process's environment for a new Python process that imports ``package`` (the distfact copy these tests
+    import, wherever it starts) and keeps numba's cache in ``cache`` (NUMBA_CACHE_DIR)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__)))
+    return {**os.environ, "NUMBA_CACHE_DIR": str(cache),
+            "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+
+
 def _warm_up_aside(package, processes: int, made: str) -> str:
     """``distfact.warmup.main(processes)`` of ``package`` (the copy the tests import) in a new process, into an
     empty cache of its own (``made/cache``, as ``NUMBA_CACHE_DIR``); its entries then copied into the package's own
@@ -113,11 +120,9 @@ def _warm_up_aside(package, processes: int, made: str) -> str:
 
     cache, scratch = os.path.join(made, "cache"), os.path.join(made, "cwd")
     os.mkdir(scratch)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__)))
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache,
-           "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
-    with subprocess.Popen([sys.executable, "-c", f"from distfact.warmup import main; main({processes})"],
-                          cwd=scratch, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True) as child:
+    with subprocess.Popen([sys.executable, "-c", f"from distfact.warmup import main; main({processes})"], cwd=scratch,
+                          env=numba_cache_env(package, cache), stdout=subprocess.PIPE, text=True,
+                          start_new_session=True) as child:
         try:
             output = child.communicate(timeout=1800)[0]
         except BaseException:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import distfact
-from conftest import SESSION_WARMUP
+from conftest import SESSION_WARMUP, numba_cache_env
 
 # The estimators as a user calls them (every solver and model path, dense and CSR, float64 and float32, transform and
 # score included; from arrays, and from stores for the methods the warm-up runs no fits of), in a fresh process;
@@ -85,11 +85,8 @@ print(json.dumps({"compiled": compilations(kernels), "kernels": len(kernels),
 def in_fresh_process(args, cache_dir, tmp_path):
     """``python ARGS`` in ``tmp_path`` with ``cache_dir`` as numba's cache, importing the distfact these tests import
     (the checkout's under ``python -m pytest``; the session's warm-up is of that copy, ``conftest.py``)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(distfact.__file__)))
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, check=True, capture_output=True,
-                          text=True, timeout=600).stdout
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=numba_cache_env(distfact, cache_dir),
+                          check=True, capture_output=True, text=True, timeout=600).stdout
 
 
 @pytest.fixture(scope="module")
