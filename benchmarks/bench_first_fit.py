@@ -6,7 +6,8 @@ virtual environment as a new user makes it.
 Without ``--venv`` it makes a virtual environment in a temporary directory and installs this tree into it the
 way the README says (``pip install .``: a normal, non-editable install, whose build compiles the numba kernels
 into the wheel, setup.py and distfact/warmup.py); ``--venv DIR`` takes one with distfact installed already.
-Each case is one estimator's small fit (120 x 40, 3 groups, rank 4; ``score`` included for the classifier)
+Each case is one estimator's small fit (120 x 40, 3 groups, rank 4; ``score`` included for the classifier;
+the wide sparse cases 120 x 40,040 CSR, wider than one band of the CSR step at that rank, as a corpus's vocabulary)
 run twice in a fresh process (``--case NAME``, with the environment's interpreter, from an empty directory),
 which reports the import of distfact and the estimator and both fits' wall times. Phases:
 
@@ -39,6 +40,8 @@ CASES = {
     "NMF hals dense": ("NMF", {"solver": "hals", "max_iter": 20}, "dense"),
     "NMF mu sparse": ("NMF", {"solver": "mu", "max_iter": 20}, "sparse"),
     "NMF hals sparse": ("NMF", {"solver": "hals", "max_iter": 20}, "sparse"),
+    "NMF mu wide sparse": ("NMF", {"solver": "mu", "max_iter": 20}, "wide sparse"),
+    "NMF hals wide sparse": ("NMF", {"solver": "hals", "max_iter": 20}, "wide sparse"),
     "StratifiedNMF": ("StratifiedNMF", {"max_iter": 20}, "dense"),
     "FairerNMF mu": ("FairerNMF", {"max_iter": 10, "estimate_max_iter": 20, "n_estimates": 2}, "dense"),
     "FairerNMF am": ("FairerNMF", {"solver": "am", "max_iter": 5, "estimate_max_iter": 20, "n_estimates": 2},
@@ -66,6 +69,9 @@ def run_case(name: str) -> None:
     rng = np.random.default_rng(0)
     X = rng.random((120, 40))
     X = sp.csr_matrix(X * (X > 0.7)) if kind == "sparse" else X
+    if kind == "wide sparse":  # wider than one band of the CSR step at rank 4 (kernels/nmf.py: CSR_BAND_BYTES)
+        X = sp.hstack([sp.csr_matrix(X * (X > 0.7)), sp.random(120, 40_000, density=1e-3, random_state=0)], "csr")
+        X.sort_indices()
     groups = np.repeat(["a", "b", "c"], 40)
     labels = np.repeat([0, 1, 2], 40)
 

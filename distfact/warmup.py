@@ -10,8 +10,10 @@ per kernel, on its first fit.
 whose fits call numba kernels of their own (its declaration's ``numba_kernels``; not the multigroup SVD, whose LAPACK
 and SDP solver compile nothing and whose SDP dominated the warm-up's time) on a tiny grouped matrix, dense and CSR,
 float64 and float32, in memory and from a store on disk, for each combination of the method's choice parameters
-(solver, loss, model, ...). So the signatures compiled are those real fits use, whatever kernels the methods call:
-nothing here names a method or a kernel. It runs when the package is built (``setup.py``: ``pip install .`` ships
+(solver, loss, model, ...); the dense matrix also as a block of several row tiles (:func:`_tall`), and the CSR
+step's column bands narrowed to the matrix (:func:`_narrow_csr_bands`), so that the fits take the paths of large
+data too. So the signatures compiled are those real fits use, whatever kernels the methods call: nothing here
+names a method. It runs when the package is built (``setup.py``: ``pip install .`` ships
 the cache for the machine it installs on), as ``distfact warmup`` (after installing a wheel built elsewhere, or
 for a read-only installation, where it fills the user's cache directory), and before the test suite's first run in
 a checkout (``tests/conftest.py``), each in a process per core (:func:`warm_up_side_by_side`), every process with a
@@ -22,6 +24,7 @@ without it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import itertools
@@ -111,6 +114,23 @@ def _tall(X, groups):
     return X[rows], groups[rows]
 
 
+@contextlib.contextmanager
+def _narrow_csr_bands():
+    """The CSR step's bands (``kernels/nmf.py: CSR_BAND_BYTES``) narrower than the warm-up data for the duration, so
+    that fits of CSR blocks held in memory reach its banded path from their second pass (``csr_frobenius_local``),
+    as a text corpus's vocabulary does (a band holds 1 MiB of H^T and (W^T X)^T rows: 32,768 columns at rank 2 in
+    float64), which the small data do not. The bands' kernels take their width as an argument: the signatures
+    compiled are those of any width. (Data as wide as a band instead made the warm-up 151 s against 54, on 2 cores.)"""
+    from .kernels import nmf
+
+    saved = nmf.CSR_BAND_BYTES
+    nmf.CSR_BAND_BYTES = 2 * RANK * min(np.dtype(dtype).itemsize for dtype in DTYPES) * (COLUMNS // 2)
+    try:
+        yield
+    finally:
+        nmf.CSR_BAND_BYTES = saved
+
+
 def _settings(declaration) -> list[dict]:
     """Every combination of the method's choice parameters, each with few iterations."""
     parameters = declaration.parameters()
@@ -183,7 +203,7 @@ def warm_up(progress=None, part: tuple[int, int] = (0, 1)) -> dict:
     start = time.perf_counter()
     kernels = cached_kernels()
     fits = refused = 0
-    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings(), _narrow_csr_bands():
         warnings.simplefilter("ignore", ConvergenceWarning)
         kinds = list(_data())
         share = _share_of(part, len(kinds))

@@ -54,6 +54,13 @@ for dtype in (np.float64, np.float32):
     tall = np.tile(dense, (50, 1)).astype(dtype)  # one block of more than one tile (kernels/nmf.py: TILE_BYTES)
     for solver in ("mu", "hals"):
         distfact.NMF(3, solver=solver, max_iter=3, random_state=0).fit(tall).transform(tall)
+    # a CSR block in memory wider than one band of the CSR step (kernels/nmf.py: CSR_BAND_BYTES; a text corpus's
+    # vocabulary at rank 3), columns sorted: its second pass on goes band by band
+    wide = sp.hstack([sp.csr_matrix(dense), sp.random(90, 50_000, density=1e-4, random_state=0)],
+                     format="csr").astype(dtype)
+    wide.sort_indices()
+    for solver in ("mu", "hals"):
+        distfact.NMF(3, solver=solver, max_iter=3, random_state=0).fit(wide, groups=groups)
     distfact.NMF(3, max_iter=3, random_state=0).fit(tall, mask=(rng.random(tall.shape) > 0.15) * 1.0)
 # The warm-up runs no fits of a method that declares no numba kernels of its own (numba_kernels=False), so these
 # must compile nothing: its defaults from a store of each dtype and layout; each of its settings (as the warm-up
