@@ -12,7 +12,8 @@ it returns the column block's piece of the global factor and statistics as array
 
 - :class:`InProcessExecutor` (the default: nothing to start). One block, or one
   thread, is a plain loop with no task graph (the fast path for small data);
-  otherwise a pool of threads runs the blocks of a pass in parallel.
+  otherwise a pool of threads runs the blocks of a pass in parallel, a few
+  ahead of the sum, which takes each block's statistics as it arrives.
 - :class:`DistributedExecutor` (``client=``): X blocks and local factors stay
   on the workers as futures, each block on its *home* worker (contiguous runs of
   about equal work, ``contiguous_placement``); only the statistics come back,
