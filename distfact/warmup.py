@@ -178,7 +178,9 @@ def _share_of(part: tuple[int, int], n_kinds: int) -> list[int]:
 
 def warm_up(progress=None, part: tuple[int, int] = (0, 1)) -> dict:
     """Compile every kernel signature the registered methods' fits use into numba's cache (the fits of those
-    that call kernels of their own).
+    that call kernels of their own). It narrows the CSR step's bands for the whole process while it runs
+    (:func:`_narrow_csr_bands`): not while fits run in other threads of the same process (the warm-up's own
+    processes, and ``distfact warmup``'s, run nothing else).
 
     Parameters
     ----------

@@ -619,7 +619,7 @@ def test_a_pass_in_threads_sums_the_statistics_as_they_arrive_and_raises_the_fir
     """The in-process pass in threads sums the blocks' statistics as they arrive: the same bits as tree_reduce over
     all of them, holding a few blocks' worth at a time, not all 32 (a masked fit's per-column Grams are n r^2 a block:
     16 blocks of 20,000 columns at rank 20 held 2.7 GB at once; BENCHMARKS.md). With two blocks failing, the first in
-    block order is raised, after every task started has ended."""
+    block order is raised, after every task started has ended; so is a failure of the sum itself."""
     import tracemalloc
 
     from distfact.engine.executor.inprocess import InProcessExecutor
@@ -641,6 +641,21 @@ def test_a_pass_in_threads_sums_the_statistics_as_they_arrive_and_raises_the_fir
         before = {thread for thread in threading.enumerate() if thread.name.startswith("distfact-block")}
         with pytest.raises(ValueError, match="block 9 fails"):
             executor.run_pass(_block_statistic, 8, (17, 9), update=False)
+        started, ended = [], []
+
+        def mismatched(X_b, local, block):  # blocks 0 and 1 at once, their sum failing while later blocks run
+            started.append(block.index)
+            time.sleep(0.0 if block.index < 2 else 0.2)
+            ended.append(block.index)
+            return {"s": np.ones(3 if block.index == 0 else 4)}
+
+        try:
+            executor.run_pass(mismatched, update=False)
+        except ValueError as exc:  # checked here, while the failed pass's frames are still referenced
+            assert "broadcast" in str(exc)
+            assert len(started) > 2 and sorted(ended) == sorted(started)  # no task left running once it raised
+        else:
+            pytest.fail("statistics of different shapes were summed")
     assert not {thread for thread in threading.enumerate() if thread.name.startswith("distfact-block")} - before
 
 

@@ -104,10 +104,11 @@ class InProcessExecutor(Executor):
 
     def _arrivals(self, tasks: list):
         """``(index, result)`` of each task as it ends: in turn, or from parallel threads in the order they end, at
-        most ``ARRIVALS_AHEAD`` tasks a thread submitted and not yet taken, no result held here once given (a pass's
-        statistics are summed as they arrive, and the threads wait for the sums rather than pile results up). In
-        threads, a failure is raised as ``_map`` raises it: once every submitted task has ended, the first failure
-        in task order (later tasks are not started)."""
+        most ``ARRIVALS_AHEAD`` tasks a thread submitted and not yet taken, each result let go here once given (a
+        pass's statistics are summed as they arrive, and the threads wait for the sums rather than pile results
+        up). In threads, a failure is raised as ``_map`` raises it: once every task started has ended, the first
+        failure in task order (the tasks after it not started yet are cancelled); the caller closes the generator
+        when it stops early (:meth:`run_pass`), which waits for the tasks started."""
         if self._in_turn:
             for index, task in enumerate(tasks):
                 yield index, task()
@@ -125,13 +126,23 @@ class InProcessExecutor(Executor):
             submit()
             while waiting:
                 done, _ = concurrent.futures.wait(waiting, return_when=concurrent.futures.FIRST_COMPLETED)
-                for future in sorted(done, key=index_of.get):
-                    waiting.discard(future)
+                waiting -= done
+                batch = sorted(done, key=index_of.get, reverse=True)
+                del done
+                while batch:
+                    future = batch.pop()
                     if future.exception() is not None:
+                        first = index_of[future]
+                        for later in waiting:
+                            if index_of[later] > first:
+                                later.cancel()  # only one not started yet is
                         concurrent.futures.wait(waiting)
-                        raise min((i, f) for f, i in index_of.items() if f.exception() is not None)[1].exception()
-                    yield index_of.pop(future), future.result()
-                del future, done  # the results' last references here: each goes once summed
+                        failed = [(i, f) for f, i in index_of.items() if not f.cancelled() and f.exception()]
+                        raise min(failed)[1].exception()
+                    index, result = index_of.pop(future), future.result()
+                    del future  # the result's last reference here is the one given: it goes once summed
+                    yield index, result
+                    del result
                 submit()
         finally:  # the caller stopped early (an interrupt, an error of its own): no task is left running
             concurrent.futures.wait(waiting)
@@ -163,15 +174,18 @@ class InProcessExecutor(Executor):
         # each block's statistics summed as they arrive (the same pairs in the same order as ``tree_reduce``, so the
         # same bits): only sums waiting for their sibling are held, not every block's (a masked fit's per-column
         # Grams are n r^2 a block: 16 blocks of 20,000 columns at rank 20 held 2.7 GB at once)
-        new_locals = [None] * len(tasks)
+        new_locals, arrivals = [None] * len(tasks), self._arrivals(tasks)
 
         def statistics():
-            for index, out in self._arrivals(tasks):
+            for index, out in arrivals:
                 if update:
                     new_locals[index], out = out
                 yield index, out
 
-        total = tree_reduce_arrivals(len(tasks), statistics(), merge)
+        try:
+            total = tree_reduce_arrivals(len(tasks), statistics(), merge)
+        finally:  # a sum that failed (statistics that do not add up, an interrupt) leaves no task running
+            arrivals.close()
         self._count_pass()
         if update:  # the new local factors aligned now, the small ones in one allocation, not each at its next use
             self.locals = aligned(new_locals, self._reused)
