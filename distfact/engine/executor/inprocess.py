@@ -135,7 +135,7 @@ class InProcessExecutor(Executor):
                         first = index_of[future]
                         for later in waiting:
                             if index_of[later] > first:
-                                later.cancel()  # only one not started yet is
+                                later.cancel()  # a no-op for one already running
                         concurrent.futures.wait(waiting)
                         failed = [(i, f) for f, i in index_of.items() if not f.cancelled() and f.exception()]
                         raise min(failed)[1].exception()
