@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_small.py --before /work/main    # about 6 minutes on 2 cores
     PYTHONPATH=. python benchmarks/bench_small.py --quick                  # a few seconds, to check the script
     ... --blas-threads 1      # every process's BLAS on one thread (steadier figures on a busy machine)
+    ... --output FILE         # the results elsewhere than benchmarks/results/small.json
 
 Cases (each a whole fit, from the same start as its numpy peer; target: distfact at most 1.5x numpy):
   nmf         NMF MU (Frobenius), 400 x 100 uniform, rank 5, 2,000 iterations (tol=0); the peer is the
@@ -303,6 +304,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cases", default=",".join(PROBLEMS))
     parser.add_argument("--blas-threads", type=int, help="BLAS threads of every process (default: BLAS's own)")
+    parser.add_argument("--output", help="where the results go (default: benchmarks/results/small.json, or "
+                        "small-quick.json with --quick)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -374,7 +377,8 @@ def main():
     result = {"machine": machine(), "quick": args.quick, "repeats": repeats, "sizes": SIZES[size],
               "blas_threads": args.blas_threads, "load_average": os.getloadavg(),
               "before": args.before, "cases": rows}
-    write_results(result, os.path.join(HERE, "results", "small-quick.json" if args.quick else "small.json"))
+    default = os.path.join(HERE, "results", "small-quick.json" if args.quick else "small.json")
+    write_results(result, args.output or default)
 
 
 if __name__ == "__main__":

