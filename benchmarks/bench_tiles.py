@@ -55,7 +55,7 @@ def main():
             setattr(nmf, constant, size)
             times[size] += seconds_per_iteration(X)
     for size in settings:
-        name = "no tiling" if size == OFF else f"{size >> 10} KiB {what}"
+        name = f"no {what}" if size == OFF else f"{size >> 10} KiB {what}"
         print(f"{args.dtype} {name}: median {statistics.median(times[size]):.4f} s/iteration "
               f"(all {[round(t, 4) for t in times[size]]})")
 
