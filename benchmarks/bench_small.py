@@ -47,6 +47,7 @@ from bench_nmf import machine, write_results  # noqa: E402
 warnings.filterwarnings("ignore")
 
 TARGET = 1.5
+PAUSE = float(os.environ.get('PAUSE', '0'))
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAIRER_TOL, FAIRER_ESTIMATE_TOL, FAIRER_RUNS, FAIRER_FLOOR = 1e-5, 1e-4, 5, 0.01  # FairerNMF's defaults
 
@@ -332,6 +333,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             for case in cases:
+                time.sleep(PAUSE)
                 start, cpu_start = time.perf_counter(), time.process_time()
                 peer = NUMPY[case](problems[case])
                 times[case]["numpy"].append(time.perf_counter() - start)
@@ -340,6 +342,7 @@ def main():
                     peer = oracle_stratified(problems[case])
                 for name, w in workers.items():
                     out = os.path.join(tmp, f"{case}-{name}.npz")
+                    time.sleep(PAUSE)
                     wall, cpu_seconds = w.fit(case, out)
                     times[case][name].append(wall)
                     cpu[case][name].append(cpu_seconds)

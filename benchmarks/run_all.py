@@ -40,6 +40,7 @@ BENCHMARKS = {
     "fixed_costs": ([], 2),
     "startup": ([], 1),
     "overhead": ([], 2),
+    "in_turn": ([], 2),
     "select_rank": ([], 12),
     "fairer": ([], 5),
     "wl1": ([], 6),

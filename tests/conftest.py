@@ -192,6 +192,15 @@ def grouped_data(m=120, n=30, n_groups=3, density=None, seed=0, dtype=np.float64
 
 
 @pytest.fixture
+def blocks_in_threads(monkeypatch):
+    """Blocks held in memory run in the in-process executor's threads whatever their size (``IN_TURN_BLOCK_BYTES``
+    0; small blocks run in turn otherwise): for tests of the passes in threads on small data."""
+    from distfact.engine.executor import inprocess
+
+    monkeypatch.setattr(inprocess, "IN_TURN_BLOCK_BYTES", 0)
+
+
+@pytest.fixture
 def dense_data():
     return grouped_data()
 

@@ -331,7 +331,7 @@ def test_fits_are_the_same_bits_with_numpy_allocating_aligned_or_not(method, n_t
         assert value.tobytes() == fits[1][key].tobytes(), key
 
 
-def test_block_tasks_in_threads_allocate_aligned(tmp_path, monkeypatch):
+def test_block_tasks_in_threads_allocate_aligned(tmp_path, monkeypatch, blocks_in_threads):
     """Blocks of a store run in the executor's threads (``run_block``): what a block's step makes there comes from
     the aligned handler too, and its next step takes it as it is (not a copy)."""
     _aligned_handler_or_skip()
@@ -351,6 +351,46 @@ def test_block_tasks_in_threads_allocate_aligned(tmp_path, monkeypatch):
     later = seen[len(seen) // 4:]  # after the first pass: the local factors the tasks made
     assert {name.startswith("distfact-block") for name, _ in later} == {True}
     assert {handler for _, handler in later} == {ALIGNED_HANDLER}
+
+
+def test_small_held_blocks_run_in_turn_and_give_the_bits_of_threads(tmp_path, monkeypatch):
+    """Blocks held in memory (a held store's, CSR in memory) of at most ``IN_TURN_BLOCK_BYTES`` each run in turn in
+    this process (issue 19: a task handed to a thread cost more than a small block's arithmetic), one byte more in
+    the executor's threads; a fit gives the same bits either way (the same steps, the statistics summed in the same
+    fixed order)."""
+    from distfact.engine.executor import inprocess
+    from distfact.engine.executor.inprocess import InProcessExecutor
+
+    X, groups = grouped_data(m=240, n=20, seed=9)
+    path = tmp_path / "x.zarr"
+    distfact.from_arrays(X, groups, path, block_rows=40)  # dense blocks of 40 x 20 float64: 6,400 bytes
+    csr = distfact.from_arrays(sp.csr_matrix(np.where(X > 0.5, X, 0.0)), groups, block_rows=40)
+    csr_bytes = max(inprocess._block_bytes(block) for block in csr._blocks)
+    assert csr_bytes == max(b.data.nbytes + b.indices.nbytes + b.indptr.nbytes for b in csr._blocks) < 6_400
+    for data, largest in ((distfact.open(path), 6_400), (csr, csr_bytes)):
+        for threshold, in_turn in ((largest, True), (largest - 1, False)):
+            monkeypatch.setattr(inprocess, "IN_TURN_BLOCK_BYTES", threshold)
+            with InProcessExecutor(data, n_threads=2) as executor:
+                assert executor._in_turn is in_turn
+                assert executor.describe()["mode"] == ("loop" if in_turn else "threads")
+    ran_in = []
+
+    def recorded(step):
+        def local_step(self, X_b, W_b, block, G):
+            ran_in.append(threading.current_thread().name.startswith("distfact-block"))
+            return step(self, X_b, W_b, block, G)
+        return local_step
+
+    _wrap_method_steps(monkeypatch, ("local_step",), recorded)
+    fits = {}
+    for threshold, name in ((6_400, "in turn"), (0, "threads")):
+        monkeypatch.setattr(inprocess, "IN_TURN_BLOCK_BYTES", threshold)
+        ran_in.clear()
+        model = distfact.NMF(3, solver="mu", max_iter=5, tol=0, random_state=0, n_threads=2)
+        fits[name] = model.fit_transform(str(path)), model.components_, model.loss_history_
+        assert set(ran_in) == {name == "threads"}, name
+    for ours, theirs in zip(fits["in turn"], fits["threads"]):
+        assert np.array_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("fit", ["nmf-mu", "nmf-hals", "nmf-kl", "nmf-masked-mu", "nmf-masked-hals", "nmf-masked-kl",
@@ -615,7 +655,7 @@ def _block_statistic(X_b, local, block, size, failing=()):
     return {"s": np.full(size, 1.0 + block.index / 7)}
 
 
-def test_a_pass_in_threads_sums_the_statistics_as_they_arrive_and_raises_the_first_failure(tmp_path):
+def test_a_pass_in_threads_sums_the_statistics_as_they_arrive_and_raises_the_first_failure(tmp_path, blocks_in_threads):
     """The in-process pass in threads sums the blocks' statistics as they arrive: the same bits as tree_reduce over
     all of them, holding a few blocks' worth at a time, not all 32 (a masked fit's per-column Grams are n r^2 a block:
     16 blocks of 20,000 columns at rank 20 held 2.7 GB at once; BENCHMARKS.md). With two blocks failing, the first in
@@ -670,7 +710,8 @@ def _fit_all(X, groups, client, rank):
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("kind,rank", [("dense", 4), ("dense", 5), ("dense", 7), ("sparse", 5), ("store", 5)])
-def test_bitwise_identical_on_threads_and_on_a_local_cluster(kind, rank, local_cluster_client, tmp_path):
+def test_bitwise_identical_on_threads_and_on_a_local_cluster(kind, rank, local_cluster_client, tmp_path,
+                                                             blocks_in_threads):
     """Ranks 5 and 7 failed before inputs were aligned (BLAS paths depend on alignment)."""
     X, groups = grouped_data(m=400, n=60, density=0.2 if kind == "sparse" else None, seed=21)
     if kind == "sparse":
@@ -870,7 +911,7 @@ def test_a_fresh_run_refuses_a_directory_with_checkpoints(tmp_path):
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["iter-000002", "iter-000004"]
 
 
-def test_blas_limit_is_restored_after_overlapping_fits():
+def test_blas_limit_is_restored_after_overlapping_fits(blocks_in_threads):
     from distfact.engine import InProcessExecutor
 
     before = blas_threads()
@@ -897,7 +938,7 @@ def test_map_on_cores_with_blas_holds_it_at_one_thread_in_its_pieces():
     assert map_on_cores(lambda i: max(blas_threads()), [0, 1]) == [max(before)] * 2
 
 
-def test_an_executor_as_a_context_manager_closes_on_error_and_twice_is_harmless():
+def test_an_executor_as_a_context_manager_closes_on_error_and_twice_is_harmless(blocks_in_threads):
     """``with`` an executor releases what it holds (here BLAS at one thread, for parallel blocks) when the body
     raises; a second close changes nothing (one hold, released once)."""
     from distfact.engine import InProcessExecutor

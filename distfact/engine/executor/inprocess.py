@@ -25,6 +25,13 @@ from .spill import materialise
 #: 19: a 440 x 30 store, 30 ms a pass through Zarr against well under 1 ms of products), and the pipelines and the
 #: CLI fit stores.
 RESIDENT_STORE_BYTES = 256 << 20
+#: Blocks held in memory (X given in memory, or a store read once) of at most this many bytes each (CSR: its three
+#: arrays) run in turn in this process, whatever their layout: on such blocks a task handed to a thread costs more
+#: than its arithmetic, and the blocks' Python-level steps contend for the GIL. Issue 19, two cores, one process
+#: (BENCHMARKS.md, "Small blocks in turn"): NMF MU on a held store of 8 dense blocks of 125 KiB took 0.33 of the time
+#: in threads (250 KiB: 0.30, 500 KiB: 0.59); ``select_rank``'s masked sweeps 0.68 at 125 KiB, 0.83 at 250 KiB and
+#: 1.03 at 500 KiB (3.2 MB blocks: threads faster, ``_serial``).
+IN_TURN_BLOCK_BYTES = 256 << 10
 #: A pass in threads has at most this many tasks a thread submitted and not yet taken (``_arrivals``)
 ARRIVALS_AHEAD = 2
 
@@ -88,10 +95,12 @@ class InProcessExecutor(Executor):
         to thread, run in one thread's loops: ``kernels/products.py``). Blocks of a store (read by every pass, or held),
         or CSR blocks (single-threaded kernels), run in parallel threads: a held store's blocks are cut as the store
         was written, not one a thread, and the masked and sweep kernels of a cross-validation are single-threaded
-        (run in turn, ``select_rank`` on a held 6,000 x 400 store took 33 s against 21 s in threads).
-        (Decided once, in ``__init__``.)"""
+        (run in turn, ``select_rank`` on a held 6,000 x 400 store took 33 s against 21 s in threads). Blocks held in
+        memory of at most :data:`IN_TURN_BLOCK_BYTES` each run in turn whatever their layout. (Decided once, in
+        ``__init__``.)"""
         return (self.n_threads <= 1 or len(self.blocks) == 1
-                or (self.data.in_memory and not self.data.is_sparse))
+                or (self.data.in_memory and not self.data.is_sparse)
+                or (self._resident is not None and max(map(_block_bytes, self._resident)) <= IN_TURN_BLOCK_BYTES))
 
     def _map(self, tasks: list, serial: bool | None = None):
         """The tasks' results in order. In parallel threads, every task ends before the first failure (in task
@@ -269,3 +278,10 @@ class InProcessExecutor(Executor):
         if self._holds_blas:
             release_one_thread()
             self._holds_blas = False
+
+
+def _block_bytes(X_b) -> int:
+    """The bytes of a block held in memory: a dense block's, or a CSR block's three arrays."""
+    if sp.issparse(X_b):
+        return X_b.data.nbytes + X_b.indices.nbytes + X_b.indptr.nbytes
+    return X_b.nbytes
