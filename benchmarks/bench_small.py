@@ -4,6 +4,7 @@
     PYTHONPATH=. python benchmarks/bench_small.py --quick                  # a few seconds, to check the script
     ... --blas-threads 1      # every process's BLAS on one thread (steadier figures on a busy machine)
     ... --output FILE         # the results elsewhere than benchmarks/results/small.json
+    ... --pause 0             # no pause between the timed fits (default 0.3 s; see below)
 
 Cases (each a whole fit, from the same start as its numpy peer; target: distfact at most 1.5x numpy):
   nmf         NMF MU (Frobenius), 400 x 100 uniform, rank 5, 2,000 iterations (tol=0); the peer is the
@@ -23,7 +24,10 @@ The numpy peers compute no loss unless their stopping rule needs one; distfact r
 distfact runs in a worker process (PYTHONPATH: this checkout), and with ``--before DIR`` a second worker runs
 the code in DIR (e.g. a checkout of main) on the same problems: repeats are interleaved (numpy, distfact,
 before, numpy, ...), each figure is the median of ``--repeats`` (wall time; the CPU time's ratio is recorded too),
-every worker warms up (numba) first. Each
+every worker warms up (numba) first. Each timed fit starts ``--pause`` seconds (0.3) after the last one ended: the
+process that ran it leaves OpenBLAS's threads spinning some 0.1 s after their last call, on the cores the next fit,
+in another process, needs (SSNMF with BLAS's own threads, medians of 11: 1.73-1.84 without a pause, 1.26-1.32 with
+it, 1.34-1.40 without it but with OPENBLAS_THREAD_TIMEOUT=4, the shortest spin; BENCHMARKS.md). Each
 distfact fit's result is checked against the numpy peer's (relative difference of H). Results:
 benchmarks/results/small.json (``--quick``: small-quick.json).
 """
@@ -47,7 +51,6 @@ from bench_nmf import machine, write_results  # noqa: E402
 warnings.filterwarnings("ignore")
 
 TARGET = 1.5
-PAUSE = float(os.environ.get('PAUSE', '0'))
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAIRER_TOL, FAIRER_ESTIMATE_TOL, FAIRER_RUNS, FAIRER_FLOOR = 1e-5, 1e-4, 5, 0.01  # FairerNMF's defaults
 
@@ -305,6 +308,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cases", default=",".join(PROBLEMS))
     parser.add_argument("--blas-threads", type=int, help="BLAS threads of every process (default: BLAS's own)")
+    parser.add_argument("--pause", type=float, default=0.3,
+                        help="seconds between one timed fit's end and the next one's start (default 0.3)")
     parser.add_argument("--output", help="where the results go (default: benchmarks/results/small.json, or "
                         "small-quick.json with --quick)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -333,7 +338,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             for case in cases:
-                time.sleep(PAUSE)
+                time.sleep(args.pause)
                 start, cpu_start = time.perf_counter(), time.process_time()
                 peer = NUMPY[case](problems[case])
                 times[case]["numpy"].append(time.perf_counter() - start)
@@ -342,7 +347,7 @@ def main():
                     peer = oracle_stratified(problems[case])
                 for name, w in workers.items():
                     out = os.path.join(tmp, f"{case}-{name}.npz")
-                    time.sleep(PAUSE)
+                    time.sleep(args.pause)
                     wall, cpu_seconds = w.fit(case, out)
                     times[case][name].append(wall)
                     cpu[case][name].append(cpu_seconds)
@@ -377,7 +382,7 @@ def main():
               + (f"  before {row['before_s']:.3f} s, ratio {row['before_ratio']:.2f} (CPU {row['before_cpu_ratio']:.2f})"
                  if args.before else "")
               + f"  checks {checks[case]}")
-    result = {"machine": machine(), "quick": args.quick, "repeats": repeats, "sizes": SIZES[size],
+    result = {"machine": machine(), "quick": args.quick, "repeats": repeats, "pause": args.pause, "sizes": SIZES[size],
               "blas_threads": args.blas_threads, "load_average": os.getloadavg(),
               "before": args.before, "cases": rows}
     default = os.path.join(HERE, "results", "small-quick.json" if args.quick else "small.json")
