@@ -27,10 +27,11 @@ from .spill import materialise
 RESIDENT_STORE_BYTES = 256 << 20
 #: Blocks held in memory (X given in memory, or a store read once) of at most this many bytes each (CSR: its three
 #: arrays) run in turn in this process, whatever their layout: on such blocks a task handed to a thread costs more
-#: than its arithmetic, and the blocks' Python-level steps contend for the GIL. Issue 19, two cores, one process
-#: (BENCHMARKS.md, "Small blocks in turn"): NMF MU on a held store of 8 dense blocks of 125 KiB took 0.33 of the time
-#: in threads (250 KiB: 0.30, 500 KiB: 0.59); ``select_rank``'s masked sweeps 0.68 at 125 KiB, 0.83 at 250 KiB and
-#: 1.03 at 500 KiB (3.2 MB blocks: threads faster, ``_serial``).
+#: than its arithmetic, and the blocks' Python-level steps contend for the GIL. Issue 19, two cores
+#: (``benchmarks/bench_in_turn.py``; BENCHMARKS.md, "Small blocks held in memory run in turn"): in turn, FairerNMF on
+#: the UCI Heart store took 0.19 of its time in threads, NMF MU on a held store of 8 dense blocks 0.29 at 125 KiB, 0.44
+#: at 250 KiB, 0.58 at 500 KiB; ``select_rank``'s masked sweeps 0.66-0.91 at 125 KiB, 0.85-0.99 at 250 KiB, 1.01-1.05
+#: at 500 KiB (3.2 MB blocks: threads faster, ``_serial``).
 IN_TURN_BLOCK_BYTES = 256 << 10
 #: A pass in threads has at most this many tasks a thread submitted and not yet taken (``_arrivals``)
 ARRIVALS_AHEAD = 2
