@@ -15,7 +15,8 @@ and in turn (set above the blocks' size), interleaved, in this process, after a 
 
 and, on real data, the UCI Heart Disease store by sex (297 x 12, one block a group, as ``distfact ingest`` writes
 it): ``FairerNMF(5)`` with its defaults and ``NMF(5, max_iter=1000, tol=0)``, each fitted from the store's path
-as the CLI and the pipelines fit it.
+as the CLI and the pipelines fit it; and CSR given in memory (4,000 x 1,000 at 2% from a rank-3 matrix, 4 groups):
+``csr-fit``, ``NMF(5, max_iter=200, tol=0)``, and ``csr-cv``, ``select_rank`` as ``cv`` with 20 iterations.
 
 Both modes give the same results (checked: the fit's components bitwise, the table's held-out errors).
 Results: benchmarks/results/in_turn.json.
@@ -30,6 +31,7 @@ import tempfile
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from bench_nmf import machine, write_results
 
@@ -42,6 +44,17 @@ def planted(rows: int, seed: int = 0):
     X = rng.random((rows, 3)) @ rng.random((3, N_COLUMNS))
     X += 0.05 * X.mean() * rng.random(X.shape)
     return X, np.repeat([f"g{i}" for i in range(4)], rows // 4)
+
+
+def csr_planted(rows: int, columns: int, density: float, seed: int = 0):
+    """CSR data of 4 groups: a random pattern at ``density`` holding a rank-3 non-negative matrix's values."""
+    rng = np.random.default_rng(seed)
+    pattern = sp.random(rows, columns, density=density, format="csr", random_state=seed)
+    W, H = rng.random((rows, 3)), rng.random((3, columns))
+    coo = pattern.tocoo()
+    values = np.einsum("ij,ij->i", W[coo.row], H[:, coo.col].T)
+    return sp.csr_matrix((values, (coo.row, coo.col)), shape=(rows, columns)), np.repeat(
+        [f"g{i}" for i in range(4)], rows // 4)
 
 
 def timed(run, executor_module, threshold: int, repeats: int) -> tuple[list, object]:
@@ -59,23 +72,26 @@ def timed(run, executor_module, threshold: int, repeats: int) -> tuple[list, obj
         executor_module.IN_TURN_BLOCK_BYTES = saved
 
 
-def case(path: str, block_kib: float, iterations: int, workload: str, repeats: int) -> dict:
+def case(data, block_kib: float, iterations: int, workload: str, repeats: int) -> dict:
+    """``data``: a store's path, or (X, groups) in memory."""
     import distfact
     from distfact.engine.executor import inprocess
 
+    X, groups = (data, None) if isinstance(data, str) else data
     if workload == "heart-fairer":
         def run():
-            return distfact.FairerNMF(5, random_state=0).fit(path).components_  # its defaults' iterations
+            return distfact.FairerNMF(5, random_state=0).fit(X).components_  # its defaults' iterations
     elif workload == "heart-nmf":
         def run():
-            return distfact.NMF(5, max_iter=1000, tol=0, random_state=0).fit(path).components_
-    elif workload == "fit":
+            return distfact.NMF(5, max_iter=1000, tol=0, random_state=0).fit(X).components_
+    elif workload.endswith("fit"):
         def run():
-            return distfact.NMF(5, max_iter=iterations, tol=0, random_state=0).fit(path).components_
+            return distfact.NMF(5, max_iter=iterations, tol=0, random_state=0).fit(X, groups=groups).components_
     else:
         def run():
             return distfact.select_rank(distfact.NMF(1, max_iter=max(iterations // 10, 5), tol=0, random_state=0),
-                                        path, ranks=[1, 2, 3], random_state=0).table["heldout_error"].to_numpy()
+                                        X, groups=groups, ranks=[1, 2, 3],
+                                        random_state=0).table["heldout_error"].to_numpy()
     modes = {"threads": 0, "in_turn": 1 << 40}
     seconds = {mode: [] for mode in modes}
     results = {}
@@ -122,6 +138,13 @@ def main():
             for workload in ("fit", "cv"):
                 results["cases"].append({"workload": workload, **case(path, block_rows * N_COLUMNS * 8 / 1024,
                                                                       32_000 // block_rows, workload, args.repeats)})
+        # CSR given in memory: 4,000 x 1,000 at 2% (4 groups, cut into a block or more each)
+        X, groups = csr_planted(4_000, 1_000, 0.02)
+        blocks = distfact.from_arrays(X, groups)._blocks
+        block_kib = max(inprocess._block_bytes(X_b) for X_b in blocks) / 1024
+        for workload in ("csr-fit", "csr-cv"):
+            results["cases"].append({"workload": workload, **case((X, groups), block_kib, 200, workload,
+                                                                  args.repeats)})
     write_results(results, os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "in_turn.json"))
 
 
