@@ -140,11 +140,13 @@ def _settings(declaration) -> list[dict]:
 
 
 def _masks(X) -> list:
-    """Weights for a fit that takes ``mask``, 0 only where X is 0 (so X is already zeroed at its missing entries,
-    as fit leaves it): a tenth of X's zeros missing (a block keeps the complement form), and X's non-zeros
-    observed with weight 0.5 (the observed form)."""
+    """Weights for a fit that takes ``mask``: a tenth of X's zeros and a fiftieth of its non-zeros missing (a block
+    keeps the complement form; where X is a store, or in memory as a grouped matrix, the kernels zero X's missing
+    non-zeros, as in ``select_rank``'s folds, ``kernels/masked.py: observed_block``), and X's non-zeros observed
+    with weight 0.5 (the observed form)."""
     nonzero = (X != 0).toarray() if hasattr(X, "toarray") else X != 0
-    missing = ~nonzero & (np.random.default_rng(1).random(X.shape) < 0.1)
+    draws = np.random.default_rng(1).random(X.shape)
+    missing = (~nonzero & (draws < 0.1)) | (nonzero & (draws < 0.02))
     return [np.where(missing, 0.0, 1.0), 0.5 * nonzero]
 
 

@@ -279,8 +279,9 @@ def test_masked_steps_gather_x_at_the_mask_once_per_block(name, kind, sparse, mo
 
 def test_kept_values_that_cannot_be_the_blocks_are_refused():
     """Kept values are valid for the X_b they came from only (kernels/masked.py: KEPT_VALUES): values of another
-    count than the mask's entries, or zeroed entries that a sparse X_b does not store, raise a ValueError saying the
-    local state is not this block's, never a step that zeroes some other entry of X_b."""
+    count than the mask's entries, zeroed entries that a sparse X_b does not store, or positions that are not the
+    mask's entries (a dense X_b), raise a ValueError saying the local state is not this block's, never a step that
+    zeroes some other entry of X_b."""
     import distfact.kernels.masked as km
 
     X, _, M = case(True, "complement")
@@ -293,6 +294,35 @@ def test_kept_values_that_cannot_be_the_blocks_are_refused():
     assert len(absent) == 1
     with pytest.raises(ValueError, match="not stored in its X_b"):
         km.observed_block(X, COMPLEMENT, P, (np.zeros(P.nnz), absent))
+    dense = X.toarray()
+    for beyond in ([P.nnz], [-1], [0, P.nnz + 5]):  # positions that are not P's entries: nothing is written
+        with pytest.raises(ValueError, match="not among its mask's entries: the values are not this block's"):
+            km.observed_block(dense, COMPLEMENT, P, (np.zeros(P.nnz), np.array(beyond)))
+    assert np.array_equal(dense, X.toarray())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_dense_blocks_missing_entries_are_zeroed_as_numpys_fancy_assignment_zeroes_them(dtype):
+    """``observed_block`` zeroes a dense X_b's kept zeroed entries in a compiled scan of P's rows (issue 19): the
+    same array as numpy's assignment at (row, column) of each entry (rows by ``searchsorted``), for entries in
+    ascending order as kept and in any order; X_b itself is not written."""
+    import distfact.kernels.masked as km
+
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        m, n = rng.integers(1, 40), rng.integers(1, 25)
+        X = rng.random((m, n)).astype(dtype)
+        P = sp.random(m, n, density=rng.uniform(0.05, 0.9), format="csr", random_state=trial)
+        if P.nnz == 0:
+            continue
+        entries = np.flatnonzero(rng.random(P.nnz) < 0.5)
+        for order in (entries, rng.permutation(entries)):
+            expected = X.copy()
+            expected[np.searchsorted(P.indptr, order, side="right") - 1, P.indices[order]] = 0
+            before = X.copy()
+            zeroed, _ = km.observed_block(X, COMPLEMENT, P, (np.zeros(P.nnz, dtype), order))
+            assert zeroed.dtype == X.dtype and np.array_equal(zeroed, expected)
+            assert np.array_equal(X, before)
 
 
 @LOSSES

@@ -145,8 +145,32 @@ def observed_block(X, form: str, P: sp.csr_matrix, values: tuple | None = None):
         X.eliminate_zeros()
     else:
         X = np.array(X, copy=True)
-        X[np.searchsorted(P.indptr, zeroed_at, side="right") - 1, P.indices[zeroed_at]] = 0
+        if _zero_at_entries(X, P.indptr, P.indices, np.asarray(zeroed_at, np.int64)):
+            raise ValueError("a masked block's kept zeroed entries are not among its mask's entries: the values are "
+                             "not this block's")
     return X, x
+
+
+@numba.njit(nogil=True, cache=True)
+def _zero_at_entries(X, indptr, indices, entries) -> bool:
+    """X[i, j] <- 0 at P's ``entries`` (positions among its stored entries, in P.data's order; P given by ``indptr``
+    and ``indices``): each entry's row found by walking P's rows from the last one's (``entries`` ascending, as
+    :func:`block_values` makes them: one scan of P's rows, not a binary search an entry; numpy's fancy assignment
+    with ``searchsorted`` took 28 of a 250 us masked step on a 600 x 20 block, issue 19), from the first row again
+    for an entry before it. Returns True, having written nothing, if an entry is not one of P's, or names a column
+    beyond X's."""
+    n_entries, n_columns = indptr[-1], X.shape[1]
+    for e in entries:
+        if e < 0 or e >= n_entries or indices[e] < 0 or indices[e] >= n_columns:
+            return True
+    row = 0
+    for e in entries:
+        if e < indptr[row]:
+            row = 0
+        while indptr[row + 1] <= e:
+            row += 1
+        X[row, indices[e]] = 0
+    return False
 
 
 def zeroed(X, local):
