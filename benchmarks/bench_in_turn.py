@@ -43,7 +43,12 @@ def planted(rows: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     X = rng.random((rows, 3)) @ rng.random((3, N_COLUMNS))
     X += 0.05 * X.mean() * rng.random(X.shape)
-    return X, np.repeat([f"g{i}" for i in range(4)], rows // 4)
+    return X, four_groups(rows)
+
+
+def four_groups(rows: int) -> np.ndarray:
+    """Labels of 4 groups of ``rows`` / 4 consecutive rows each."""
+    return np.repeat([f"g{i}" for i in range(4)], rows // 4)
 
 
 def csr_planted(rows: int, columns: int, density: float, seed: int = 0):
@@ -53,21 +58,17 @@ def csr_planted(rows: int, columns: int, density: float, seed: int = 0):
     W, H = rng.random((rows, 3)), rng.random((3, columns))
     coo = pattern.tocoo()
     values = np.einsum("ij,ij->i", W[coo.row], H[:, coo.col].T)
-    return sp.csr_matrix((values, (coo.row, coo.col)), shape=(rows, columns)), np.repeat(
-        [f"g{i}" for i in range(4)], rows // 4)
+    return sp.csr_matrix((values, (coo.row, coo.col)), shape=(rows, columns)), four_groups(rows)
 
 
-def timed(run, executor_module, threshold: int, repeats: int) -> tuple[list, object]:
-    """Seconds of ``repeats`` calls of ``run`` with ``IN_TURN_BLOCK_BYTES`` = ``threshold``, and the last result."""
+def timed(run, executor_module, threshold: int) -> tuple[float, object]:
+    """Seconds of one call of ``run`` with ``IN_TURN_BLOCK_BYTES`` = ``threshold``, and its result."""
     saved = executor_module.IN_TURN_BLOCK_BYTES
     executor_module.IN_TURN_BLOCK_BYTES = threshold
     try:
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            result = run()
-            seconds.append(time.perf_counter() - start)
-        return seconds, result
+        start = time.perf_counter()
+        result = run()
+        return time.perf_counter() - start, result
     finally:
         executor_module.IN_TURN_BLOCK_BYTES = saved
 
@@ -96,11 +97,11 @@ def case(data, block_kib: float, iterations: int, workload: str, repeats: int) -
     seconds = {mode: [] for mode in modes}
     results = {}
     for mode, threshold in modes.items():  # warm-up
-        timed(run, inprocess, threshold, 1)
+        timed(run, inprocess, threshold)
     for _ in range(repeats):
         for mode, threshold in modes.items():
-            spent, results[mode] = timed(run, inprocess, threshold, 1)
-            seconds[mode] += spent
+            spent, results[mode] = timed(run, inprocess, threshold)
+            seconds[mode].append(spent)
     median = {mode: statistics.median(values) for mode, values in seconds.items()}
     out = {"block_kib": round(float(block_kib), 1), "iterations": None if workload == "heart-fairer" else iterations,
            "threads_seconds": round(median["threads"], 4), "in_turn_seconds": round(median["in_turn"], 4),
