@@ -192,6 +192,27 @@ def grouped_data(m=120, n=30, n_groups=3, density=None, seed=0, dtype=np.float64
 
 
 @pytest.fixture
+def short_waits(monkeypatch):
+    """``short_waits(**seconds)`` bounds distfact's waits on other processes (``distfact.engine.cluster.TIMEOUTS``,
+    by name with ``_`` for ``-``) in this process (Dask's configuration) and in the commands it starts (as
+    ``DASK_DISTFACT__TIMEOUTS__*``): a test of a bound waits for a short one, not the default, and checks that the
+    configured bound is the one kept. Returns the bounds as ``timeout`` reads them."""
+    import dask
+
+    from distfact.engine.cluster import timeout
+
+    with contextlib.ExitStack() as stack:
+        def set_waits(**seconds):
+            for name, value in seconds.items():
+                monkeypatch.setenv(f"DASK_DISTFACT__TIMEOUTS__{name.upper()}", str(value))
+            stack.enter_context(dask.config.set({f"distfact.timeouts.{name.replace('_', '-')}": value
+                                                 for name, value in seconds.items()}))
+            return {name: timeout(name.replace("_", "-")) for name in seconds}
+
+        yield set_waits
+
+
+@pytest.fixture
 def blocks_in_threads(monkeypatch):
     """Blocks held in memory run in the in-process executor's threads whatever their size (``IN_TURN_BLOCK_BYTES``
     0; small blocks run in turn otherwise): for tests of the passes in threads on small data."""

@@ -119,16 +119,15 @@ def test_a_rerun_after_a_lost_worker_resumes_and_restores_the_resume_parameter(t
         assert np.array_equal(model.components_, undisturbed.components_)
 
 
-def test_a_rerun_waits_for_the_workers_the_fit_had(cli_cluster, tmp_path, monkeypatch, caplog):
+def test_a_rerun_waits_for_the_workers_the_fit_had(cli_cluster, tmp_path, short_waits, caplog):
     """A rerun first waits for the cluster to regain its size (a nanny restarts a lost worker in seconds), else X
     would all go to the survivors: here the lost attempt claims 3 workers on a 2-worker cluster, so the rerun waits
-    REJOIN_WAIT and goes on with 2."""
+    the rejoin bound (configured: 1 s) and goes on with 2."""
     import logging
 
-    from distfact.engine import cluster
     from distfact.engine import WorkerLost
 
-    monkeypatch.setattr(cluster, "REJOIN_WAIT", 1)
+    short_waits(rejoin=1)
     X, groups = grouped_data(m=90, n=12)
     undisturbed = distfact.NMF(3, max_iter=6, tol=0, random_state=0).fit(X, groups=groups)
     lost = []

@@ -42,7 +42,35 @@ def client_for(scheduler: str | None = None, local_cluster: int | None = None, t
         yield client
 
 
-CONNECT_TIMEOUT = 10  # seconds to reach a scheduler and hear it answer
+#: The bounds, in seconds, of the waits on other processes, by their names in Dask's configuration
+#: (``distfact.timeouts.<name>``: ``dask.config.set({"distfact.timeouts.connect": "30s"})``, the environment variable
+#: ``DASK_DISTFACT__TIMEOUTS__CONNECT=30s`` or a Dask YAML file, e.g. for a scheduler across a slow network or
+#: workers whose first import reads a slow shared file system); ``timeout(name)`` reads one.
+TIMEOUTS = {
+    "connect": 10,  # to reach a scheduler and hear it answer
+    "first-worker": 30,  # for a first worker to join before a fit gives up
+    "rejoin": 20,  # for a rerun after a lost worker to see the cluster regain its size
+    "worker-check": 10,  # for every worker to answer a trivial request before a fit
+    "worker-import": 120,  # more for a worker's first import of distfact (cold: numba, scikit-learn, ...)
+}
+
+
+def timeout(name: str) -> float:
+    """The bound in seconds of the wait ``name`` of ``TIMEOUTS``: Dask's configuration ``distfact.timeouts.<name>``
+    (seconds, or a duration such as ``"2 minutes"``) if set, else the default there. A value that is no positive duration
+    is a ``ValueError`` naming the key."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    key = f"distfact.timeouts.{name}"
+    value = dask.config.get(key, TIMEOUTS[name])
+    try:
+        seconds = parse_timedelta(value, default="s")
+    except (TypeError, ValueError, KeyError, AttributeError):  # dask's parser raises each, by the value's type
+        seconds = None
+    if not isinstance(seconds, (int, float)) or not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"Dask's configuration {key} = {value!r} is not a positive duration (e.g. 10 or \"30s\")")
+    return seconds
 
 
 def scheduler_file_address(path: str) -> str:
@@ -65,12 +93,12 @@ def scheduler_file_address(path: str) -> str:
     return address
 
 
-def probe_scheduler(address: str, security=None, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Resolve ``address``, connect and ask who is there, within ``timeout`` seconds in all: a ``ValueError`` if
-    nothing answers, or something answers that is not a Dask scheduler (e.g. a web server, which would wait forever
-    for a request line: ``distributed.Client`` has no bound on that handshake). It runs on a daemon thread with its
-    own event loop (so it works inside a running loop, a notebook's, and a name lookup that hangs cannot keep the
-    process from exiting); the wait for it is what is bounded."""
+def probe_scheduler(address: str, security=None) -> None:
+    """Resolve ``address``, connect and ask who is there, within ``timeout("connect")`` seconds in all: a
+    ``ValueError`` if nothing answers, or something answers that is not a Dask scheduler (e.g. a web server, which
+    would wait forever for a request line: ``distributed.Client`` has no bound on that handshake). It runs on a
+    daemon thread with its own event loop (so it works inside a running loop, a notebook's, and a name lookup that
+    hangs cannot keep the process from exiting); the wait for it is what is bounded."""
     import asyncio
     import socket
     import threading
@@ -87,9 +115,10 @@ def probe_scheduler(address: str, security=None, timeout: float = CONNECT_TIMEOU
         raise ValueError(f"the scheduler address {address!r} is not an address such as tcp://host:8786 ({exc})") \
             from None
     connection_args = {} if security is None else security.get_connection_args("client")
+    bound = timeout("connect")
 
     async def identity(target):
-        comm = await comm_connect(target, timeout=timeout, **connection_args)
+        comm = await comm_connect(target, timeout=bound, **connection_args)
         try:
             await comm.write({"op": "identity"})
             return await comm.read()
@@ -104,7 +133,7 @@ def probe_scheduler(address: str, security=None, timeout: float = CONNECT_TIMEOU
             loop = asyncio.new_event_loop()
             try:
                 outcome["answer"] = loop.run_until_complete(
-                    asyncio.wait_for(identity(f"{scheme}://{unparse_host_port(ip, port)}"), timeout))
+                    asyncio.wait_for(identity(f"{scheme}://{unparse_host_port(ip, port)}"), bound))
             finally:
                 loop.close()
         except BaseException as exc:  # reported by the waiting thread
@@ -112,12 +141,12 @@ def probe_scheduler(address: str, security=None, timeout: float = CONNECT_TIMEOU
 
     thread = threading.Thread(target=ask, name="distfact-scheduler-probe", daemon=True)
     thread.start()
-    thread.join(timeout + 1)
+    thread.join(bound + 1)
     error = outcome.get("error")
     hint = (" (over TLS: do the scheduler and this client use certificates of the same authority?)"
             if scheme == "tls" else "")
     if thread.is_alive() or isinstance(error, (asyncio.TimeoutError, TimeoutError)):
-        raise ValueError(f"cannot reach a Dask scheduler at {address!r} within {timeout} s (no answer){hint}; is it "
+        raise ValueError(f"cannot reach a Dask scheduler at {address!r} within {bound:g} s (no answer){hint}; is it "
                          "running, reachable from here, and a Dask scheduler (not another server)?")
     if isinstance(error, OSError):
         raise ValueError(f"cannot reach a Dask scheduler at {address!r} ({error.strerror or error}){hint}; is it "
@@ -134,7 +163,7 @@ def connect(scheduler: str, tls_dir=None):
     """A ``distributed.Client`` for a scheduler address or a scheduler file (``*.json``), over TLS with the
     certificates in ``tls_dir`` (else with the Dask configuration's ``distributed.comm.tls`` settings, if any).
     An unreachable scheduler, a server that is no Dask scheduler, a missing or invalid scheduler file, or a TLS
-    scheduler without certificates is a ``ValueError`` saying so within about ``CONNECT_TIMEOUT`` seconds, never a
+    scheduler without certificates is a ``ValueError`` saying so within about ``timeout("connect")`` seconds, never a
     hang."""
     import dask
     from distributed import Client
@@ -156,17 +185,12 @@ def connect(scheduler: str, tls_dir=None):
         raise ValueError(f"the scheduler at {address!r} speaks TLS: give its certificate directory (--tls-dir DIR, "
                          "or tls_dir in a pipeline's [cluster]) or set distributed.comm.tls in the Dask configuration")
     probe_scheduler(address, security if security is not None else (Security() if configured else None))
+    bound = timeout("connect")
     try:
-        return Client(**kwargs, timeout=f"{CONNECT_TIMEOUT}s", security=security)
+        return Client(**kwargs, timeout=f"{bound}s", security=security)
     except (OSError, TimeoutError) as exc:
-        raise ValueError(f"cannot reach a Dask scheduler at {scheduler!r} within {CONNECT_TIMEOUT} s ({exc}); "
+        raise ValueError(f"cannot reach a Dask scheduler at {scheduler!r} within {bound:g} s ({exc}); "
                          "is it running and reachable from here?") from exc
-
-
-WORKER_WAIT = 30  # seconds a fit waits for a first worker to join before it gives up
-REJOIN_WAIT = 20  # seconds a rerun after a lost worker waits for the cluster to regain its size
-CHECK_TIMEOUT = 10  # seconds every worker has to answer a trivial request before a fit
-IMPORT_TIMEOUT = 120  # seconds more for a worker's first import of distfact (cold: numba, scikit-learn, ...)
 
 
 def worker_facts(store_path: str | None) -> dict:
@@ -178,15 +202,15 @@ def worker_facts(store_path: str | None) -> dict:
     return {"version": __version__, "store_error": None if store_path is None else unreadable(store_path)}
 
 
-def _ask_each_worker(client, addresses: list, timeout: float, function, *args) -> dict:
-    """``function(*args)`` on each worker of ``addresses``, each given ``timeout`` s: ``{address: result, or the
+def _ask_each_worker(client, addresses: list, seconds: float, function, *args) -> dict:
+    """``function(*args)`` on each worker of ``addresses``, each given ``seconds``: ``{address: result, or the
     exception (a TimeoutError for a worker that did not answer)}``."""
     import asyncio
 
     async def ask(address):
         try:
             answer = await asyncio.wait_for(client._run(function, *args, workers=[address], on_error="return"),
-                                            timeout)
+                                            seconds)
             return answer.get(address, TimeoutError())
         except OSError as exc:  # TimeoutError included
             return exc
@@ -198,29 +222,32 @@ def _ask_each_worker(client, addresses: list, timeout: float, function, *args) -
 
 
 def check_workers(client, store_path: str | None, n_workers: int = 1) -> None:
-    """Before a fit on a cluster: at least one worker (waiting up to ``WORKER_WAIT`` s; for ``n_workers`` up to
-    ``REJOIN_WAIT`` s more, then going on with those there are); every worker answering a trivial request within
-    ``CHECK_TIMEOUT`` s (a frozen or overloaded worker), then importing distfact within ``IMPORT_TIMEOUT`` s (a first
-    import compiles and loads a lot: it is timed apart from the answer), at this process's version, and reading the
-    store at ``store_path``; a ``ValueError`` naming the workers and what is wrong otherwise, rather than tasks failing
-    or hanging later. (Workers that join after the check are not checked.)"""
+    """Before a fit on a cluster: at least one worker (waiting up to ``timeout("first-worker")`` s; for
+    ``n_workers`` up to ``timeout("rejoin")`` s more, then going on with those there are); every worker answering a
+    trivial request within ``timeout("worker-check")`` s (a frozen or overloaded worker), then importing distfact
+    within ``timeout("worker-import")`` s (a first import compiles and loads a lot: it is timed apart from the
+    answer), at this process's version, and reading the store at ``store_path``; a ``ValueError`` naming the workers
+    and what is wrong otherwise, rather than tasks failing or hanging later. (Workers that join after the check are
+    not checked.)"""
     from distfact._version import __version__
 
+    first_worker, rejoin = timeout("first-worker"), timeout("rejoin")
+    check, cold_import = timeout("worker-check"), timeout("worker-import")
     try:
-        client.wait_for_workers(1, timeout=WORKER_WAIT)
+        client.wait_for_workers(1, timeout=first_worker)
     except TimeoutError as exc:
         raise ValueError(f"no Dask worker joined the scheduler at {client.scheduler.address} within "
-                         f"{WORKER_WAIT} s") from exc
+                         f"{first_worker:g} s") from exc
     if n_workers > 1:
         try:
-            client.wait_for_workers(n_workers, timeout=REJOIN_WAIT)
+            client.wait_for_workers(n_workers, timeout=rejoin)
         except TimeoutError:
-            logger.warning("%d of the %d workers are back after %s s; going on with them",
-                           len(client.scheduler_info()["workers"]), n_workers, REJOIN_WAIT)
+            logger.warning("%d of the %d workers are back after %g s; going on with them",
+                           len(client.scheduler_info()["workers"]), n_workers, rejoin)
     # first a builtin (nothing to import on the worker), then distfact's own check, which imports it
-    answers = _ask_each_worker(client, list(client.scheduler_info()["workers"]), CHECK_TIMEOUT, os.getpid)
+    answers = _ask_each_worker(client, list(client.scheduler_info()["workers"]), check, os.getpid)
     responsive = [address for address, answer in answers.items() if not isinstance(answer, BaseException)]
-    facts = {**answers, **_ask_each_worker(client, responsive, IMPORT_TIMEOUT, worker_facts, store_path)}
+    facts = {**answers, **_ask_each_worker(client, responsive, cold_import, worker_facts, store_path)}
     current = client.scheduler_info()["workers"]  # a worker that left meanwhile (lost, restarting) is no concern
     names = {address: info.get("name") for address, info in current.items()}
     problems = []
@@ -229,9 +256,9 @@ def check_workers(client, store_path: str | None, n_workers: int = 1) -> None:
             continue
         worker = f"{names.get(address)} ({address})" if names.get(address) not in (None, address) else address
         if isinstance(fact, TimeoutError):
-            problems.append(f"{worker}: did not answer within {CHECK_TIMEOUT} s (frozen or overloaded?)"
+            problems.append(f"{worker}: did not answer within {check:g} s (frozen or overloaded?)"
                             if address not in responsive else
-                            f"{worker}: answers, but did not import distfact within {IMPORT_TIMEOUT} s")
+                            f"{worker}: answers, but did not import distfact within {cold_import:g} s")
         elif isinstance(fact, BaseException):
             missing = "No module named 'distfact" in str(fact)
             problems.append(f"{worker}: cannot run distfact ({fact})" + (

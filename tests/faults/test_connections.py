@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 import distfact
+from distfact.engine.cluster import TIMEOUTS, timeout
 from conftest import cli_here, grouped_data, start_cli_cluster, startup_seconds, stop_cli_cluster
 from damage import assert_refused, cli, snapshot
-from distfact.engine.cluster import CHECK_TIMEOUT, CONNECT_TIMEOUT
 
 
 @pytest.fixture
@@ -34,10 +34,12 @@ def store(tmp_path):
     return distfact.from_arrays(X, groups, tmp_path / "x.zarr", block_rows=20).path
 
 
-def test_a_server_that_is_no_scheduler_is_an_error_within_the_bound(web_server, store, tmp_path):
+def test_a_server_that_is_no_scheduler_is_an_error_within_the_bound(web_server, store, tmp_path, short_waits):
     """Case 9: --scheduler at a plain HTTP server hung (killed after 91 s). The command line and the library wait on
-    the server at the same time (each timed on its own), so the test waits for the bound once, not twice."""
+    the server at the same time (each timed on its own), so the test waits for the bound once, not twice; the bound is
+    a configured 3 s, not the default 10 s."""
     before = snapshot(tmp_path)
+    bound = short_waits(connect=3)["connect"]
 
     def refused_by_the_library() -> float:
         started = time.perf_counter()
@@ -56,9 +58,29 @@ def test_a_server_that_is_no_scheduler_is_an_error_within_the_bound(web_server, 
     assert_refused(out, web_server)
     assert ("(no answer)" in out.stderr and "a Dask scheduler (not another server)" in out.stderr
             or "is not a Dask scheduler" in out.stderr), out.stderr
-    assert cli_seconds < CONNECT_TIMEOUT + 5 + 2 * start_up  # the bound, plus starting Python as it takes now
-    assert library_seconds < CONNECT_TIMEOUT + 5
+    assert "within 3 s (no answer)" in out.stderr, out.stderr
+    assert cli_seconds < bound + 5 + 2 * start_up  # the bound, plus starting Python as it takes now
+    assert bound <= library_seconds < bound + 5
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("value, seconds", [(3, 3), (0.5, 0.5), ("250ms", 0.25), ("2 minutes", 120)])
+def test_a_bound_is_what_dask_configuration_says(value, seconds):
+    import dask
+
+    with dask.config.set({"distfact.timeouts.worker-import": value}):
+        assert timeout("worker-import") == seconds
+        assert timeout("worker-check") == TIMEOUTS["worker-check"] == 10
+    assert timeout("worker-import") == TIMEOUTS["worker-import"] == 120
+
+
+@pytest.mark.parametrize("value", [0, -2, "soon", None, float("inf"), [10]])
+def test_a_bound_that_is_no_positive_duration_is_refused_naming_its_key(value):
+    import dask
+
+    with dask.config.set({"distfact.timeouts.connect": value}), pytest.raises(
+            ValueError, match=r"Dask's configuration distfact\.timeouts\.connect = .* is not a positive duration"):
+        timeout("connect")
 
 
 @pytest.mark.parametrize("content", ['{"not": "a scheduler file"}', "[1, 2]", "\u00e9t\u00e9"])
@@ -70,7 +92,7 @@ def test_a_json_file_that_is_no_scheduler_file_is_named(content, store, tmp_path
 
 
 SLOW_IMPORT = """
-# every worker's first import of distfact takes 12 s (a cold start: compiling, a slow shared file system)
+# every worker's first import of distfact takes 6 s (a cold start: compiling, a slow shared file system)
 import sys
 import time
 
@@ -79,7 +101,7 @@ class SlowFirstImport:
     def find_spec(self, name, path=None, target=None):
         if name == "distfact":
             sys.meta_path.remove(self)
-            time.sleep(12)
+            time.sleep(6)
         return None
 
 
@@ -89,7 +111,9 @@ def dask_setup(worker):
 
 
 @pytest.mark.cluster
-def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named(store, tmp_path, capsys):
+def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named(store, tmp_path, capsys,
+                                                                                   short_waits):
+    check = short_waits(worker_check=3)["worker_check"]  # the fits here run in this process
     (tmp_path / "preload.py").write_text(SLOW_IMPORT)
     directory = tmp_path / "cluster"
     pids = start_cli_cluster(directory, options=["--preload", str(tmp_path / "preload.py")])
@@ -97,7 +121,7 @@ def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named
     try:
         slow = cli_here(capsys, "fit", store, "--rank", 2, "--max-iter", 3, "--no-progress", "--scheduler",
                         scheduler, "--output", tmp_path / "fit", cwd=tmp_path)
-        assert slow.returncode == 0, slow.stderr  # 12 s to import: more than CHECK_TIMEOUT, yet not "frozen"
+        assert slow.returncode == 0, slow.stderr  # 6 s to import: more than the check's bound, yet not "frozen"
         here = distfact.NMF(2, max_iter=3, random_state=0).fit(store)
         assert np.array_equal(np.load(tmp_path / "fit" / "components.npy"), here.components_)
         worker = next(child for child in psutil.Process(pids[1]).children()  # the worker process under its nanny
@@ -107,11 +131,11 @@ def test_a_slow_first_import_is_not_a_frozen_worker_and_a_frozen_worker_is_named
             started = time.perf_counter()
             frozen = cli_here(capsys, "fit", store, "--rank", 2, "--no-progress", "--scheduler", scheduler,
                               "--output", tmp_path / "again", cwd=tmp_path)
-            assert time.perf_counter() - started < CHECK_TIMEOUT + 25
+            assert time.perf_counter() - started < check + 25
         finally:
             worker.send_signal(signal.SIGCONT)
         assert frozen.returncode == 2 and "Traceback" not in frozen.stderr, frozen.stderr
-        assert f"did not answer within {CHECK_TIMEOUT} s (frozen or overloaded?)" in frozen.stderr
+        assert "did not answer within 3 s (frozen or overloaded?)" in frozen.stderr
         assert "worker-1" in frozen.stderr and "worker-2" not in frozen.stderr
         assert not os.path.exists(tmp_path / "again")
     finally:
