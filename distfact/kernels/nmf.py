@@ -517,7 +517,8 @@ def _dense_frobenius_local(X, W, H, HHt, solver, shift, residual, mask=None, blo
     update = {None: 0, "mu": 1, "hals": 2}[solver]
     shift = np.zeros(r, dtype) if shift is None else np.asarray(shift, dtype)
     W_new = empty_aligned((m, r), dtype)
-    indptr, indices, p = (np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, dtype)) if mask is None else mask
+    # no mask: empty index arrays of the dtypes of a scipy mask's (int32), so that both take one compiled signature
+    indptr, indices, p = (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, dtype)) if mask is None else mask
     masked_rows = min(tile, m) if mask is not None else 0
     segments = np.array((0, r), np.int64) if segments is None else np.asarray(segments, np.int64)
 
