@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import distfact
+from distfact.engine.cluster import TIMEOUTS, timeout
 from cluster_fits import METHODS, estimator, fit_inputs, method_store
 from conftest import SCRIPTS, cli_here, grouped_data, startup_seconds
 
@@ -52,6 +53,8 @@ def test_the_recipes_parse_and_hold_what_they_say():
     with dask.config.set(config):
         assert dask.config.get("distributed.worker.memory.spill") == 0.7
         assert dask.config.get("distributed.comm.timeouts.connect") == "10s"
+        assert {name: timeout(name) for name in TIMEOUTS} == TIMEOUTS  # the recipe states distfact's defaults
+        assert set(config["distfact"]["timeouts"]) == set(TIMEOUTS)
     cluster = yaml.safe_load(open(os.path.join(SCRIPTS, "k8s", "daskcluster.yaml")))
     assert (cluster["apiVersion"], cluster["kind"]) == ("kubernetes.dask.org/v1", "DaskCluster")
     assert cluster["spec"]["scheduler"]["service"]["type"] == "ClusterIP"  # the dashboard is not exposed
