@@ -57,8 +57,8 @@ TIMEOUTS = {
 
 def timeout(name: str) -> float:
     """The bound in seconds of the wait ``name`` of ``TIMEOUTS``: Dask's configuration ``distfact.timeouts.<name>``
-    (seconds, or a duration such as ``"2 minutes"``) if set, else the default there. A value that is no positive duration
-    is a ``ValueError`` naming the key."""
+    (seconds, or a duration such as ``"2 minutes"``) if set, else the default there. A value that is no positive
+    duration is a ``ValueError`` naming the key."""
     import dask
     from dask.utils import parse_timedelta
 
