@@ -203,11 +203,12 @@ def short_waits(monkeypatch):
 
     with contextlib.ExitStack() as stack:
         def set_waits(**seconds):
+            keys = {name: name.replace("_", "-") for name in seconds}  # TIMEOUTS's names
             for name, value in seconds.items():
                 monkeypatch.setenv(f"DASK_DISTFACT__TIMEOUTS__{name.upper()}", str(value))
-            stack.enter_context(dask.config.set({f"distfact.timeouts.{name.replace('_', '-')}": value
+            stack.enter_context(dask.config.set({f"distfact.timeouts.{keys[name]}": value
                                                  for name, value in seconds.items()}))
-            return {name: timeout(name.replace("_", "-")) for name in seconds}
+            return {name: timeout(key) for name, key in keys.items()}
 
         yield set_waits
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 
 logger = logging.getLogger("distfact")
@@ -68,7 +69,7 @@ def timeout(name: str) -> float:
         seconds = parse_timedelta(value, default="s")
     except (TypeError, ValueError, KeyError, AttributeError):  # dask's parser raises each, by the value's type
         seconds = None
-    if not isinstance(seconds, (int, float)) or not seconds > 0 or seconds == float("inf"):
+    if not isinstance(seconds, (int, float)) or not (seconds > 0 and math.isfinite(seconds)):
         raise ValueError(f"Dask's configuration {key} = {value!r} is not a positive duration (e.g. 10 or \"30s\")")
     return seconds
 
